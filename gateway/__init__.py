@@ -1,0 +1,1 @@
+"""The process: config, routing, sessions, lanes, commands, CLI."""
