@@ -1,0 +1,368 @@
+"""Anthropic Messages API provider (``anthropic.AsyncAnthropic``, always streaming).
+
+Translation of our messages:
+
+- ``tool_result`` messages become ``user`` messages with ``tool_result`` blocks, and
+  consecutive messages of one role are merged, since the API wants roles to
+  alternate; in a merged user message the tool results come first, as the API asks.
+- Empty or whitespace-only text blocks are dropped (the API rejects them), and a
+  message left with nothing is skipped. An image with no data becomes the text
+  ``[image]``.
+- Prompt caching: the system prompt is one text block with an ephemeral
+  ``cache_control``; the last tool spec and the last block of the last message get
+  one too. The prefix (tools, system, history) is stable from turn to turn, so each
+  call reads what the previous one wrote.
+
+Stop reasons: ``model_context_window_exceeded`` (HTTP 200, the model filled the
+window while writing) is returned as ``STOP_OVERFLOW`` with the content it produced,
+not raised: the text is valid and paid for, and the runner decides whether to keep it
+and compact before the next call. An overflow *rejected* up front (HTTP 400/413) is
+raised as ``ContextOverflowError``. Other unknown reasons pass through unchanged.
+
+Tool input that is not a JSON object (a truncated stream, a model slip) is kept as
+``{"_raw": "<text>"}`` so the runner can report it back to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import httpx2
+
+from core.errors import (
+    AuthenticationError,
+    MalformedResponseError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderTimeoutError,
+)
+from core.messages import (
+    Block,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+    Usage,
+)
+from core.providers.base import (
+    STOP_END,
+    STOP_MAX_TOKENS,
+    STOP_OVERFLOW,
+    STOP_REFUSAL,
+    STOP_TOOL_USE,
+    ProviderRequest,
+    ProviderResponse,
+    TextCallback,
+)
+from core.providers.retry import classify_status_error
+
+PROVIDER_NAME = "anthropic"
+DEFAULT_TIMEOUT_SECONDS = 120.0
+IMAGE_PLACEHOLDER = "[image]"
+RAW_INPUT_KEY = "_raw"
+
+_CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
+_STOP_REASONS: dict[str, str] = {
+    "end_turn": STOP_END,
+    "stop_sequence": STOP_END,
+    "tool_use": STOP_TOOL_USE,
+    "max_tokens": STOP_MAX_TOKENS,
+    "model_context_window_exceeded": STOP_OVERFLOW,
+    "refusal": STOP_REFUSAL,
+}
+
+
+def _wire_role(role: str) -> str:
+    return "assistant" if role == "assistant" else "user"
+
+
+def _wire_block(block: Block) -> dict[str, Any] | None:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text} if block.text.strip() else None
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    if isinstance(block, ToolResultBlock):
+        wire: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": block.tool_use_id,
+            "content": block.content,
+        }
+        if block.is_error:
+            wire["is_error"] = True
+        return wire
+    if isinstance(block, ImageBlock):
+        if not block.data:
+            return {"type": "text", "text": IMAGE_PLACEHOLDER}
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": block.media_type, "data": block.data},
+        }
+    raise TypeError(f"unsupported block: {block!r}")
+
+
+def to_wire_messages(messages: tuple[Message, ...] | list[Message]) -> list[dict[str, Any]]:
+    """Our messages in the API's shape: alternating roles, tool results as user content."""
+    wire: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = [b for b in (_wire_block(x) for x in message.content) if b is not None]
+        if not blocks:
+            continue
+        role = _wire_role(message.role)
+        if wire and wire[-1]["role"] == role:
+            wire[-1]["content"].extend(blocks)
+        else:
+            wire.append({"role": role, "content": blocks})
+    for entry in wire:
+        if entry["role"] == "user":
+            # Stable sort: tool results first, everything else after, each in order.
+            entry["content"].sort(key=lambda b: b["type"] != "tool_result")
+    return wire
+
+
+def to_wire_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+    wire = [
+        {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+        for t in tools
+    ]
+    if wire:
+        wire[-1]["cache_control"] = dict(_CACHE_CONTROL)
+    return wire
+
+
+def build_params(request: ProviderRequest) -> dict[str, Any]:
+    """The keyword arguments for ``messages.create`` (``stream`` excluded)."""
+    messages = to_wire_messages(request.messages)
+    if messages:
+        messages[-1]["content"][-1]["cache_control"] = dict(_CACHE_CONTROL)
+    params: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": messages,
+    }
+    if request.system.strip():
+        params["system"] = [
+            {"type": "text", "text": request.system, "cache_control": dict(_CACHE_CONTROL)}
+        ]
+    if request.tools:
+        params["tools"] = to_wire_tools(request.tools)
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    return params
+
+
+def parse_tool_input(raw: str) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {RAW_INPUT_KEY: raw}
+    return parsed if isinstance(parsed, dict) else {RAW_INPUT_KEY: raw}
+
+
+@dataclass(slots=True)
+class _BlockState:
+    kind: str
+    parts: list[str] = field(default_factory=list)
+    tool_id: str = ""
+    tool_name: str = ""
+    initial_input: dict[str, Any] | None = None
+
+    def finish(self) -> Block | None:
+        if self.kind == "text":
+            return TextBlock("".join(self.parts))
+        if self.kind == "tool_use":
+            raw = "".join(self.parts)
+            tool_input = parse_tool_input(raw) if raw else dict(self.initial_input or {})
+            return ToolUseBlock(self.tool_id, self.tool_name, tool_input)
+        return None  # thinking and server-tool blocks are not part of our vocabulary
+
+
+@dataclass(slots=True)
+class _Assembler:
+    """Builds the response from raw stream events."""
+
+    started: bool = False
+    stopped: bool = False
+    model: str = ""
+    stop_reason: str | None = None
+    blocks: dict[int, _BlockState] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+
+    def take_usage(self, raw: Any) -> None:
+        for key in (
+            "input_tokens",
+            "output_tokens",
+            "cache_creation_input_tokens",
+            "cache_read_input_tokens",
+        ):
+            value = getattr(raw, key, None)
+            if isinstance(value, int):
+                # message_delta carries cumulative counts: the latest value wins.
+                self.usage[key] = value
+
+    def response(self) -> ProviderResponse:
+        content = tuple(
+            b for _, s in sorted(self.blocks.items()) if (b := s.finish()) is not None
+        )
+        reason = self.stop_reason or STOP_END
+        usage = Usage(
+            input_tokens=self.usage.get("input_tokens", 0),
+            output_tokens=self.usage.get("output_tokens", 0),
+            cache_read_tokens=self.usage.get("cache_read_input_tokens", 0),
+            cache_write_tokens=self.usage.get("cache_creation_input_tokens", 0),
+        )
+        return ProviderResponse(content, _STOP_REASONS.get(reason, reason), usage, self.model)
+
+
+def _error_body(body: object) -> Mapping[str, Any] | None:
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        return inner if isinstance(inner, Mapping) else body
+    return None
+
+
+def translate_error(exc: BaseException) -> ProviderError:
+    """Any failure from the SDK or its HTTP stack, as one of our typed errors."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
+        return ProviderTimeoutError(str(exc), provider=PROVIDER_NAME)
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+        return ProviderConnectionError(str(exc) or type(exc).__name__, provider=PROVIDER_NAME)
+    if isinstance(exc, anthropic.APIStatusError):
+        body = _error_body(exc.body)
+        message = exc.api_message or (str(body.get("message", "")) if body else "") or str(exc)
+        return classify_status_error(
+            provider=PROVIDER_NAME,
+            status=exc.status_code,
+            message=message,
+            error_type=exc.type,
+            code=exc.error_code,
+            headers=exc.response.headers,
+            body=body,
+        )
+    if isinstance(exc, anthropic.CredentialsError):
+        return AuthenticationError(str(exc), provider=PROVIDER_NAME)
+    # Unreadable JSON in an event, a validation failure, a stream error: the answer
+    # itself is what we could not use.
+    return MalformedResponseError(
+        f"unreadable answer: {type(exc).__name__}: {exc}", provider=PROVIDER_NAME
+    )
+
+
+class AnthropicProvider:
+    """``Provider`` for the Anthropic Messages API."""
+
+    name = PROVIDER_NAME
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str,
+        base_url: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.model = model
+        self.timeout = timeout
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=timeout,
+            open_telemetry=False,
+        )
+
+    async def complete(
+        self, request: ProviderRequest, on_text: TextCallback | None = None
+    ) -> ProviderResponse:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._stream(request, on_text)
+        except TimeoutError as exc:
+            raise ProviderTimeoutError(
+                f"no complete answer within {self.timeout:g} s", provider=PROVIDER_NAME
+            ) from exc
+
+    async def _stream(
+        self, request: ProviderRequest, on_text: TextCallback | None
+    ) -> ProviderResponse:
+        params = build_params(request)
+        params["model"] = request.model or self.model
+        try:
+            stream = await self._client.messages.create(**params, stream=True)
+        except Exception as exc:
+            raise translate_error(exc) from exc
+        state = _Assembler()
+        async with stream:
+            events = stream.__aiter__()
+            while True:
+                # Only the SDK's side is translated: an exception from on_text is the
+                # caller's own and passes through untouched.
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise translate_error(exc) from exc
+                text = self._apply(state, event)
+                if text and on_text is not None:
+                    await on_text(text)
+        if not state.started:
+            raise MalformedResponseError("the answer was not a message stream", provider=self.name)
+        if not state.stopped:
+            raise ProviderConnectionError("the stream ended before message_stop", provider=self.name)
+        return state.response()
+
+    @staticmethod
+    def _apply(state: _Assembler, event: Any) -> str:
+        """Fold one event into ``state``; return the text delta it carried, if any."""
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            message = getattr(event, "message", None)
+            state.started = True
+            state.model = str(getattr(message, "model", "") or "")
+            state.take_usage(getattr(message, "usage", None))
+        elif kind == "content_block_start":
+            block = getattr(event, "content_block", None)
+            block_kind = str(getattr(block, "type", ""))
+            slot = _BlockState(block_kind)
+            if block_kind == "tool_use":
+                slot.tool_id = str(getattr(block, "id", ""))
+                slot.tool_name = str(getattr(block, "name", ""))
+                initial = getattr(block, "input", None)
+                slot.initial_input = initial if isinstance(initial, dict) else None
+            elif block_kind == "text" and getattr(block, "text", ""):
+                slot.parts.append(block.text)
+            state.blocks[int(getattr(event, "index", len(state.blocks)))] = slot
+        elif kind == "content_block_delta":
+            slot = state.blocks.get(int(getattr(event, "index", -1)))
+            delta = getattr(event, "delta", None)
+            delta_kind = getattr(delta, "type", None)
+            if slot is None:
+                raise MalformedResponseError("a delta for a block never started", provider=PROVIDER_NAME)
+            if delta_kind == "text_delta":
+                text = str(getattr(delta, "text", ""))
+                slot.parts.append(text)
+                return text
+            if delta_kind == "input_json_delta":
+                slot.parts.append(str(getattr(delta, "partial_json", "")))
+        elif kind == "message_delta":
+            delta = getattr(event, "delta", None)
+            reason = getattr(delta, "stop_reason", None)
+            if reason:
+                state.stop_reason = str(reason)
+            state.take_usage(getattr(event, "usage", None))
+        elif kind == "message_stop":
+            state.stopped = True
+        return ""
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,358 @@
+"""OpenAI-compatible chat completions provider (``openai.AsyncOpenAI``, always streaming).
+
+Works against OpenAI itself and the servers that copy its API (vLLM, llama.cpp,
+Ollama, LM Studio...); ``base_url`` includes ``/v1``.
+
+Translation of our messages:
+
+- The system prompt is the first ``system`` message.
+- Assistant ``tool_use`` blocks become ``tool_calls`` whose ``arguments`` are JSON text;
+  ``tool_result`` blocks become ``role: "tool"`` messages carrying ``tool_call_id``
+  (an error result is prefixed with ``[error]``, the format has no flag for it).
+  Other blocks that ride in a tool-result message follow as a user message.
+- Images are data URLs; an image with no data becomes the text ``[image]``.
+- ``max_completion_tokens`` is sent to OpenAI itself, ``max_tokens`` to any other
+  server, since most compatible servers know only the older name.
+
+Streaming: text deltas go to ``on_text``; tool calls are put back together by their
+``index``. Arguments that are not a JSON object are kept as ``{"_raw": "<text>"}``
+rather than failing the turn, so the runner can tell the model its call was
+unreadable. Usage: ``prompt_tokens`` minus cached (``cached_tokens``) and cache
+writes is ``input``; servers that send no usage give zeros.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+
+from core.errors import (
+    MalformedResponseError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderTimeoutError,
+)
+from core.messages import (
+    Block,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+    Usage,
+)
+from core.providers.base import (
+    STOP_END,
+    STOP_MAX_TOKENS,
+    STOP_REFUSAL,
+    STOP_TOOL_USE,
+    ProviderRequest,
+    ProviderResponse,
+    TextCallback,
+)
+from core.providers.retry import classify_status_error
+
+PROVIDER_NAME = "openai"
+DEFAULT_TIMEOUT_SECONDS = 120.0
+IMAGE_PLACEHOLDER = "[image]"
+RAW_INPUT_KEY = "_raw"
+ERROR_RESULT_PREFIX = "[error] "
+
+_FINISH_REASONS: dict[str, str] = {
+    "stop": STOP_END,
+    "tool_calls": STOP_TOOL_USE,
+    "function_call": STOP_TOOL_USE,
+    "length": STOP_MAX_TOKENS,
+    "content_filter": STOP_REFUSAL,
+}
+
+
+def _image_part(block: ImageBlock) -> dict[str, Any]:
+    if not block.data:
+        return {"type": "text", "text": IMAGE_PLACEHOLDER}
+    url = f"data:{block.media_type};base64,{block.data}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_content(blocks: list[Block]) -> str | list[dict[str, Any]]:
+    """Plain text as a string (what every compatible server reads), else content parts."""
+    if all(isinstance(b, TextBlock) for b in blocks) and len(blocks) == 1:
+        return blocks[0].text  # type: ignore[union-attr]
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append(_image_part(block))
+    return parts
+
+
+def _assistant_message(message: Message) -> dict[str, Any]:
+    text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+    wire: dict[str, Any] = {"role": "assistant", "content": text or None}
+    calls = [
+        {
+            "id": b.id,
+            "type": "function",
+            "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
+        }
+        for b in message.content
+        if isinstance(b, ToolUseBlock)
+    ]
+    if calls:
+        wire["tool_calls"] = calls
+    elif wire["content"] is None:
+        wire["content"] = ""
+    return wire
+
+
+def to_wire_messages(system: str, messages: tuple[Message, ...] | list[Message]) -> list[dict]:
+    wire: list[dict[str, Any]] = []
+    if system.strip():
+        wire.append({"role": "system", "content": system})
+    for message in messages:
+        if message.role == "assistant":
+            wire.append(_assistant_message(message))
+            continue
+        others: list[Block] = []
+        for block in message.content:
+            if isinstance(block, ToolResultBlock):
+                content = block.content
+                if block.is_error:
+                    content = ERROR_RESULT_PREFIX + content
+                wire.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+            elif isinstance(block, TextBlock | ImageBlock):
+                others.append(block)
+        if others:
+            wire.append({"role": "user", "content": _user_content(others)})
+    return wire
+
+
+def to_wire_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.input_schema,
+            },
+        }
+        for t in tools
+    ]
+
+
+def parse_arguments(raw: str) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {RAW_INPUT_KEY: raw}
+    return parsed if isinstance(parsed, dict) else {RAW_INPUT_KEY: raw}
+
+
+@dataclass(slots=True)
+class _CallState:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Assembler:
+    chunks: int = 0
+    model: str = ""
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _CallState] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+
+    def take_usage(self, raw: Any) -> None:
+        prompt = getattr(raw, "prompt_tokens", None) or 0
+        output = getattr(raw, "completion_tokens", None) or 0
+        details = getattr(raw, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None) or 0
+        written = getattr(details, "cache_write_tokens", None) or 0
+        self.usage = Usage(
+            input_tokens=max(0, int(prompt) - int(cached) - int(written)),
+            output_tokens=int(output),
+            cache_read_tokens=int(cached),
+            cache_write_tokens=int(written),
+        )
+
+    def response(self) -> ProviderResponse:
+        content: list[Block] = []
+        text = "".join(self.text)
+        if text:
+            content.append(TextBlock(text))
+        for index, call in sorted(self.calls.items()):
+            call_id = call.id or f"call_{index}"  # some local servers send no id
+            content.append(ToolUseBlock(call_id, call.name, parse_arguments("".join(call.arguments))))
+        reason = self.finish_reason or STOP_END
+        stop = _FINISH_REASONS.get(reason, reason)
+        if self.calls and stop == STOP_END:
+            stop = STOP_TOOL_USE  # Ollama and others say "stop" after a tool call
+        return ProviderResponse(tuple(content), stop, self.usage, self.model)
+
+
+def _error_body(body: object) -> Mapping[str, Any] | None:
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        return inner if isinstance(inner, Mapping) else body
+    return None
+
+
+def translate_error(exc: BaseException) -> ProviderError:
+    """Any failure from the SDK or its HTTP stack, as one of our typed errors."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
+        return ProviderTimeoutError(str(exc), provider=PROVIDER_NAME)
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
+        return ProviderConnectionError(str(exc) or type(exc).__name__, provider=PROVIDER_NAME)
+    if isinstance(exc, openai.APIError) and not isinstance(exc, openai.APIResponseValidationError):
+        # A status error, or an error object inside a 200 stream (status None).
+        body = _error_body(exc.body)
+        message = str(body.get("message") or "") if body else ""
+        status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
+        headers = exc.response.headers if isinstance(exc, openai.APIStatusError) else None
+        error_type = exc.type if isinstance(exc.type, str) else None
+        return classify_status_error(
+            provider=PROVIDER_NAME,
+            status=status,
+            message=message or exc.message,
+            error_type=error_type,
+            code=exc.code,
+            headers=headers,
+            body=body,
+        )
+    return MalformedResponseError(
+        f"unreadable answer: {type(exc).__name__}: {exc}", provider=PROVIDER_NAME
+    )
+
+
+def _is_openai_itself(base_url: str | None) -> bool:
+    return base_url is None or "api.openai.com" in base_url
+
+
+class OpenAICompatProvider:
+    """``Provider`` for OpenAI and OpenAI-compatible chat completions servers."""
+
+    name = PROVIDER_NAME
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str,
+        base_url: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.model = model
+        self.timeout = timeout
+        self._max_tokens_key = (
+            "max_completion_tokens" if _is_openai_itself(base_url) else "max_tokens"
+        )
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+        )
+
+    def build_params(self, request: ProviderRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": to_wire_messages(request.system, request.messages),
+            self._max_tokens_key: request.max_tokens,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            params["tools"] = to_wire_tools(request.tools)
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        return params
+
+    async def complete(
+        self, request: ProviderRequest, on_text: TextCallback | None = None
+    ) -> ProviderResponse:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._stream(request, on_text)
+        except TimeoutError as exc:
+            raise ProviderTimeoutError(
+                f"no complete answer within {self.timeout:g} s", provider=PROVIDER_NAME
+            ) from exc
+
+    async def _stream(
+        self, request: ProviderRequest, on_text: TextCallback | None
+    ) -> ProviderResponse:
+        try:
+            stream = await self._client.chat.completions.create(
+                **self.build_params(request), stream=True
+            )
+        except Exception as exc:
+            raise translate_error(exc) from exc
+        state = _Assembler()
+        async with stream:
+            chunks = stream.__aiter__()
+            while True:
+                # Only the SDK's side is translated: an exception from on_text is the
+                # caller's own and passes through untouched.
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise translate_error(exc) from exc
+                text = self._apply(state, chunk)
+                if text and on_text is not None:
+                    await on_text(text)
+        if state.chunks == 0:
+            raise MalformedResponseError("the answer was not a completion stream", provider=self.name)
+        return state.response()
+
+    @staticmethod
+    def _apply(state: _Assembler, chunk: Any) -> str:
+        """Fold one chunk into ``state``; return the text delta it carried, if any."""
+        if getattr(chunk, "object", None) not in (None, "chat.completion.chunk"):
+            raise MalformedResponseError(
+                f"unexpected object in stream: {chunk.object!r}", provider=PROVIDER_NAME
+            )
+        choices = getattr(chunk, "choices", None)
+        if not isinstance(choices, list):
+            raise MalformedResponseError("a stream chunk without choices", provider=PROVIDER_NAME)
+        state.chunks += 1
+        state.model = str(getattr(chunk, "model", "") or state.model)
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            state.take_usage(usage)
+        text = ""
+        for choice in choices:
+            if getattr(choice, "index", 0) != 0:
+                continue  # we never ask for n > 1
+            delta = getattr(choice, "delta", None)
+            piece = getattr(delta, "content", None)
+            if isinstance(piece, str) and piece:
+                state.text.append(piece)
+                text += piece
+            for call in getattr(delta, "tool_calls", None) or ():
+                slot = state.calls.setdefault(int(getattr(call, "index", 0) or 0), _CallState())
+                if getattr(call, "id", None) and not slot.id:
+                    slot.id = str(call.id)
+                function = getattr(call, "function", None)
+                if getattr(function, "name", None):
+                    slot.name += str(function.name)
+                if getattr(function, "arguments", None):
+                    slot.arguments.append(str(function.arguments))
+            reason = getattr(choice, "finish_reason", None)
+            if reason:
+                state.finish_reason = str(reason)
+        return text
+
+    async def aclose(self) -> None:
+        await self._client.close()

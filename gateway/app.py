@@ -1,0 +1,547 @@
+"""The gateway: lifecycle and the path of one message.
+
+channel → ``handle_inbound``: record in the durable inbox (dedupe) → answer /status
+and /help at once → resolve the session key → hand the message to the session's
+lane. The lane runs ``_run_lane`` one batch at a time per session: reset check (or
+/new), open the transcript, run the turn in ``core``, store the reply in the inbox,
+deliver it, and record the delivery result in the transcript and the registry.
+
+On start, whatever the inbox holds unanswered (a crash, a stop mid-turn) is queued
+again before any new message, so nothing is lost and nothing is answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from channels.base import (
+    Channel,
+    DeliveryError,
+    InboundMessage,
+    OutboundMessage,
+    RecipientBlocked,
+)
+from core.errors import ProviderError, TranscriptError
+from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
+from core.providers.base import Provider
+from core.runner import Runner, TurnRequest
+from core.tools.builtin import default_registry
+from core.transcript import Transcript
+from gateway.commands import HELP_TEXT, format_status, parse_info_command
+from gateway.config import LoadedConfig
+from gateway.db import Database
+from gateway.inbox import Inbox, InboxItem
+from gateway.lanes import LaneManager
+from gateway.providers import build_provider, context_window
+from gateway.registry import SessionOrigin, SessionRecord, SessionRegistry, utcnow
+from gateway.resets import is_stale, match_reset_trigger, resolve_reset_policy
+from gateway.routing import SessionRoute, resolve_session_key
+from gateway.timezones import resolve_zone
+from gateway.user_errors import (
+    BUSY_TEXT,
+    EMPTY_REPLY_TEXT,
+    INTERNAL_ERROR_TEXT,
+    describe_provider_error,
+)
+from gateway.workspace import ensure_workspace
+
+log = logging.getLogger("parley.gateway")
+
+DELIVERY_ATTEMPTS = 3
+DELIVERY_BACKOFF_SECONDS = (0.5, 2.0)
+STOP_DRAIN_SECONDS = 30.0
+# Settings that follow a person from an archived session into the new one.
+CARRIED_SETTINGS = ("model", "verbose", "thinking")
+
+
+@dataclass(frozen=True, slots=True)
+class LaneItem:
+    inbox_id: int
+    message: InboundMessage
+    route: SessionRoute
+    reset_text: str | None = None  # set for /new and /reset: the text after the trigger
+    recovered: InboxItem | None = None
+
+
+class Gateway:
+    """Owns state.db, the provider, the lanes and the channels; explicit start/stop."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        channels: Sequence[Channel],
+        provider: Provider | None = None,
+        banner: str | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self.channels = {c.name: c for c in channels}
+        self.banner = banner
+        self.clock = clock
+        self.zone: ZoneInfo = resolve_zone(self.config.session.timezone)
+        self._provider = provider
+        self._owns_provider = provider is None
+        self.db = Database(loaded.state_db, fsync=self.config.storage.fsync)
+        self.registry = SessionRegistry(self.db)
+        self.inbox = Inbox(self.db)
+        self.lanes: LaneManager[LaneItem] = LaneManager(self.config.lanes, self._run_lane)
+        self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
+        self._ready = asyncio.Event()
+        self._started = False
+        self._stopping = False
+        self.runner: Runner | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def provider(self) -> Provider:
+        if self._provider is None:
+            raise RuntimeError("the gateway is not started")
+        return self._provider
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        workspace = self.loaded.workspace
+        await asyncio.to_thread(ensure_workspace, workspace)
+        await asyncio.to_thread(self.loaded.sessions_dir.mkdir, parents=True, exist_ok=True)
+        await self.db.open()
+        if self._provider is None:
+            self._provider, banner = build_provider(self.config.providers)
+            self.banner = self.banner or banner
+        agent = self.config.agent
+        tools = default_registry(agent.tool_result_max_chars)
+        offer_tools = getattr(self._provider, "supports_tools", True)
+        prompt = SystemPromptBuilder(
+            workspace, agent_name=agent.name, tools=tools.specs() if offer_tools else ()
+        )
+        self.runner = Runner(
+            provider=self._provider,
+            tools=tools,
+            prompt=prompt,
+            agent=agent,
+            retry=self.config.providers.retry,
+            workspace=workspace,
+            offer_tools=offer_tools,
+        )
+        await self.lanes.start()
+        for channel in self.channels.values():
+            await channel.start(self.handle_inbound)
+        await self._recover()
+        self._ready.set()
+        log.info(
+            "gateway started: provider=%s model=%s channels=%s home=%s",
+            self._provider.name,
+            self._provider.model,
+            ",".join(self.channels) or "-",
+            self.loaded.home,
+        )
+
+    async def stop(self) -> None:
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        for channel in self.channels.values():
+            try:
+                await channel.stop()
+            except Exception:
+                log.exception("stopping channel %s failed", channel.name)
+        report = await self.lanes.stop(drain=True, timeout=STOP_DRAIN_SECONDS)
+        if report.unfinished:
+            log.warning(
+                "%d message(s) left unanswered at stop; they are answered on the next start",
+                report.unfinished,
+            )
+        if self._provider is not None and self._owns_provider:
+            await self._provider.aclose()
+        for transcript in self._transcripts.values():
+            transcript.close()
+        self._transcripts.clear()
+        await self.db.close()
+        self._started = False
+        self._stopping = False
+
+    async def wait_idle(self) -> None:
+        await self.lanes.wait_idle()
+
+    # -- inbound ----------------------------------------------------------------------
+
+    async def handle_inbound(self, message: InboundMessage) -> None:
+        """The channels' entry point: durable first, then routed."""
+        recorded = await self.inbox.record(message)
+        if not recorded.is_new:
+            log.info(
+                "duplicate %s message %s ignored (%s)",
+                message.channel,
+                message.message_id,
+                recorded.item.status,
+            )
+            return
+        await self._ready.wait()
+        route = self._route(message)
+        item_id = recorded.item.id
+        info = parse_info_command(message.text)
+        if info is not None:
+            text = HELP_TEXT if info.name == "help" else await self._status_text(route.key)
+            await self._deliver([item_id], message, None, text)
+            return
+        reset = match_reset_trigger(message.text, self.config.session.reset_triggers)
+        item = LaneItem(
+            item_id, message, route, reset_text=reset.remainder if reset is not None else None
+        )
+        submitted = await self.lanes.submit(route.key, item)
+        if not submitted.accepted:
+            await self._deliver([item_id], message, None, BUSY_TEXT, final_status="rejected")
+
+    def _route(self, message: InboundMessage) -> SessionRoute:
+        return resolve_session_key(
+            agent_id=self.config.agent.id,
+            channel=message.channel,
+            account=message.account,
+            chat_type=message.chat_type,
+            chat_id=message.chat_id,
+            sender_id=message.sender_id,
+            thread_id=message.thread_id,
+            config=self.config.session,
+        )
+
+    async def _status_text(self, key: str) -> str:
+        record = await self.registry.get_active(key)
+        return format_status(
+            record,
+            key=key,
+            model=self.provider.model,
+            window=context_window(self.config.providers, self.provider),
+            now=self.clock(),
+        )
+
+    async def _recover(self) -> None:
+        items = await self.inbox.open_items()
+        queued = 0
+        for item in items:
+            if item.message.channel not in self.channels:
+                continue  # that channel is not running now; it stays open for later
+            route = self._route(item.message)
+            lane_item = LaneItem(item.id, item.message, route, recovered=item)
+            if (await self.lanes.submit(route.key, lane_item)).accepted:
+                queued += 1
+        if queued:
+            log.info("recovering %d unanswered message(s) from the inbox", queued)
+
+    # -- one lane run -----------------------------------------------------------------
+
+    async def _run_lane(self, key: str, items: list[LaneItem]) -> None:
+        """Process a batch in order; plain messages next to each other share one turn."""
+        group: list[LaneItem] = []
+        for item in items:
+            plain = item.reset_text is None and item.recovered is None
+            if plain:
+                group.append(item)
+                continue
+            if group:
+                await self._answer(key, group)
+                group = []
+            await self._answer(key, [item])
+        if group:
+            await self._answer(key, group)
+
+    async def _answer(self, key: str, items: list[LaneItem]) -> None:
+        first, last = items[0], items[-1]
+        ids = [i.inbox_id for i in items]
+        try:
+            recovered = first.recovered
+            if recovered is not None and recovered.status == "replied":
+                record = await self.registry.get(recovered.session_id or "")
+                await self._deliver(ids, last.message, record, (recovered.reply or [""])[0])
+                return
+            if first.reset_text is not None:
+                record = await self._reset(key, first, reason="command")
+                if not first.reset_text.strip():
+                    text = f"Started a new session ({record.session_id[:8]}). The old one is archived."
+                    await self._deliver(ids, last.message, record, text)
+                    return
+                text = first.reset_text
+            else:
+                record = await self._session_for(key, first)
+                text = "\n\n".join(i.message.text for i in items)
+            reply = await self._turn(record, items, text)
+            await self._deliver(ids, last.message, record, reply)
+        except Exception:
+            log.exception("answering %s in session %s failed", ids, key)
+            await self._deliver(ids, last.message, None, INTERNAL_ERROR_TEXT)
+
+    async def _session_for(self, key: str, item: LaneItem) -> SessionRecord:
+        record = await self.registry.get_active(key)
+        if record is not None and item.recovered is None and not item.message.automated:
+            policy = resolve_reset_policy(
+                self.config.session, item.message.channel, item.route.chat_type
+            )
+            stale = is_stale(record.updated_at, self.clock(), policy, self.zone)
+            if stale is not None:
+                return await self._reset(key, item, reason=str(stale), previous=record)
+        if record is not None:
+            return record
+        return await self._create(item)
+
+    async def _reset(
+        self,
+        key: str,
+        item: LaneItem,
+        *,
+        reason: str,
+        previous: SessionRecord | None = None,
+    ) -> SessionRecord:
+        previous = previous or await self.registry.get_active(key)
+        carried: dict[str, Any] = {}
+        if previous is not None:
+            carried = {k: v for k, v in previous.settings.items() if k in CARRIED_SETTINGS}
+            await self.registry.archive(previous.session_id, reason, self.clock())
+            self._forget_transcript(previous.session_id)
+            log.info("session %s archived (%s): %s", key, reason, previous.session_id)
+        return await self._create(item, carried)
+
+    async def _create(self, item: LaneItem, settings: dict[str, Any] | None = None) -> SessionRecord:
+        route, message = item.route, item.message
+        origin = SessionOrigin(
+            key=route.key,
+            agent_id=self.config.agent.id,
+            channel=message.channel,
+            account=message.account,
+            chat_type=route.chat_type,
+            peer=route.peer,
+            parent_key=route.parent_key,
+            display_name=message.sender_name if route.chat_type == "direct" else message.chat_id,
+        )
+        settings = settings or {}
+        record = await self.registry.create(
+            origin, settings=settings, model=settings.get("model"), now=self.clock()
+        )
+        path = self._transcript_path(record.session_id)
+        transcript = await asyncio.to_thread(
+            Transcript.create, path, record.session_id, record.key, {"agent": record.agent_id}
+        )
+        self._cache_transcript(record.session_id, transcript)
+        return record
+
+    # -- transcripts ------------------------------------------------------------------
+
+    def _transcript_path(self, session_id: str) -> Any:
+        return self.loaded.sessions_dir / f"{session_id}.jsonl"
+
+    async def transcript(self, record: SessionRecord) -> Transcript:
+        cached = self._transcripts.get(record.session_id)
+        if cached is not None:
+            self._transcripts.move_to_end(record.session_id)
+            return cached
+        path = self._transcript_path(record.session_id)
+        try:
+            transcript = await asyncio.to_thread(Transcript.open, path)
+        except TranscriptError:
+            if await asyncio.to_thread(path.exists):
+                raise
+            # The row exists but the file never did (a kill between the two): start it.
+            transcript = await asyncio.to_thread(
+                Transcript.create, path, record.session_id, record.key, {"agent": record.agent_id}
+            )
+        report = transcript.load_report
+        if report.repaired_bytes or report.skipped_lines:
+            log.warning("transcript %s repaired on load: %s", record.session_id, report)
+        self._cache_transcript(record.session_id, transcript)
+        return transcript
+
+    def _cache_transcript(self, session_id: str, transcript: Transcript) -> None:
+        self._transcripts[session_id] = transcript
+        self._transcripts.move_to_end(session_id)
+        while len(self._transcripts) > self.config.storage.max_open_transcripts:
+            _, evicted = self._transcripts.popitem(last=False)
+            evicted.close()
+
+    def _forget_transcript(self, session_id: str) -> None:
+        transcript = self._transcripts.pop(session_id, None)
+        if transcript is not None:
+            transcript.close()
+
+    # -- the turn ---------------------------------------------------------------------
+
+    async def _turn(self, record: SessionRecord, items: list[LaneItem], text: str) -> str:
+        assert self.runner is not None
+        transcript = await self.transcript(record)
+        first, last = items[0], items[-1]
+        message = last.message
+        ids = [i.inbox_id for i in items]
+        for item_id in ids:
+            await self.inbox.attach_session(item_id, record.session_id)
+        resume = False
+        if first.recovered is not None:
+            done, reply = _recovered_progress(transcript, first.inbox_id)
+            if reply is not None:
+                return reply  # answered before the crash, not yet delivered
+            resume = done
+        channel = self.channels.get(message.channel)
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                await channel.typing(message.chat_id, message.thread_id)
+        attempts = 1
+
+        def on_retry(attempt: int, exc: ProviderError, delay: float) -> None:
+            nonlocal attempts
+            attempts = attempt + 1
+            log.warning("provider %s; retry %d in %.1fs", type(exc).__name__, attempt, delay)
+
+        turn = TurnRequest(
+            session_key=record.key,
+            user_text=text,
+            context_text=render_turn_context(
+                now=self.clock().astimezone(self.zone),
+                channel=message.channel,
+                chat_type=first.route.chat_type,
+                sender_name=message.sender_name,
+                sender_id=message.sender_id,
+            ),
+            meta={"inbox_ids": ids, "message_ids": [i.message.message_id for i in items]},
+            resume=resume,
+            model=record.settings.get("model"),
+        )
+        try:
+            result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
+        except ProviderError as exc:
+            await self.registry.record_entries(
+                record.session_id, transcript.entry_count, _last_id(transcript)
+            )
+            return describe_provider_error(exc, attempts)
+        await self.registry.record_turn(
+            record.session_id,
+            usage=result.usage,
+            context_tokens=result.context_tokens,
+            entry_count=transcript.entry_count,
+            last_entry_id=_last_id(transcript),
+            model=self.provider.model if not record.settings.get("model") else None,
+            now=self.clock(),
+        )
+        return result.reply or EMPTY_REPLY_TEXT
+
+    # -- delivery ---------------------------------------------------------------------
+
+    async def _deliver(
+        self,
+        ids: list[int],
+        message: InboundMessage,
+        record: SessionRecord | None,
+        text: str,
+        *,
+        final_status: str = "delivered",
+    ) -> None:
+        session_id = record.session_id if record else None
+        for item_id in ids:
+            await self.inbox.mark_replied(item_id, session_id, [text])
+        if text.strip() == SILENT_REPLY:
+            for item_id in ids:
+                await self.inbox.mark_delivered(item_id)
+            return
+        channel = self.channels.get(message.channel)
+        if channel is None:
+            log.warning("no running channel %s: reply kept for later", message.channel)
+            return
+        outbound = OutboundMessage(
+            channel=message.channel,
+            account=message.account,
+            chat_id=message.chat_id,
+            text=text,
+            thread_id=message.thread_id,
+            reply_to_message_id=message.message_id,
+        )
+        error: str | None = None
+        result = None
+        for attempt in range(DELIVERY_ATTEMPTS):
+            try:
+                result = await channel.send(outbound)
+                break
+            except RecipientBlocked as exc:
+                error = f"recipient blocked the bot: {exc}"
+                break
+            except DeliveryError as exc:
+                error = str(exc)
+                if not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
+                    break
+                await asyncio.sleep(DELIVERY_BACKOFF_SECONDS[min(attempt, 1)])
+        route = {
+            "channel": outbound.channel,
+            "account": outbound.account,
+            "chat_id": outbound.chat_id,
+            "thread_id": outbound.thread_id,
+        }
+        if result is None:
+            for item_id in ids:
+                await self.inbox.mark_failed(item_id, error or "delivery failed")
+            log.warning("delivery to %s failed: %s", route, error)
+        else:
+            for item_id in ids:
+                if final_status == "rejected":
+                    await self.inbox.mark_rejected(item_id, "queue full")
+                else:
+                    await self.inbox.mark_delivered(item_id)
+        if record is None:
+            return
+        delivery = {
+            "inbox_ids": ids,
+            "ok": result is not None,
+            "platform_message_ids": list(result.platform_message_ids) if result else [],
+            "parts": result.parts if result else 0,
+            "error": error,
+            **route,
+        }
+        transcript = await self.transcript(record)
+        await asyncio.to_thread(transcript.append_custom, "delivery", delivery)
+        await self.registry.record_delivery(record.session_id, route, error)
+        await self.registry.record_entries(
+            record.session_id, transcript.entry_count, _last_id(transcript)
+        )
+
+
+def _last_id(transcript: Transcript) -> str | None:
+    last = transcript.last_entry
+    return last.id if last is not None else None
+
+
+def _recovered_progress(transcript: Transcript, inbox_id: int) -> tuple[bool, str | None]:
+    """Was this inbox item's user message written, and was a final reply written after it?"""
+    found = False
+    reply: str | None = None
+    for entry in transcript.live_entries():
+        if entry.type != "message":
+            continue
+        message = entry.message
+        meta = entry.payload.get("meta") or {}
+        if message.role == "user" and inbox_id in (meta.get("inbox_ids") or ()):
+            found, reply = True, None
+        elif found and message.role == "assistant":
+            final = not message.tool_uses
+            reply = message.text.strip() if final and message.text.strip() else reply
+        elif found and message.role == "user":
+            break
+    return found, reply

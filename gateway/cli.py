@@ -1,0 +1,255 @@
+"""The `parley` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC
+from pathlib import Path
+
+from gateway.config import LoadedConfig, effective_config_toml, load_config
+from gateway.errors import ConfigFileError, GatewayError
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_CONFIG = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, default=argparse.SUPPRESS,
+                        help="config file (default: $PARLEY_HOME/parley.toml, else built-ins)")
+    common.add_argument("--log-level", default=argparse.SUPPRESS,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    common.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
+                        help="log one JSON object per line")
+    parser = argparse.ArgumentParser(
+        prog="parley", parents=[common],
+        description="A chat gateway bot that remembers. State lives in $PARLEY_HOME "
+        "(default ~/.parley).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("run", parents=[common],
+                   help="run every configured channel (the terminal chat when none is)")
+    sub.add_parser("chat", parents=[common], help="chat in this terminal")
+    config = sub.add_parser("config", parents=[common], help="check or show the configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    config_sub.add_parser("check", parents=[common], help="validate and exit (2 when invalid)")
+    config_sub.add_parser("show", parents=[common], help="print the effective config, secrets masked")
+    sessions = sub.add_parser("sessions", parents=[common], help="list or show sessions")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True, metavar="ACTION")
+    listing = sessions_sub.add_parser("list", parents=[common], help="a table of sessions")
+    listing.add_argument("--status", choices=["active", "archived"])
+    listing.add_argument("--channel")
+    listing.add_argument("--query", help="text in the key or display name")
+    listing.add_argument("--limit", type=int, default=50)
+    show = sessions_sub.add_parser("show", parents=[common], help="one session and its latest entries")
+    show.add_argument("key", help="a session key or session id")
+    show.add_argument("--entries", type=int, default=20, help="how many recent entries to print")
+    sub.add_parser("doctor", parents=[common], help="check config, state, transcripts, provider")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        loaded = load_config(getattr(args, "config", None))
+    except ConfigFileError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    command = args.command
+    try:
+        if command == "config":
+            return _config(loaded, args.config_command)
+        _logging(loaded, args, chat=command in ("run", "chat"))
+        if command in ("run", "chat"):
+            return asyncio.run(_serve(loaded, terminal_only=command == "chat"))
+        if command == "sessions":
+            return asyncio.run(_sessions(loaded, args))
+        if command == "doctor":
+            return asyncio.run(_doctor(loaded))
+    except GatewayError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(command)
+
+
+def _config(loaded: LoadedConfig, action: str) -> int:
+    if action == "check":
+        print(f"config ok: {loaded.source}")
+    else:
+        print(f"# effective configuration (from {loaded.source}; PARLEY_HOME={loaded.home})")
+        print(effective_config_toml(loaded.config), end="")
+    return EXIT_OK
+
+
+def _logging(loaded: LoadedConfig, args: argparse.Namespace, *, chat: bool) -> None:
+    from gateway.logs import setup_logging
+
+    level = getattr(args, "log_level", None) or loaded.config.logging.level
+    json_lines = getattr(args, "log_json", False) or loaded.config.logging.json_lines
+    if chat:
+        # Keep the conversation readable: full logs to a file, only warnings on screen.
+        explicit = getattr(args, "log_level", None)
+        setup_logging(level, json_lines=json_lines, file=loaded.home / "logs" / "parley.log",
+                      stderr_level=explicit or "WARNING")
+    else:
+        setup_logging(level, json_lines=json_lines, stderr_level="WARNING")
+
+
+async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
+    from channels.terminal import TerminalChannel
+    from gateway.app import Gateway
+    from gateway.providers import build_provider
+
+    config = loaded.config
+    stop = asyncio.Event()
+    eof = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    configured = config.channels.configured()
+    use_terminal = terminal_only or not configured or "terminal" in configured
+    provider, banner = build_provider(config.providers)
+    channels = []
+    if use_terminal:
+        channels.append(TerminalChannel(config.channels.terminal, banner=banner,
+                                        on_close=eof.set))
+    gateway = Gateway(loaded, channels=channels, provider=provider, banner=banner)
+    try:
+        await gateway.start()
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(eof.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        if eof.is_set() and not stop.is_set():
+            # Input ended: answer what is queued, then leave.
+            idle = asyncio.create_task(gateway.wait_idle())
+            interrupted = asyncio.create_task(stop.wait())
+            await asyncio.wait([idle, interrupted], return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+            interrupted.cancel()
+    finally:
+        await gateway.stop()
+        await provider.aclose()
+    return EXIT_OK
+
+
+async def _sessions(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    from gateway.db import Database
+    from gateway.registry import SessionRegistry
+
+    if not loaded.state_db.exists():
+        print("no sessions yet")
+        return EXIT_OK
+    async with Database(loaded.state_db) as db:
+        registry = SessionRegistry(db)
+        if args.sessions_command == "list":
+            page = await registry.list(status=args.status, channel=args.channel,
+                                       query=args.query, limit=args.limit)
+            print(_sessions_table(page.sessions))
+            return EXIT_OK
+        record = await registry.find(args.key)
+        if record is None:
+            print(f"no session matches {args.key!r}", file=sys.stderr)
+            return EXIT_PROBLEM
+        print(await asyncio.to_thread(_describe_session, loaded, record, args.entries))
+        return EXIT_OK
+
+
+def _sessions_table(records: Sequence[object]) -> str:
+    from gateway.registry import SessionRecord
+
+    rows = [("KEY", "CHANNEL", "UPDATED", "TOKENS", "STATUS", "ID")]
+    for r in records:
+        assert isinstance(r, SessionRecord)
+        status = r.status if r.status == "active" else f"archived ({r.archived_reason})"
+        rows.append((r.key, r.channel, r.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+                     f"{r.context_tokens:,}", status, r.session_id[:12]))
+    if len(rows) == 1:
+        return "no sessions"
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
+
+
+def _describe_session(loaded: LoadedConfig, record: object, entries: int) -> str:
+    from core.errors import TranscriptError
+    from core.transcript import Transcript
+    from gateway.registry import SessionRecord
+
+    assert isinstance(record, SessionRecord)
+    u = record.usage
+    lines = [
+        f"key:          {record.key}",
+        f"id:           {record.session_id}",
+        f"status:       {record.status}"
+        + (f" ({record.archived_reason}, {record.archived_at:%Y-%m-%d %H:%M})"
+           if record.archived_at else ""),
+        f"channel:      {record.channel} / {record.account} / {record.chat_type} / {record.peer}",
+        f"display name: {record.display_name or '-'}",
+        f"created:      {record.created_at:%Y-%m-%d %H:%M:%S} UTC",
+        f"updated:      {record.updated_at:%Y-%m-%d %H:%M:%S} UTC",
+        f"model:        {record.model or '-'}",
+        f"tokens:       context {record.context_tokens:,}; in {u.input_tokens:,}, "
+        f"out {u.output_tokens:,}, cache read {u.cache_read_tokens:,}, "
+        f"cache write {u.cache_write_tokens:,}; {record.turn_count} turns",
+        f"compactions:  {record.compaction_count}",
+        f"entries:      {record.entry_count}",
+    ]
+    path = loaded.sessions_dir / f"{record.session_id}.jsonl"
+    try:
+        transcript = Transcript.open(path, repair=False)
+    except TranscriptError as exc:
+        lines.append(f"transcript:   cannot load: {exc}")
+        return "\n".join(lines)
+    lines.append(f"transcript:   {path}")
+    total = transcript.entry_count
+    recent = list(transcript.entries(offset=max(0, total - entries)))
+    transcript.close()
+    lines.append(f"\nlast {len(recent)} of {total} entries:")
+    for entry in recent:
+        lines.append(f"  {entry.ts}  {_entry_line(entry)}")
+    return "\n".join(lines)
+
+
+def _entry_line(entry: object) -> str:
+    from core.transcript import Entry
+
+    assert isinstance(entry, Entry)
+    if entry.type == "message":
+        message = entry.message
+        text = message.text.replace("\n", " ")
+        if message.tool_uses:
+            text += " " + " ".join(f"[tool {u.name}]" for u in message.tool_uses)
+        if message.role == "tool_result":
+            text = f"[{len(message.content)} tool result(s)]"
+        return f"{message.role:<11} {text[:160]}"
+    if entry.type == "custom":
+        return f"{'custom':<11} {entry.payload.get('custom_type')}"
+    return f"{entry.type:<11}"
+
+
+async def _doctor(loaded: LoadedConfig) -> int:
+    from gateway.doctor import run_doctor
+
+    findings = await run_doctor(loaded)
+    marks = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
+    for f in findings:
+        print(f"[{marks[f.severity]}] {f.check}: {f.detail}")
+    failed = [f for f in findings if f.severity == "error"]
+    print(f"\n{len(failed)} problem(s) found" if failed else "\nall checks passed")
+    return EXIT_PROBLEM if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

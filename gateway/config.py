@@ -1,0 +1,245 @@
+"""The root config: TOML file + environment, validated by pydantic.
+
+Where the file comes from: ``--config PATH``, else ``$PARLEY_HOME/parley.toml`` when
+it exists, else the built-in defaults. Then the environment:
+
+- secrets: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``,
+  ``OPENAI_BASE_URL`` fill the provider sections when the file leaves them unset;
+- overrides: ``PARLEY_<SECTION>__<FIELD>[__<FIELD>...]=value`` set any field (the
+  value is read as a TOML value when it parses as one, else as a string), e.g.
+  ``PARLEY_LANES__MAX_CONCURRENT_RUNS=8``; ``PARLEY_LOG_LEVEL`` is short for
+  ``PARLEY_LOGGING__LEVEL``.
+
+Each package owns its section's models; this module only composes them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from channels.config import ChannelsConfig
+from core.config import AgentConfig, ProvidersConfig
+from gateway.errors import ConfigFileError
+from gateway.lanes import LanesConfig
+from gateway.session_config import SessionConfig
+
+DEFAULT_HOME = Path("~/.parley")
+CONFIG_FILE_NAME = "parley.toml"
+ENV_PREFIX = "PARLEY_"
+# Environment variables that are not field overrides.
+_RESERVED_ENV = {"PARLEY_HOME", "PARLEY_LOG_LEVEL", "PARLEY_CONFIG"}
+_SECRET_ENV: dict[str, tuple[str, ...]] = {
+    "ANTHROPIC_API_KEY": ("providers", "anthropic", "api_key"),
+    "ANTHROPIC_BASE_URL": ("providers", "anthropic", "base_url"),
+    "OPENAI_API_KEY": ("providers", "openai", "api_key"),
+    "OPENAI_BASE_URL": ("providers", "openai", "base_url"),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StorageConfig(_Strict):
+    # write() alone survives a killed process; fsync also survives a power cut, at a
+    # cost of milliseconds per transcript append and per state.db commit.
+    fsync: bool = Field(False, description="fsync transcripts and state.db on every write")
+    max_open_transcripts: int = Field(256, ge=1, le=100_000, description="kept in memory, LRU")
+
+
+class LoggingConfig(_Strict):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_lines: bool = Field(False, alias="json", description="one JSON object per log line")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ParleyConfig(_Strict):
+    agent: AgentConfig = AgentConfig()
+    providers: ProvidersConfig = ProvidersConfig()
+    session: SessionConfig = SessionConfig()
+    lanes: LanesConfig = LanesConfig()
+    channels: ChannelsConfig = ChannelsConfig()
+    storage: StorageConfig = StorageConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    config: ParleyConfig
+    home: Path
+    source: str  # the file read, or "built-in defaults"
+
+    @property
+    def workspace(self) -> Path:
+        return self.config.agent.workspace or self.home / "workspace"
+
+    @property
+    def state_db(self) -> Path:
+        return self.home / "state.db"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.home / "sessions"
+
+
+def resolve_home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("PARLEY_HOME") or DEFAULT_HOME).expanduser()
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Read, merge and validate; raises ConfigFileError and writes nothing."""
+    env = os.environ if env is None else env
+    home = resolve_home(env)
+    if path is None and env.get("PARLEY_CONFIG"):
+        path = Path(env["PARLEY_CONFIG"]).expanduser()
+    if path is None and (home / CONFIG_FILE_NAME).is_file():
+        path = home / CONFIG_FILE_NAME
+    source = str(path) if path is not None else "built-in defaults"
+    data: dict[str, Any] = _read_toml(path) if path is not None else {}
+    overrides = _env_overrides(env)
+    for dotted, value in overrides:
+        _set_path(data, dotted, value)
+    for var, dotted in _SECRET_ENV.items():
+        if env.get(var) and _get_path(data, dotted) is None:
+            _set_path(data, dotted, env[var])
+    try:
+        config = ParleyConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [(_dotted(err["loc"]), err["msg"]) for err in exc.errors()]
+        raise ConfigFileError(source, problems) from None
+    return LoadedConfig(config=config, home=home, source=source)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigFileError(str(path), [("(file)", "no such file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(str(path), [("(file)", f"cannot read: {exc}")]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(str(path), [("(syntax)", str(exc))]) from None
+
+
+def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any]]:
+    found: list[tuple[tuple[str, ...], Any]] = []
+    if env.get("PARLEY_LOG_LEVEL"):
+        found.append((("logging", "level"), env["PARLEY_LOG_LEVEL"].upper()))
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name in _RESERVED_ENV or "__" not in name:
+            continue
+        parts = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split("__"))
+        if all(parts):
+            found.append((parts, _parse_env_value(raw)))
+    return found
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_path(data: dict[str, Any], dotted: tuple[str, ...], value: Any) -> None:
+    node = data
+    for part in dotted[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[dotted[-1]] = value
+
+
+def _get_path(data: Mapping[str, Any], dotted: tuple[str, ...]) -> Any:
+    node: Any = data
+    for part in dotted:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(root)"
+
+
+def effective_config_toml(config: ParleyConfig) -> str:
+    """The effective config as TOML, secrets masked (for `parley config show`)."""
+    data = config.model_dump(mode="python", by_alias=True)
+    return _to_toml(data, _masked_paths(config))
+
+
+def _masked_paths(config: ParleyConfig) -> set[tuple[str, ...]]:
+    paths: set[tuple[str, ...]] = set()
+
+    def walk(model: BaseModel, prefix: tuple[str, ...]) -> None:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, SecretStr):
+                paths.add((*prefix, name))
+            elif isinstance(value, BaseModel):
+                walk(value, (*prefix, name))
+
+    walk(config, ())
+    return paths
+
+
+def mask_secret(value: str) -> str:
+    return "****" + value[-4:] if len(value) >= 12 else "****"
+
+
+def _to_toml(data: dict[str, Any], masked: set[tuple[str, ...]], prefix: tuple[str, ...] = ()) -> str:
+    scalars: list[str] = []
+    tables: list[str] = []
+    for key, value in data.items():
+        path = (*prefix, key)
+        if isinstance(value, dict) and key not in _INLINE_TABLE_FIELDS:
+            body = _to_toml(value, masked, path)
+            header = f"[{'.'.join(_toml_key(p) for p in path)}]"
+            tables.append(f"{header}\n{body}" if body.strip() else f"{header}\n")
+            continue
+        if value is None:
+            scalars.append(f"# {_toml_key(key)} = (unset)")
+            continue
+        if path in masked:
+            value = mask_secret(value.get_secret_value()) if isinstance(value, SecretStr) else "****"
+        scalars.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    out = "\n".join(scalars)
+    if tables:
+        out = (out + "\n\n" if out else "") + "\n\n".join(t.rstrip("\n") for t in tables)
+    return out + "\n"
+
+
+# dict-valued fields rendered inline rather than as sub-tables
+_INLINE_TABLE_FIELDS = {"identity_links"}
+
+
+def _toml_key(key: str) -> str:
+    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
+    return key if bare else _toml_value(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    text = str(value)
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'

@@ -1,0 +1,139 @@
+"""`parley doctor`: check what a running bot depends on, and say what is wrong.
+
+Each check returns a ``Finding``; ``ok`` False on any ``error`` finding makes the
+command exit non-zero. Warnings (for example memory search degraded to keywords)
+are shown but do not fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+
+from core.errors import TranscriptError
+from core.transcript import Transcript
+from gateway.config import LoadedConfig
+from gateway.db import Database
+from gateway.errors import StateError
+from gateway.providers import choose_provider
+
+Severity = Literal["ok", "warning", "error"]
+PROBE_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    severity: Severity
+    detail: str
+
+
+async def run_doctor(loaded: LoadedConfig) -> list[Finding]:
+    findings = [Finding("config", "ok", f"valid ({loaded.source})")]
+    findings.append(await _check_state_db(loaded.state_db))
+    findings += await asyncio.to_thread(_check_transcripts, loaded.sessions_dir)
+    findings.append(_check_sqlite_extensions())
+    findings.append(await _check_provider(loaded))
+    return findings
+
+
+async def _check_state_db(path: Path) -> Finding:
+    if not path.exists():
+        return Finding("state.db", "ok", f"{path} not created yet (first run creates it)")
+    db = Database(path)
+    try:
+        await db.open()
+        problems = await db.run(db.integrity_check)
+    except StateError as exc:
+        return Finding("state.db", "error", str(exc))
+    finally:
+        await db.close()
+    if problems:
+        return Finding("state.db", "error", "; ".join(problems[:5]))
+    return Finding("state.db", "ok", f"{path}: integrity ok")
+
+
+def _check_transcripts(sessions_dir: Path) -> list[Finding]:
+    if not sessions_dir.is_dir():
+        return [Finding("transcripts", "ok", "none yet")]
+    broken: list[str] = []
+    repaired: list[str] = []
+    count = 0
+    for path in sorted(sessions_dir.glob("*.jsonl")):
+        count += 1
+        try:
+            transcript = Transcript.open(path, repair=False)
+        except TranscriptError as exc:
+            broken.append(f"{path.name}: {exc}")
+            continue
+        report = transcript.load_report
+        if report.repaired_bytes or report.skipped_lines:
+            repaired.append(f"{path.name}: {report}")
+        transcript.close()
+    findings: list[Finding] = []
+    if broken:
+        findings.append(Finding("transcripts", "error", "fail to load: " + "; ".join(broken[:10])))
+    if repaired:
+        findings.append(
+            Finding("transcripts", "warning", "need repair on next load: " + "; ".join(repaired[:10]))
+        )
+    if not findings:
+        findings.append(Finding("transcripts", "ok", f"{count} load cleanly"))
+    return findings
+
+
+def _check_sqlite_extensions() -> Finding:
+    if hasattr(sqlite3.Connection, "enable_load_extension"):
+        return Finding("sqlite extensions", "ok", "the standard sqlite3 module can load extensions")
+    if importlib.util.find_spec("pysqlite3") is not None:
+        return Finding("sqlite extensions", "ok", "pysqlite3 (bundled SQLite) can load extensions")
+    return Finding(
+        "sqlite extensions",
+        "warning",
+        "this Python's sqlite3 cannot load extensions and no bundled driver is installed: "
+        "memory search would run keyword-only (FTS5)",
+    )
+
+
+async def _check_provider(loaded: LoadedConfig) -> Finding:
+    providers = loaded.config.providers
+    choice = choose_provider(providers)
+    if choice.name == "local":
+        from core.providers.local import locate_model
+
+        try:
+            path = locate_model(providers.local)
+        except Exception as exc:
+            return Finding("provider", "error", f"local model unavailable: {exc}")
+        if importlib.util.find_spec("xllamacpp") is None:
+            return Finding("provider", "error", "xllamacpp is not installed (the `local` extra)")
+        return Finding("provider", "ok", f"local model {path.name} ({choice.reason})")
+    if choice.name == "anthropic":
+        base = (providers.anthropic.base_url or "https://api.anthropic.com").rstrip("/")
+        key = providers.anthropic.api_key
+        url, headers = f"{base}/v1/models", {"anthropic-version": "2023-06-01"}
+        if key is not None:
+            headers["x-api-key"] = key.get_secret_value()
+    else:
+        base = (providers.openai.base_url or "https://api.openai.com/v1").rstrip("/")
+        key = providers.openai.api_key
+        url, headers = f"{base}/models", {}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+    try:
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
+            url, headers=headers
+        ) as response:
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return Finding("provider", "error", f"{choice.name}: cannot reach {base}: {exc!r}")
+    if status in (401, 403):
+        return Finding("provider", "error", f"{choice.name}: {base} refused the API key ({status})")
+    return Finding("provider", "ok", f"{choice.name} reachable at {base} (HTTP {status})")

@@ -1,0 +1,157 @@
+"""The durable inbox: every inbound message is recorded before it is processed.
+
+States: ``received`` (recorded, not yet answered) → ``replied`` (the reply text is
+stored; delivery pending) → ``delivered``. ``failed`` (delivery refused for good)
+and ``rejected`` (busy) are final. A platform delivering the same message twice
+hits the unique (channel, account, platform message id) and is answered once.
+After a crash, ``open_items()`` gives back everything recorded but not finished,
+in arrival order, so the gateway can answer it on restart.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from channels.base import InboundMessage
+from gateway.db import Database
+
+OPEN_STATES = ("received", "replied")
+
+
+@dataclass(frozen=True, slots=True)
+class InboxItem:
+    id: int
+    message: InboundMessage
+    status: str
+    session_id: str | None
+    reply: list[str] | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    item: InboxItem
+    is_new: bool
+
+
+def message_to_json(message: InboundMessage) -> str:
+    data: dict[str, Any] = {
+        name: getattr(message, name) for name in InboundMessage.__dataclass_fields__
+    }
+    data["timestamp"] = message.timestamp.isoformat()
+    return json.dumps(data, ensure_ascii=False)
+
+
+def message_from_json(raw: str) -> InboundMessage:
+    data = json.loads(raw)
+    data["timestamp"] = datetime.fromisoformat(data["timestamp"])
+    return InboundMessage(**data)
+
+
+class Inbox:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def record(self, message: InboundMessage) -> RecordResult:
+        return await self._db.run(self._record_sync, message)
+
+    async def get(self, item_id: int) -> InboxItem | None:
+        return await self._db.run(self._get_sync, item_id)
+
+    async def mark_replied(self, item_id: int, session_id: str | None, reply: list[str]) -> None:
+        await self._db.run(self._set_sync, item_id, "replied", session_id, json.dumps(reply), None)
+
+    async def mark_delivered(self, item_id: int) -> None:
+        await self._db.run(self._set_sync, item_id, "delivered", None, None, None)
+
+    async def mark_failed(self, item_id: int, error: str) -> None:
+        await self._db.run(self._set_sync, item_id, "failed", None, None, error)
+
+    async def mark_rejected(self, item_id: int, reason: str) -> None:
+        await self._db.run(self._set_sync, item_id, "rejected", None, None, reason)
+
+    async def attach_session(self, item_id: int, session_id: str) -> None:
+        await self._db.run(self._attach_sync, item_id, session_id)
+
+    async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
+        return await self._db.run(self._open_sync, limit)
+
+    async def counts(self) -> dict[str, int]:
+        return await self._db.run(self._counts_sync)
+
+    # -- on the database thread -------------------------------------------------------
+
+    def _record_sync(self, message: InboundMessage) -> RecordResult:
+        now = datetime.now(UTC).isoformat()
+        try:
+            cursor = self._db.conn.execute(
+                "INSERT INTO inbox (channel, account, platform_message_id, received_at,"
+                " updated_at, payload, status) VALUES (?, ?, ?, ?, ?, ?, 'received')",
+                (
+                    message.channel,
+                    message.account,
+                    message.message_id,
+                    now,
+                    now,
+                    message_to_json(message),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            row = self._db.conn.execute(
+                "SELECT * FROM inbox WHERE channel = ? AND account = ? AND platform_message_id = ?",
+                (message.channel, message.account, message.message_id),
+            ).fetchone()
+            return RecordResult(_item(row), is_new=False)
+        item = self._get_sync(int(cursor.lastrowid or 0))
+        assert item is not None
+        return RecordResult(item, is_new=True)
+
+    def _get_sync(self, item_id: int) -> InboxItem | None:
+        row = self._db.conn.execute("SELECT * FROM inbox WHERE id = ?", (item_id,)).fetchone()
+        return _item(row) if row else None
+
+    def _set_sync(
+        self,
+        item_id: int,
+        status: str,
+        session_id: str | None,
+        reply: str | None,
+        error: str | None,
+    ) -> None:
+        self._db.conn.execute(
+            "UPDATE inbox SET status = ?, session_id = COALESCE(?, session_id),"
+            " reply = COALESCE(?, reply), error = COALESCE(?, error), updated_at = ?"
+            " WHERE id = ?",
+            (status, session_id, reply, error, datetime.now(UTC).isoformat(), item_id),
+        )
+
+    def _attach_sync(self, item_id: int, session_id: str) -> None:
+        self._db.conn.execute(
+            "UPDATE inbox SET session_id = ? WHERE id = ?", (session_id, item_id)
+        )
+
+    def _open_sync(self, limit: int) -> list[InboxItem]:
+        rows = self._db.conn.execute(
+            "SELECT * FROM inbox WHERE status IN ('received', 'replied') ORDER BY id LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [_item(r) for r in rows]
+
+    def _counts_sync(self) -> dict[str, int]:
+        rows = self._db.conn.execute("SELECT status, count(*) FROM inbox GROUP BY status")
+        return {status: n for status, n in rows}
+
+
+def _item(row: sqlite3.Row) -> InboxItem:
+    return InboxItem(
+        id=row["id"],
+        message=message_from_json(row["payload"]),
+        status=row["status"],
+        session_id=row["session_id"],
+        reply=json.loads(row["reply"]) if row["reply"] else None,
+        error=row["error"],
+    )

@@ -1,0 +1,76 @@
+"""Choosing and building the model provider from config.
+
+``providers.default = "auto"`` picks Anthropic when a key is set, else an
+OpenAI-compatible server when a key or base URL is set, else the tiny local model
+(with a banner saying so). SDKs are imported lazily: anthropic alone costs ~1 s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.config import ProvidersConfig
+from core.providers.base import Provider
+
+DEFAULT_CONTEXT_WINDOW = 200_000
+# A dummy key for OpenAI-compatible local servers (Ollama, vLLM) that need none:
+# the SDK refuses to start without one.
+LOCAL_SERVER_DUMMY_KEY = "not-needed"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderChoice:
+    name: str  # "anthropic" | "openai" | "local"
+    reason: str
+
+
+def choose_provider(config: ProvidersConfig) -> ProviderChoice:
+    if config.default != "auto":
+        return ProviderChoice(config.default, f"providers.default = {config.default!r}")
+    if config.anthropic.api_key is not None:
+        return ProviderChoice("anthropic", "ANTHROPIC_API_KEY is set")
+    if config.openai.api_key is not None or config.openai.base_url:
+        return ProviderChoice("openai", "OPENAI_API_KEY or OPENAI_BASE_URL is set")
+    return ProviderChoice("local", "no API key is set")
+
+
+def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
+    """The provider and, for the local model, a banner to show users."""
+    choice = choose_provider(config)
+    timeout = config.retry.timeout_seconds
+    if choice.name == "anthropic":
+        from core.providers.anthropic import AnthropicProvider
+
+        key = config.anthropic.api_key
+        return (
+            AnthropicProvider(
+                model=config.anthropic.model,
+                api_key=key.get_secret_value() if key else "",
+                base_url=config.anthropic.base_url,
+                timeout=timeout,
+            ),
+            None,
+        )
+    if choice.name == "openai":
+        from core.providers.openai_compat import OpenAICompatProvider
+
+        key = config.openai.api_key
+        return (
+            OpenAICompatProvider(
+                model=config.openai.model,
+                api_key=key.get_secret_value() if key else LOCAL_SERVER_DUMMY_KEY,
+                base_url=config.openai.base_url,
+                timeout=timeout,
+            ),
+            None,
+        )
+    from core.providers.local import BANNER, LocalProvider
+
+    return LocalProvider(config.local), BANNER
+
+
+def context_window(config: ProvidersConfig, provider: Provider) -> int:
+    """The model's window; the context engine refines this with a per-model table."""
+    if provider.name == "local":
+        return config.local.context_tokens
+    return DEFAULT_CONTEXT_WINDOW

@@ -1,0 +1,347 @@
+"""The session registry: one row per session in state.db.
+
+A session key (who/where) has at most one *active* session at a time; a reset
+archives it (the row and its transcript stay, listable and readable) and starts a
+new session id. Rows are never deleted here.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from core.messages import Usage
+from gateway.db import Database
+
+_COLUMNS = (
+    "session_id, key, agent_id, channel, account, chat_type, peer, parent_key, display_name,"
+    " created_at, updated_at, status, archived_reason, archived_at, model, settings, last_route,"
+    " input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, context_tokens,"
+    " compaction_count, turn_count, entry_count, last_entry_id, delivery_error"
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_session_id() -> str:
+    """Random, path-safe, sortable-enough ids; keys never become file names."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOrigin:
+    """Where a session lives: what the routing step resolved."""
+
+    key: str
+    agent_id: str
+    channel: str
+    account: str
+    chat_type: str
+    peer: str
+    parent_key: str | None = None
+    display_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    session_id: str
+    key: str
+    agent_id: str
+    channel: str
+    account: str
+    chat_type: str
+    peer: str
+    parent_key: str | None
+    display_name: str | None
+    created_at: datetime
+    updated_at: datetime
+    status: str
+    archived_reason: str | None
+    archived_at: datetime | None
+    model: str | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    last_route: dict[str, Any] | None = None
+    usage: Usage = field(default_factory=Usage)
+    context_tokens: int = 0
+    compaction_count: int = 0
+    turn_count: int = 0
+    entry_count: int = 0
+    last_entry_id: str | None = None
+    delivery_error: str | None = None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> SessionRecord:
+        return cls(
+            session_id=row["session_id"],
+            key=row["key"],
+            agent_id=row["agent_id"],
+            channel=row["channel"],
+            account=row["account"],
+            chat_type=row["chat_type"],
+            peer=row["peer"],
+            parent_key=row["parent_key"],
+            display_name=row["display_name"],
+            created_at=datetime.fromisoformat(row["created_at"]),
+            updated_at=datetime.fromisoformat(row["updated_at"]),
+            status=row["status"],
+            archived_reason=row["archived_reason"],
+            archived_at=datetime.fromisoformat(row["archived_at"]) if row["archived_at"] else None,
+            model=row["model"],
+            settings=json.loads(row["settings"] or "{}"),
+            last_route=json.loads(row["last_route"]) if row["last_route"] else None,
+            usage=Usage(
+                row["input_tokens"],
+                row["output_tokens"],
+                row["cache_read_tokens"],
+                row["cache_write_tokens"],
+            ),
+            context_tokens=row["context_tokens"],
+            compaction_count=row["compaction_count"],
+            turn_count=row["turn_count"],
+            entry_count=row["entry_count"],
+            last_entry_id=row["last_entry_id"],
+            delivery_error=row["delivery_error"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    sessions: list[SessionRecord]
+    next_cursor: str | None
+
+
+class SessionRegistry:
+    """Session rows in state.db; every method runs on the database thread."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        return await self._db.run(self._get_sync, session_id)
+
+    async def get_active(self, key: str) -> SessionRecord | None:
+        return await self._db.run(self._get_active_sync, key)
+
+    async def find(self, key_or_id: str) -> SessionRecord | None:
+        """The session with this id, else the active (or latest) session for this key."""
+        return await self._db.run(self._find_sync, key_or_id)
+
+    async def create(
+        self,
+        origin: SessionOrigin,
+        *,
+        settings: dict[str, Any] | None = None,
+        model: str | None = None,
+        now: datetime | None = None,
+    ) -> SessionRecord:
+        return await self._db.run(self._create_sync, origin, settings or {}, model, now or utcnow())
+
+    async def archive(self, session_id: str, reason: str, now: datetime | None = None) -> None:
+        await self._db.run(self._archive_sync, session_id, reason, now or utcnow())
+
+    async def record_turn(
+        self,
+        session_id: str,
+        *,
+        usage: Usage,
+        context_tokens: int,
+        entry_count: int,
+        last_entry_id: str | None,
+        model: str | None,
+        now: datetime | None = None,
+    ) -> None:
+        await self._db.run(
+            self._record_turn_sync,
+            session_id,
+            usage,
+            context_tokens,
+            entry_count,
+            last_entry_id,
+            model,
+            now or utcnow(),
+        )
+
+    async def record_entries(
+        self, session_id: str, entry_count: int, last_entry_id: str | None
+    ) -> None:
+        await self._db.run(self._record_entries_sync, session_id, entry_count, last_entry_id)
+
+    async def record_delivery(
+        self, session_id: str, route: dict[str, Any], error: str | None = None
+    ) -> None:
+        await self._db.run(self._record_delivery_sync, session_id, json.dumps(route), error)
+
+    async def update_settings(self, session_id: str, settings: dict[str, Any]) -> None:
+        await self._db.run(self._update_settings_sync, session_id, json.dumps(settings))
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        channel: str | None = None,
+        agent_id: str | None = None,
+        query: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> SessionPage:
+        return await self._db.run(
+            self._list_sync, status, channel, agent_id, query, max(1, min(limit, 500)), cursor
+        )
+
+    # -- on the database thread -------------------------------------------------------
+
+    def _get_sync(self, session_id: str) -> SessionRecord | None:
+        row = self._db.conn.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return SessionRecord.from_row(row) if row else None
+
+    def _get_active_sync(self, key: str) -> SessionRecord | None:
+        row = self._db.conn.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE key = ? AND status = 'active'", (key,)
+        ).fetchone()
+        return SessionRecord.from_row(row) if row else None
+
+    def _find_sync(self, key_or_id: str) -> SessionRecord | None:
+        found = self._get_sync(key_or_id) or self._get_active_sync(key_or_id)
+        if found:
+            return found
+        row = self._db.conn.execute(
+            f"SELECT {_COLUMNS} FROM sessions WHERE key = ? ORDER BY created_at DESC LIMIT 1",
+            (key_or_id,),
+        ).fetchone()
+        return SessionRecord.from_row(row) if row else None
+
+    def _create_sync(
+        self, origin: SessionOrigin, settings: dict[str, Any], model: str | None, now: datetime
+    ) -> SessionRecord:
+        session_id = new_session_id()
+        stamp = now.isoformat()
+        try:
+            self._db.conn.execute(
+                "INSERT INTO sessions (session_id, key, agent_id, channel, account, chat_type,"
+                " peer, parent_key, display_name, created_at, updated_at, status, model, settings)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)",
+                (
+                    session_id,
+                    origin.key,
+                    origin.agent_id,
+                    origin.channel,
+                    origin.account,
+                    origin.chat_type,
+                    origin.peer,
+                    origin.parent_key,
+                    origin.display_name,
+                    stamp,
+                    stamp,
+                    model,
+                    json.dumps(settings),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            # Someone created the active session for this key first: use theirs.
+            existing = self._get_active_sync(origin.key)
+            if existing is None:
+                raise
+            return existing
+        record = self._get_sync(session_id)
+        assert record is not None
+        return record
+
+    def _archive_sync(self, session_id: str, reason: str, now: datetime) -> None:
+        self._db.conn.execute(
+            "UPDATE sessions SET status = 'archived', archived_reason = ?, archived_at = ?"
+            " WHERE session_id = ? AND status = 'active'",
+            (reason, now.isoformat(), session_id),
+        )
+
+    def _record_turn_sync(
+        self,
+        session_id: str,
+        usage: Usage,
+        context_tokens: int,
+        entry_count: int,
+        last_entry_id: str | None,
+        model: str | None,
+        now: datetime,
+    ) -> None:
+        self._db.conn.execute(
+            "UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+            " cache_read_tokens = cache_read_tokens + ?,"
+            " cache_write_tokens = cache_write_tokens + ?, context_tokens = ?,"
+            " turn_count = turn_count + 1, entry_count = ?, last_entry_id = ?,"
+            " model = COALESCE(?, model), updated_at = MAX(updated_at, ?)"
+            " WHERE session_id = ?",
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                context_tokens,
+                entry_count,
+                last_entry_id,
+                model,
+                now.isoformat(),
+                session_id,
+            ),
+        )
+
+    def _record_entries_sync(
+        self, session_id: str, entry_count: int, last_entry_id: str | None
+    ) -> None:
+        self._db.conn.execute(
+            "UPDATE sessions SET entry_count = ?, last_entry_id = ? WHERE session_id = ?",
+            (entry_count, last_entry_id, session_id),
+        )
+
+    def _record_delivery_sync(self, session_id: str, route: str, error: str | None) -> None:
+        self._db.conn.execute(
+            "UPDATE sessions SET last_route = ?, delivery_error = ? WHERE session_id = ?",
+            (route, error, session_id),
+        )
+
+    def _update_settings_sync(self, session_id: str, settings: str) -> None:
+        self._db.conn.execute(
+            "UPDATE sessions SET settings = ? WHERE session_id = ?", (settings, session_id)
+        )
+
+    def _list_sync(
+        self,
+        status: str | None,
+        channel: str | None,
+        agent_id: str | None,
+        query: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> SessionPage:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("status", status), ("channel", channel), ("agent_id", agent_id)):
+            if value:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if query:
+            where.append("(instr(lower(key), ?) > 0 OR instr(lower(display_name), ?) > 0)")
+            params += [query.lower(), query.lower()]
+        if cursor:
+            # The cursor is "<updated_at>|<session_id>" of the last row of the previous page.
+            updated, _, sid = cursor.partition("|")
+            where.append("(updated_at < ? OR (updated_at = ? AND session_id < ?))")
+            params += [updated, updated, sid]
+        sql = f"SELECT {_COLUMNS} FROM sessions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated_at DESC, session_id DESC LIMIT ?"
+        rows = self._db.conn.execute(sql, (*params, limit + 1)).fetchall()
+        records = [SessionRecord.from_row(r) for r in rows[:limit]]
+        next_cursor = None
+        if len(rows) > limit:
+            last = records[-1]
+            next_cursor = f"{last.updated_at.isoformat()}|{last.session_id}"
+        return SessionPage(records, next_cursor)

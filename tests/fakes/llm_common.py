@@ -1,0 +1,259 @@
+"""What the fake Anthropic and OpenAI servers share: the script, the lifecycle, tokens.
+
+A test scripts the next answers with ``fake.enqueue(step, ...)``; each request takes
+the next step, and an empty script gets the fake's default echo reply. Steps:
+
+- ``Reply``: a normal streamed answer (text and/or tool calls).
+- ``HttpError``: an error status with the service's error envelope and headers.
+- ``StreamError``: HTTP 200, maybe some text, then an error inside the stream.
+- ``Hang``: no answer (before the headers, or after some text) until the fake stops.
+- ``RawResponse``: bytes as given, for answers the client cannot read.
+
+Token counts use one deterministic estimate (about 4 characters per token over the
+JSON of each prompt segment) for usage, context-window checks and cache accounting,
+so tests can predict them exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import re
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from aiohttp import web
+
+DEFAULT_API_KEY = "sk-test"
+CHARS_PER_TOKEN = 4
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+def estimate_tokens(value: Any) -> int:
+    """Deterministic token estimate of one value (its compact JSON, ~4 chars a token)."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def split_text(text: str, chunk_chars: int = 0) -> list[str]:
+    """Deltas for ``text``: word by word, or fixed-size pieces when ``chunk_chars`` > 0."""
+    if not text:
+        return []
+    if chunk_chars > 0:
+        return [text[i : i + chunk_chars] for i in range(0, len(text), chunk_chars)]
+    return _WORDS.findall(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
+    # Sent as the arguments text instead of the JSON of ``input`` (to test bad JSON).
+    raw_arguments: str | None = None
+
+    def arguments_text(self) -> str:
+        if self.raw_arguments is not None:
+            return self.raw_arguments
+        return json.dumps(dict(self.input), separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: str | None = None  # None: the natural one for the content
+    chunk_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HttpError:
+    status: int
+    error_type: str
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    code: str | None = None  # OpenAI's ``code`` field
+    body: Mapping[str, Any] | None = None  # replaces the whole envelope when given
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    error_type: str
+    message: str
+    partial_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    # None: never send the headers; a string: start the stream, send it, then stall.
+    partial_text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawResponse:
+    body: bytes
+    status: int = 200
+    content_type: str = "text/event-stream"
+
+
+Step = Reply | HttpError | StreamError | Hang | RawResponse
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: Any
+
+
+def bearer_or_api_key(request: web.Request) -> str | None:
+    """The key the client sent: ``Authorization: Bearer`` or ``x-api-key``."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def json_response(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+
+
+class PrefixCache:
+    """Which prompt prefixes were seen before, as a prompt cache would remember them."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def account(
+        self, segments: list[Any], breakpoints: list[int], min_tokens: int
+    ) -> tuple[int, int]:
+        """(read, written) tokens for a prompt cut at ``breakpoints`` (segment indexes)."""
+        if not breakpoints:
+            return 0, 0
+        keys: list[tuple[str, int]] = []
+        for index in sorted(breakpoints):
+            prefix = segments[: index + 1]
+            tokens = sum(estimate_tokens(s) for s in prefix)
+            if tokens >= min_tokens:
+                keys.append((json.dumps(prefix, sort_keys=True), tokens))
+        read = max((t for k, t in keys if k in self._seen), default=0)
+        longest = max((t for _, t in keys), default=0)
+        self._seen.update(k for k, _ in keys)
+        return read, max(0, longest - read)
+
+
+class FakeLLMServer:
+    """aiohttp app on 127.0.0.1, port 0, with the script, recording and lifecycle."""
+
+    api_path_prefix = ""
+
+    def __init__(
+        self,
+        *,
+        api_key: str = DEFAULT_API_KEY,
+        model: str = "fake-model",
+        context_window: int | None = None,
+    ) -> None:
+        self.api_key = api_key
+        self.model = model
+        self.context_window = context_window
+        self.requests: list[RecordedRequest] = []
+        self.script: deque[Step] = deque()
+        self.hangs_started = 0
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+        self._counter = 0
+        self.cache = PrefixCache()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.make_app(), handle_signals=False, shutdown_timeout=0.5)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        # Hung handlers wait on this event; without it cleanup would wait for them.
+        self._release.set()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}{self.api_path_prefix}"
+
+    # -- script and records -------------------------------------------------------------
+
+    def enqueue(self, *steps: Step) -> None:
+        self.script.extend(steps)
+
+    def next_step(self) -> Step | None:
+        return self.script.popleft() if self.script else None
+
+    def next_id(self, prefix: str) -> str:
+        self._counter += 1
+        return f"{prefix}{self._counter:06d}"
+
+    async def record(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        self.requests.append(
+            RecordedRequest(request.method, request.path, dict(request.headers), body)
+        )
+        return body
+
+    @property
+    def last_body(self) -> Any:
+        return self.requests[-1].body
+
+    async def wait_released(self) -> None:
+        self.hangs_started += 1
+        await self._release.wait()
+
+    async def hang_response(self, request: web.Request) -> web.StreamResponse:
+        """Answer nothing until the fake stops (then drop the connection)."""
+        await self.wait_released()
+        raise web.HTTPServiceUnavailable()
+
+    @staticmethod
+    async def write_quietly(response: web.StreamResponse, data: bytes) -> bool:
+        """Write to a stream whose client may have gone; False when it has."""
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await response.write(data)
+            return True
+        return False
