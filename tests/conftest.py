@@ -1,0 +1,20 @@
+"""Suite-wide hygiene: no proxies (the httpx stacks would route loopback through them),
+no real credentials or parley settings from the developer's shell, no hub downloads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_CLEARED_PREFIXES = ("ANTHROPIC_", "OPENAI_", "PARLEY_", "TELEGRAM_", "DISCORD_")
+_PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy"}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.lower() in _PROXY_VARS or name.startswith(_CLEARED_PREFIXES):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

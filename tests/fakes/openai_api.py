@@ -1,0 +1,357 @@
+"""A strict fake of the OpenAI chat completions API for the real ``openai`` SDK.
+
+``async with FakeOpenAI() as fake:`` then point the SDK at ``fake.base_url`` (which
+includes ``/v1``). Like the real service (and the servers that copy it) it checks:
+
+- a key, as ``Authorization: Bearer`` or ``x-api-key``: 401 ``invalid_api_key``;
+- the body: model, non-empty messages with known roles, ``tool`` messages answering
+  the ``tool_calls`` of the assistant message before them, every tool call answered,
+  string ``arguments``, ``stream_options`` only with ``stream``: 400;
+- the context window (``context_window``) with the overflow body of the chosen
+  ``dialect``: ``"openai"`` (code ``context_length_exceeded``), ``"vllm"`` (a
+  top-level error object) or ``"llamacpp"`` (``exceed_context_size_error``).
+
+Streams are ``data:`` lines only, ending with ``data: [DONE]``; with
+``stream_options.include_usage`` a last chunk carries usage (``report_usage=False``
+imitates servers that never send it). Cached tokens: the longest prompt prefix (in
+whole messages) already seen, as OpenAI's automatic prefix caching reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from aiohttp import web
+
+from tests.fakes.llm_common import (
+    FakeLLMServer,
+    Hang,
+    HttpError,
+    RawResponse,
+    Reply,
+    Step,
+    StreamError,
+    bearer_or_api_key,
+    estimate_tokens,
+    json_response,
+    split_text,
+)
+
+Dialect = Literal["openai", "vllm", "llamacpp"]
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+class InvalidRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def rate_limited(retry_after: float | None = None, retry_after_ms: float | None = None) -> HttpError:
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        headers["retry-after"] = f"{retry_after:g}"
+    if retry_after_ms is not None:
+        headers["retry-after-ms"] = f"{retry_after_ms:g}"
+    return HttpError(
+        429,
+        "requests",
+        "Rate limit reached for requests. Please try again shortly.",
+        headers,
+        code="rate_limit_exceeded",
+    )
+
+
+def server_error() -> HttpError:
+    return HttpError(500, "server_error", "The server had an error while processing your request.")
+
+
+def overloaded() -> HttpError:
+    return HttpError(503, "server_error", "The engine is currently overloaded, please try again later")
+
+
+def _validate(body: Any) -> None:
+    if not isinstance(body, dict):
+        raise InvalidRequest("We could not parse the JSON body of your request.")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise InvalidRequest("you must provide a model parameter", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("[] is too short - 'messages'", "messages")
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise InvalidRequest(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            "stream_options",
+        )
+    pending: list[str] = []  # tool_call ids still owed a tool message
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise InvalidRequest(
+                f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', "
+                "'user', 'tool', and 'developer'.",
+                f"messages[{i}].role",
+            )
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in pending:
+                raise InvalidRequest(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                )
+            pending.remove(call_id)
+            continue
+        if pending:
+            raise InvalidRequest(
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                f"response messages: {', '.join(pending)}",
+                "messages",
+            )
+        if role == "assistant":
+            for j, call in enumerate(message.get("tool_calls") or []):
+                function = call.get("function") or {}
+                if not isinstance(function.get("arguments"), str):
+                    raise InvalidRequest(
+                        "Invalid type for 'arguments': expected a string.",
+                        f"messages[{i}].tool_calls[{j}].function.arguments",
+                    )
+                pending.append(call.get("id"))
+            if message.get("content") is None and not message.get("tool_calls"):
+                raise InvalidRequest(
+                    "Invalid value for 'content': expected a string, got null.",
+                    f"messages.[{i}].content",
+                )
+        elif message.get("content") is None:
+            raise InvalidRequest(
+                "Invalid value for 'content': expected a string, got null.",
+                f"messages.[{i}].content",
+            )
+    if pending:
+        raise InvalidRequest(
+            "An assistant message with 'tool_calls' must be followed by tool messages "
+            "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+            f"response messages: {', '.join(pending)}",
+            "messages",
+        )
+
+
+def prompt_segments(body: Mapping[str, Any]) -> list[Any]:
+    return [{"tools": body.get("tools") or []}, *list(body.get("messages") or [])]
+
+
+def _echo(body: Mapping[str, Any]) -> str:
+    content = body["messages"][-1].get("content")
+    if isinstance(content, list):
+        content = " ".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return f"echo: {content or ''}"
+
+
+class FakeOpenAI(FakeLLMServer):
+    """The fake chat completions API; ``script`` steps are in ``tests.fakes.llm_common``."""
+
+    api_path_prefix = "/v1"
+
+    def __init__(
+        self,
+        *,
+        api_key: str = "sk-test",
+        context_window: int | None = None,
+        dialect: Dialect = "openai",
+        report_usage: bool = True,
+        min_cache_tokens: int = 0,
+    ) -> None:
+        super().__init__(api_key=api_key, context_window=context_window)
+        self.dialect = dialect
+        self.report_usage = report_usage
+        self.min_cache_tokens = min_cache_tokens
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    # -- helpers -----------------------------------------------------------------------
+
+    @staticmethod
+    def _error(
+        status: int,
+        error_type: str,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> web.Response:
+        body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+        return json_response(status, body, headers)
+
+    def _auth_failure(self, request: web.Request) -> web.Response | None:
+        key = bearer_or_api_key(request)
+        if key == self.api_key:
+            return None
+        shown = "" if key is None else f"{key[:3]}***"
+        message = (
+            "You didn't provide an API key."
+            if key is None
+            else f"Incorrect API key provided: {shown}."
+        )
+        return self._error(401, "invalid_request_error", message, code="invalid_api_key")
+
+    def _overflow(self, body: Mapping[str, Any], prompt: int) -> web.Response | None:
+        window = self.context_window
+        if window is None:
+            return None
+        wanted = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        if self.dialect == "llamacpp":
+            if prompt <= window:
+                return None
+            error = {
+                "code": 400,
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": prompt,
+                "n_ctx": window,
+            }
+            return json_response(400, {"error": error})
+        if prompt + wanted <= window:
+            return None
+        if prompt > window:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"messages resulted in {prompt} tokens. Please reduce the length of the messages."
+            )
+        else:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {prompt + wanted} tokens ({prompt} in the messages, {wanted} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        if self.dialect == "vllm":
+            top = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return json_response(400, top)
+        return self._error(
+            400, "invalid_request_error", message, code="context_length_exceeded", param="messages"
+        )
+
+    def _usage(self, body: Mapping[str, Any], reply: Reply) -> dict[str, Any]:
+        segments = prompt_segments(body)
+        prompt = sum(estimate_tokens(s) for s in segments)
+        # Automatic prefix caching: every whole-message prefix is a candidate.
+        cached, _ = self.cache.account(segments, list(range(len(segments))), self.min_cache_tokens)
+        completion = max(
+            1,
+            estimate_tokens(reply.text) + sum(estimate_tokens(c.arguments_text()) for c in reply.tool_calls),
+        )
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    def _chunk(self, body: Mapping[str, Any], chunk_id: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        data: dict[str, Any] = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body["model"],
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if (body.get("stream_options") or {}).get("include_usage") and self.report_usage:
+            data["usage"] = None
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+    # -- handlers ------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        await self.record(request)
+        if (failure := self._auth_failure(request)) is not None:
+            return failure
+        return json_response(200, {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self.record(request)
+        if (failure := self._auth_failure(request)) is not None:
+            return failure
+        try:
+            _validate(body)
+        except InvalidRequest as exc:
+            return self._error(400, "invalid_request_error", str(exc), param=exc.param)
+        prompt = sum(estimate_tokens(s) for s in prompt_segments(body))
+        if (overflow := self._overflow(body, prompt)) is not None:
+            return overflow
+        step: Step = self.next_step() or Reply(_echo(body))
+        if isinstance(step, HttpError):
+            if step.body is not None:
+                return json_response(step.status, step.body, step.headers)
+            return self._error(step.status, step.error_type, step.message, code=step.code, headers=step.headers)
+        if isinstance(step, RawResponse):
+            return web.Response(status=step.status, body=step.body, headers={"Content-Type": step.content_type})
+        if isinstance(step, Hang) and step.partial_text is None:
+            return await self.hang_response(request)
+        reply = step if isinstance(step, Reply) else Reply(getattr(step, "partial_text", "") or "")
+        usage = self._usage(body, reply)
+        if not body.get("stream"):
+            return json_response(200, self._whole_completion(body, reply, usage))
+        return await self._stream(request, body, step, reply, usage)
+
+    def _whole_completion(self, body: Mapping[str, Any], reply: Reply, usage: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id or self.next_id("call_"), "type": "function", "function": {"name": c.name, "arguments": c.arguments_text()}}
+                for c in reply.tool_calls
+            ]
+        finish = reply.stop_reason or ("tool_calls" if reply.tool_calls else "stop")
+        return {
+            "id": self.next_id("chatcmpl-"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "usage": usage if self.report_usage else None,
+        }
+
+    async def _stream(self, request: web.Request, body: Mapping[str, Any], step: Step, reply: Reply, usage: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        send = self.write_quietly
+        chunk_id = self.next_id("chatcmpl-")
+        await send(response, self._chunk(body, chunk_id, {"role": "assistant", "content": ""}))
+        for piece in split_text(reply.text, reply.chunk_chars):
+            await send(response, self._chunk(body, chunk_id, {"content": piece}))
+        if isinstance(step, StreamError):
+            error = {"error": {"message": step.message, "type": step.error_type, "param": None, "code": None}}
+            await send(response, b"data: " + json.dumps(error).encode() + b"\n\n")
+            return response
+        if isinstance(step, Hang):
+            await self.wait_released()
+            return response
+        for index, call in enumerate(reply.tool_calls):
+            arguments = call.arguments_text()
+            start = {"index": index, "id": call.id or self.next_id("call_"), "type": "function", "function": {"name": call.name, "arguments": ""}}
+            await send(response, self._chunk(body, chunk_id, {"tool_calls": [start]}))
+            for piece in split_text(arguments, max(1, len(arguments) // 3 + 1)):
+                await send(response, self._chunk(body, chunk_id, {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+        finish = reply.stop_reason or ("tool_calls" if reply.tool_calls else "stop")
+        await send(response, self._chunk(body, chunk_id, {}, finish))
+        if (body.get("stream_options") or {}).get("include_usage") and self.report_usage:
+            last = {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": body["model"],
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage,
+            }
+            await send(response, b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n")
+        await send(response, b"data: [DONE]\n\n")
+        return response

@@ -1,0 +1,59 @@
+"""A channel at the seam that records what the gateway sends it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import UTC, datetime
+
+from channels.base import (
+    ChannelCapabilities,
+    DeliveryResult,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+)
+
+
+class RecordingChannel:
+    capabilities = ChannelCapabilities()
+
+    def __init__(self, name: str = "test") -> None:
+        self.name = name
+        self.handler: InboundHandler | None = None
+        self.sent: list[OutboundMessage] = []
+        self.fail_next: list[Exception] = []
+        self._ids = itertools.count(1)
+        self._changed = asyncio.Condition()
+
+    async def start(self, handler: InboundHandler) -> None:
+        self.handler = handler
+
+    async def stop(self) -> None:
+        self.handler = None
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        self.sent.append(message)
+        async with self._changed:
+            self._changed.notify_all()
+        return DeliveryResult((f"out-{next(self._ids)}",), 1, datetime.now(UTC))
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        return None
+
+    async def wait_sent(self, count: int, timeout: float = 10.0) -> list[OutboundMessage]:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: len(self.sent) >= count)
+        return self.sent
+
+    def inbound(self, text: str, *, sender: str = "alice", message_id: str | None = None,
+                chat_type: str = "direct", chat_id: str | None = None,
+                thread_id: str | None = None, automated: bool = False) -> InboundMessage:
+        return InboundMessage(
+            channel=self.name, account="default", chat_type=chat_type,  # type: ignore[arg-type]
+            chat_id=chat_id or sender, sender_id=sender, sender_name=sender.title(), text=text,
+            message_id=message_id or f"m-{next(self._ids)}", timestamp=datetime.now(UTC),
+            thread_id=thread_id, automated=automated,
+        )

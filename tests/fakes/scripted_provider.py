@@ -1,0 +1,58 @@
+"""A provider at the seam, for gateway tests that are not about a wire protocol.
+
+Each call pops the next scripted step: a ``ProviderResponse``, an exception to
+raise, or a function of the request. With the script empty it echoes the last user
+text, so tests can tell which message a reply answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from core.messages import TextBlock, Usage
+from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
+
+Step = ProviderResponse | BaseException | Callable[[ProviderRequest], ProviderResponse]
+
+
+def echo_text(request: ProviderRequest) -> str:
+    last = request.messages[-1]
+    return f"echo: {last.content[-1].text if isinstance(last.content[-1], TextBlock) else '?'}"
+
+
+class ScriptedProvider:
+    name = "scripted"
+
+    def __init__(self, model: str = "scripted-model", *, gate: asyncio.Event | None = None) -> None:
+        self.model = model
+        self.script: deque[Step] = deque()
+        self.requests: list[ProviderRequest] = []
+        self.gate = gate  # when set, each call waits for it (to hold a turn open)
+        self.closed = False
+
+    def push(self, *steps: Step) -> None:
+        self.script.extend(steps)
+
+    async def complete(
+        self, request: ProviderRequest, on_text: TextCallback | None = None
+    ) -> ProviderResponse:
+        self.requests.append(request)
+        if self.gate is not None:
+            await self.gate.wait()
+        step: Any = self.script.popleft() if self.script else None
+        if isinstance(step, BaseException):
+            raise step
+        if callable(step):
+            step = step(request)
+        if step is None:
+            text = echo_text(request)
+            step = ProviderResponse((TextBlock(text),), STOP_END, Usage(10, 5), self.model)
+        if on_text is not None:
+            await on_text(step.message.text)
+        return step
+
+    async def aclose(self) -> None:
+        self.closed = True

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from gateway.config import (
+    ParleyConfig,
+    effective_config_toml,
+    load_config,
+)
+from gateway.errors import ConfigFileError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "parley.example.toml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "parley.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_file(tmp_path: Path) -> None:
+    loaded = load_config(env={"PARLEY_HOME": str(tmp_path)})
+    assert loaded.source == "built-in defaults"
+    assert loaded.home == tmp_path
+    assert loaded.workspace == tmp_path / "workspace"
+    assert loaded.config.session.dm_scope == "per-channel-peer"
+
+
+def test_home_file_is_found(tmp_path: Path) -> None:
+    write(tmp_path, '[agent]\nname = "Ada"\n')
+    loaded = load_config(env={"PARLEY_HOME": str(tmp_path)})
+    assert loaded.config.agent.name == "Ada"
+    assert loaded.source.endswith("parley.toml")
+
+
+def test_invalid_field_reports_dotted_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "[lanes]\nmax_concurrent_runs = 0\n[session.reset]\nat_hour = 25\n")
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path, env={"PARLEY_HOME": str(tmp_path / "home")})
+    paths = [p for p, _ in info.value.problems]
+    assert "lanes.max_concurrent_runs" in paths
+    assert "session.reset.at_hour" in paths
+    assert not (tmp_path / "home").exists()  # nothing written
+
+
+def test_unknown_key_and_syntax_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError) as info:
+        load_config(write(tmp_path, "[agent]\nnmae = 'x'\n"), env={})
+    assert info.value.problems[0][0] == "agent.nmae"
+    with pytest.raises(ConfigFileError) as info:
+        load_config(write(tmp_path, "[agent\n"), env={})
+    assert info.value.problems[0][0] == "(syntax)"
+
+
+def test_missing_explicit_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError):
+        load_config(tmp_path / "nope.toml", env={})
+
+
+def test_env_overrides_and_secrets(tmp_path: Path) -> None:
+    path = write(tmp_path, "[lanes]\nqueue_cap = 5\n")
+    env = {
+        "PARLEY_HOME": str(tmp_path),
+        "PARLEY_LANES__QUEUE_CAP": "7",
+        "PARLEY_AGENT__NAME": "Robin",
+        "PARLEY_LOG_LEVEL": "debug",
+        "ANTHROPIC_API_KEY": "sk-ant-secret-value-1234",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+    }
+    config = load_config(path, env=env).config
+    assert config.lanes.queue_cap == 7
+    assert config.agent.name == "Robin"
+    assert config.logging.level == "DEBUG"
+    assert config.providers.anthropic.api_key is not None
+    assert config.providers.anthropic.api_key.get_secret_value() == "sk-ant-secret-value-1234"
+    assert config.providers.openai.base_url == "http://127.0.0.1:9/v1"
+
+
+def test_bad_env_override_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError) as info:
+        load_config(env={"PARLEY_HOME": str(tmp_path), "PARLEY_LANES__QUEUE_CAP": "many"})
+    assert info.value.problems[0][0] == "lanes.queue_cap"
+
+
+def test_show_masks_secrets_and_round_trips(tmp_path: Path) -> None:
+    env = {"PARLEY_HOME": str(tmp_path), "OPENAI_API_KEY": "sk-openai-very-secret-9876"}
+    config = load_config(env=env).config
+    text = effective_config_toml(config)
+    assert "very-secret" not in text
+    assert "****9876" in text
+    parsed = tomllib.loads(text)
+    assert parsed["lanes"]["queue_cap"] == config.lanes.queue_cap
+    # What `config show` prints (minus masked secrets) is itself a valid config.
+    parsed["providers"]["openai"].pop("api_key")
+    assert ParleyConfig.model_validate(parsed) == config.model_copy(
+        update={"providers": config.providers.model_copy(
+            update={"openai": config.providers.openai.model_copy(update={"api_key": None})})}
+    )
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
+    paths: set[str] = set()
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths |= _field_paths(annotation, f"{prefix}{key}.")
+        else:
+            paths.add(f"{prefix}{key}")
+    return paths
+
+
+def test_example_file_is_valid_and_documents_every_option() -> None:
+    loaded = load_config(EXAMPLE, env={})
+    assert loaded.config == ParleyConfig()  # the example shows the defaults
+    text = EXAMPLE.read_text(encoding="utf-8")
+    missing = [p for p in _field_paths(ParleyConfig) if p.rsplit(".", 1)[-1] not in text]
+    assert missing == []
