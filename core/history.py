@@ -69,7 +69,7 @@ def view_messages(entries: Sequence[Entry]) -> list[Message]:
         if entry.type != ENTRY_COMPACTION:
             continue
         messages.append(summary_message(entry.payload["summary"]))
-        start = 0
+        start = _window_start(entries, index)
         break
     messages.extend(e.message for e in entries[start:] if e.type == ENTRY_MESSAGE)
     return messages
@@ -158,7 +158,11 @@ def _results_message(
     messages: Sequence[Message], at: int, results: tuple[ToolResultBlock, ...]
 ) -> Message:
     # The usual case: the next message already is exactly this answer; reuse it.
-    if at < len(messages) and messages[at].content == results:
+    if (
+        at < len(messages)
+        and messages[at].role == "tool_result"
+        and messages[at].content == results
+    ):
         return messages[at]
     return Message("tool_result", results)
 

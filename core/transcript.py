@@ -7,11 +7,12 @@ Layout of ``sessions/<session-id>.jsonl``: a header line
 type is kept (written by a newer version) and ignored by the model's view.
 
 Durability: every append is one ``os.write`` of the whole line, newline included, on an
-``O_APPEND`` descriptor. Once ``write`` returns, the line belongs to the kernel, so a
-SIGKILL cannot lose it or leave half of it behind; only a crash of the machine can.
-``fsync=True`` closes that gap too, at the price of a disk flush (milliseconds) per
-append, which is why it is off by default. A torn last line (power loss mid-write, or
-a short write on a full disk) is repaired the next time the file is opened.
+``O_APPEND`` descriptor. Once ``write`` has returned, the line belongs to the kernel: a
+SIGKILL of the process cannot lose it, only a crash of the machine can. ``fsync=True``
+closes that gap too, at the price of a disk flush (milliseconds) per append, which is
+why it is off by default. What can tear a line is a kill *during* a large write (the
+kernel stops between pages), a full disk, or power loss; the torn last line is repaired
+the next time the file is opened, and a failed append truncates its own remains.
 
 Cost: an open ``Transcript`` keeps the live window (from the latest compaction's first
 kept entry to the end) in memory and appends to it, so a turn never re-reads the file.

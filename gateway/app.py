@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -353,16 +354,23 @@ class Gateway:
         record = await self.registry.create(
             origin, settings=settings, model=settings.get("model"), now=self.clock()
         )
-        path = self._transcript_path(record.session_id)
-        transcript = await asyncio.to_thread(
-            Transcript.create, path, record.session_id, record.key, {"agent": record.agent_id}
-        )
+        transcript = await self._create_transcript(record)
         self._cache_transcript(record.session_id, transcript)
         return record
 
+    async def _create_transcript(self, record: SessionRecord) -> Transcript:
+        return await asyncio.to_thread(
+            Transcript.create,
+            self._transcript_path(record.session_id),
+            record.session_id,
+            record.key,
+            {"agent": record.agent_id},
+            fsync=self.config.storage.fsync,
+        )
+
     # -- transcripts ------------------------------------------------------------------
 
-    def _transcript_path(self, session_id: str) -> Any:
+    def _transcript_path(self, session_id: str) -> Path:
         return self.loaded.sessions_dir / f"{session_id}.jsonl"
 
     async def transcript(self, record: SessionRecord) -> Transcript:
@@ -372,16 +380,16 @@ class Gateway:
             return cached
         path = self._transcript_path(record.session_id)
         try:
-            transcript = await asyncio.to_thread(Transcript.open, path)
+            transcript = await asyncio.to_thread(
+                Transcript.open, path, fsync=self.config.storage.fsync
+            )
         except TranscriptError:
             if await asyncio.to_thread(path.exists):
                 raise
             # The row exists but the file never did (a kill between the two): start it.
-            transcript = await asyncio.to_thread(
-                Transcript.create, path, record.session_id, record.key, {"agent": record.agent_id}
-            )
+            transcript = await self._create_transcript(record)
         report = transcript.load_report
-        if report.repaired_bytes or report.skipped_lines:
+        if not report.clean:
             log.warning("transcript %s repaired on load: %s", record.session_id, report)
         self._cache_transcript(record.session_id, transcript)
         return transcript

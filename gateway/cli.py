@@ -207,7 +207,7 @@ def _describe_session(loaded: LoadedConfig, record: object, entries: int) -> str
     ]
     path = loaded.sessions_dir / f"{record.session_id}.jsonl"
     try:
-        transcript = Transcript.open(path, repair=False)
+        transcript = Transcript.open(path, read_only=True)
     except TranscriptError as exc:
         lines.append(f"transcript:   cannot load: {exc}")
         return "\n".join(lines)

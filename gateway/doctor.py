@@ -68,12 +68,12 @@ def _check_transcripts(sessions_dir: Path) -> list[Finding]:
     for path in sorted(sessions_dir.glob("*.jsonl")):
         count += 1
         try:
-            transcript = Transcript.open(path, repair=False)
+            transcript = Transcript.open(path, read_only=True)
         except TranscriptError as exc:
             broken.append(f"{path.name}: {exc}")
             continue
         report = transcript.load_report
-        if report.repaired_bytes or report.skipped_lines:
+        if not report.clean:
             repaired.append(f"{path.name}: {report}")
         transcript.close()
     findings: list[Finding] = []

@@ -196,6 +196,20 @@ def test_stray_text_in_a_tool_result_message_becomes_user_text() -> None:
     ]
 
 
+def test_results_inside_a_user_message_move_to_a_tool_result_message() -> None:
+    # The Anthropic wire shape (results in a user turn) is normalised, not passed on.
+    answer = Message("user", (ToolResultBlock("a", "r"), TextBlock("and a remark")))
+    history = repair_history([USER, use("a"), answer])
+    assert history == [
+        USER,
+        use("a"),
+        Message("tool_result", (ToolResultBlock("a", "r"),)),
+        Message.user("and a remark"),
+    ]
+    only = repair_history([use("a"), Message("user", (ToolResultBlock("a", "r"),))])
+    assert only == []  # a call with no user turn before it is never the start
+
+
 def test_view_from_a_real_transcript(tmp_path: Path) -> None:
     with Transcript.create(tmp_path / "s.jsonl", "s", "k") as t:
         t.append_message(USER)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import re
@@ -128,7 +129,12 @@ def json_response(status: int, body: Any, headers: Mapping[str, str] | None = No
 
 
 class PrefixCache:
-    """Which prompt prefixes were seen before, as a prompt cache would remember them."""
+    """Which prompt prefixes were seen before, as a prompt cache would remember them.
+
+    A prefix is written when a breakpoint ends it. A read finds the longest written
+    prefix that ends at or before the last breakpoint, wherever the breakpoints of
+    this request sit (the real cache looks back over earlier block boundaries too).
+    """
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
@@ -139,16 +145,23 @@ class PrefixCache:
         """(read, written) tokens for a prompt cut at ``breakpoints`` (segment indexes)."""
         if not breakpoints:
             return 0, 0
-        keys: list[tuple[str, int]] = []
-        for index in sorted(breakpoints):
-            prefix = segments[: index + 1]
-            tokens = sum(estimate_tokens(s) for s in prefix)
-            if tokens >= min_tokens:
-                keys.append((json.dumps(prefix, sort_keys=True), tokens))
-        read = max((t for k, t in keys if k in self._seen), default=0)
-        longest = max((t for _, t in keys), default=0)
-        self._seen.update(k for k, _ in keys)
-        return read, max(0, longest - read)
+        last = max(breakpoints)
+        chain = hashlib.sha256()
+        keys: list[str] = []
+        sizes: list[int] = []
+        tokens = 0
+        for segment in segments[: last + 1]:
+            chain.update(json.dumps(segment, sort_keys=True).encode())
+            keys.append(chain.hexdigest())
+            tokens += estimate_tokens(segment)
+            sizes.append(tokens)
+        read = max((sizes[i] for i in range(last + 1) if keys[i] in self._seen), default=0)
+        written = 0
+        for index in breakpoints:
+            if sizes[index] >= min_tokens:
+                self._seen.add(keys[index])
+                written = max(written, sizes[index] - read)
+        return read, written
 
 
 class FakeLLMServer:
