@@ -12,7 +12,7 @@ CoreError
 │   ├── InvalidRequestError        any other 4xx
 │   └── MalformedResponseError     the provider answered something we cannot read
 ├── TranscriptError                a transcript cannot be opened or written
-├── ToolError                      a tool refused or failed (reported to the model, not raised to users)
+├── ToolError                      a tool refused or failed (told to the model, not to users)
 └── ConfigError                    a core config value is unusable at run time
 """
 
@@ -62,7 +62,7 @@ class ServerError(ProviderError):
 
 
 class ContextOverflowError(ProviderError):
-    """The request did not fit; ``observed_tokens``/``limit`` are parsed from the error when given."""
+    """The request did not fit; ``observed_tokens``/``limit`` come from the error text if given."""
 
     def __init__(
         self,

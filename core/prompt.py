@@ -46,7 +46,9 @@ def truncate_head_tail(text: str, limit: int, name: str) -> str:
         return text
     head = text[: int(limit * HEAD_SHARE)]
     tail = text[len(text) - int(limit * TAIL_SHARE) :]
-    marker = f"\n[... {name} truncated: {len(text) - len(head) - len(tail)} characters omitted ...]\n"
+    marker = (
+        f"\n[... {name} truncated: {len(text) - len(head) - len(tail)} characters omitted ...]\n"
+    )
     return head + marker + tail
 
 
@@ -127,7 +129,9 @@ class SystemPromptBuilder:
                 files.append(InjectedFile(name, 0, 0, missing=True, truncated=False))
                 continue
             limit = max(0, min(self.file_max_chars, budget))
-            text = truncate_head_tail(raw, limit, name) if limit else f"[{name} omitted: budget spent]"
+            text = (
+                truncate_head_tail(raw, limit, name) if limit else f"[{name} omitted: budget spent]"
+            )
             budget -= len(text)
             parts.append(f"## {name}\n{text.strip()}")
             files.append(InjectedFile(name, len(raw), len(text), False, len(text) < len(raw)))

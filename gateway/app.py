@@ -289,7 +289,9 @@ class Gateway:
             if first.reset_text is not None:
                 record = await self._reset(key, first, reason="command")
                 if not first.reset_text.strip():
-                    text = f"Started a new session ({record.session_id[:8]}). The old one is archived."
+                    text = (
+                        f"Started a new session ({record.session_id[:8]}). The old one is archived."
+                    )
                     await self._deliver(ids, last.message, record, text)
                     return
                 text = first.reset_text
@@ -338,7 +340,9 @@ class Gateway:
             log.info("session %s archived (%s): %s", key, reason, previous.session_id)
         return await self._create(item, carried)
 
-    async def _create(self, item: LaneItem, settings: dict[str, Any] | None = None) -> SessionRecord:
+    async def _create(
+        self, item: LaneItem, settings: dict[str, Any] | None = None
+    ) -> SessionRecord:
         route, message = item.route, item.message
         origin = SessionOrigin(
             key=route.key,

@@ -22,25 +22,43 @@ EXIT_CONFIG = 2
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, default=argparse.SUPPRESS,
-                        help="config file (default: $PARLEY_HOME/parley.toml, else built-ins)")
-    common.add_argument("--log-level", default=argparse.SUPPRESS,
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
-    common.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
-                        help="log one JSON object per line")
+    common.add_argument(
+        "--config",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="config file (default: $PARLEY_HOME/parley.toml, else built-ins)",
+    )
+    common.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+    )
+    common.add_argument(
+        "--log-json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log one JSON object per line",
+    )
     parser = argparse.ArgumentParser(
-        prog="parley", parents=[common],
+        prog="parley",
+        parents=[common],
         description="A chat gateway bot that remembers. State lives in $PARLEY_HOME "
         "(default ~/.parley).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("run", parents=[common],
-                   help="run every configured channel (the terminal chat when none is)")
+    sub.add_parser(
+        "run",
+        parents=[common],
+        help="run every configured channel (the terminal chat when none is)",
+    )
     sub.add_parser("chat", parents=[common], help="chat in this terminal")
     config = sub.add_parser("config", parents=[common], help="check or show the configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     config_sub.add_parser("check", parents=[common], help="validate and exit (2 when invalid)")
-    config_sub.add_parser("show", parents=[common], help="print the effective config, secrets masked")
+    config_sub.add_parser(
+        "show", parents=[common], help="print the effective config, secrets masked"
+    )
     sessions = sub.add_parser("sessions", parents=[common], help="list or show sessions")
     sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True, metavar="ACTION")
     listing = sessions_sub.add_parser("list", parents=[common], help="a table of sessions")
@@ -48,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--channel")
     listing.add_argument("--query", help="text in the key or display name")
     listing.add_argument("--limit", type=int, default=50)
-    show = sessions_sub.add_parser("show", parents=[common], help="one session and its latest entries")
+    show = sessions_sub.add_parser(
+        "show", parents=[common], help="one session and its latest entries"
+    )
     show.add_argument("key", help="a session key or session id")
     show.add_argument("--entries", type=int, default=20, help="how many recent entries to print")
     sub.add_parser("doctor", parents=[common], help="check config, state, transcripts, provider")
@@ -98,8 +118,12 @@ def _logging(loaded: LoadedConfig, args: argparse.Namespace, *, chat: bool) -> N
     if chat:
         # Keep the conversation readable: full logs to a file, only warnings on screen.
         explicit = getattr(args, "log_level", None)
-        setup_logging(level, json_lines=json_lines, file=loaded.home / "logs" / "parley.log",
-                      stderr_level=explicit or "WARNING")
+        setup_logging(
+            level,
+            json_lines=json_lines,
+            file=loaded.home / "logs" / "parley.log",
+            stderr_level=explicit or "WARNING",
+        )
     else:
         setup_logging(level, json_lines=json_lines, stderr_level="WARNING")
 
@@ -121,8 +145,7 @@ async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     provider, banner = build_provider(config.providers)
     channels = []
     if use_terminal:
-        channels.append(TerminalChannel(config.channels.terminal, banner=banner,
-                                        on_close=eof.set))
+        channels.append(TerminalChannel(config.channels.terminal, banner=banner, on_close=eof.set))
     gateway = Gateway(loaded, channels=channels, provider=provider, banner=banner)
     try:
         await gateway.start()
@@ -153,8 +176,9 @@ async def _sessions(loaded: LoadedConfig, args: argparse.Namespace) -> int:
     async with Database(loaded.state_db) as db:
         registry = SessionRegistry(db)
         if args.sessions_command == "list":
-            page = await registry.list(status=args.status, channel=args.channel,
-                                       query=args.query, limit=args.limit)
+            page = await registry.list(
+                status=args.status, channel=args.channel, query=args.query, limit=args.limit
+            )
             print(_sessions_table(page.sessions))
             return EXIT_OK
         record = await registry.find(args.key)
@@ -172,13 +196,22 @@ def _sessions_table(records: Sequence[object]) -> str:
     for r in records:
         assert isinstance(r, SessionRecord)
         status = r.status if r.status == "active" else f"archived ({r.archived_reason})"
-        rows.append((r.key, r.channel, r.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
-                     f"{r.context_tokens:,}", status, r.session_id[:12]))
+        rows.append(
+            (
+                r.key,
+                r.channel,
+                r.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+                f"{r.context_tokens:,}",
+                status,
+                r.session_id[:12],
+            )
+        )
     if len(rows) == 1:
         return "no sessions"
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
 
 
 def _describe_session(loaded: LoadedConfig, record: object, entries: int) -> str:
@@ -192,8 +225,11 @@ def _describe_session(loaded: LoadedConfig, record: object, entries: int) -> str
         f"key:          {record.key}",
         f"id:           {record.session_id}",
         f"status:       {record.status}"
-        + (f" ({record.archived_reason}, {record.archived_at:%Y-%m-%d %H:%M})"
-           if record.archived_at else ""),
+        + (
+            f" ({record.archived_reason}, {record.archived_at:%Y-%m-%d %H:%M})"
+            if record.archived_at
+            else ""
+        ),
         f"channel:      {record.channel} / {record.account} / {record.chat_type} / {record.peer}",
         f"display name: {record.display_name or '-'}",
         f"created:      {record.created_at:%Y-%m-%d %H:%M:%S} UTC",

@@ -13,7 +13,8 @@ from datetime import datetime
 from gateway.registry import SessionRecord
 
 HELP_TEXT = """Commands:
-/new [text]   start a new session (the old one is archived, not deleted); text becomes its first message
+/new [text]   start a new session (the old one is archived, not deleted);
+              the text becomes its first message
 /reset        same as /new
 /status       this session: key and id, model, tokens used / window, compactions, last update
 /help         this list"""

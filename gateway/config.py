@@ -200,7 +200,9 @@ def mask_secret(value: str) -> str:
     return "****" + value[-4:] if len(value) >= 12 else "****"
 
 
-def _to_toml(data: dict[str, Any], masked: set[tuple[str, ...]], prefix: tuple[str, ...] = ()) -> str:
+def _to_toml(
+    data: dict[str, Any], masked: set[tuple[str, ...]], prefix: tuple[str, ...] = ()
+) -> str:
     scalars: list[str] = []
     tables: list[str] = []
     for key, value in data.items():
@@ -214,7 +216,9 @@ def _to_toml(data: dict[str, Any], masked: set[tuple[str, ...]], prefix: tuple[s
             scalars.append(f"# {_toml_key(key)} = (unset)")
             continue
         if path in masked:
-            value = mask_secret(value.get_secret_value()) if isinstance(value, SecretStr) else "****"
+            value = (
+                mask_secret(value.get_secret_value()) if isinstance(value, SecretStr) else "****"
+            )
         scalars.append(f"{_toml_key(key)} = {_toml_value(value)}")
     out = "\n".join(scalars)
     if tables:
@@ -239,7 +243,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return (
+            "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        )
     text = str(value)
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'

@@ -167,7 +167,9 @@ class Database:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK")
-                raise StateError(f"migrating {self.path} to version {target} failed: {exc}") from exc
+                raise StateError(
+                    f"migrating {self.path} to version {target} failed: {exc}"
+                ) from exc
 
     def _close_sync(self) -> None:
         if self._conn is not None:

@@ -44,7 +44,7 @@ async def run_doctor(loaded: LoadedConfig) -> list[Finding]:
 
 
 async def _check_state_db(path: Path) -> Finding:
-    if not path.exists():
+    if not await asyncio.to_thread(path.exists):
         return Finding("state.db", "ok", f"{path} not created yet (first run creates it)")
     db = Database(path)
     try:
@@ -81,7 +81,9 @@ def _check_transcripts(sessions_dir: Path) -> list[Finding]:
         findings.append(Finding("transcripts", "error", "fail to load: " + "; ".join(broken[:10])))
     if repaired:
         findings.append(
-            Finding("transcripts", "warning", "need repair on next load: " + "; ".join(repaired[:10]))
+            Finding(
+                "transcripts", "warning", "need repair on next load: " + "; ".join(repaired[:10])
+            )
         )
     if not findings:
         findings.append(Finding("transcripts", "ok", f"{count} load cleanly"))
@@ -128,9 +130,10 @@ async def _check_provider(loaded: LoadedConfig) -> Finding:
             headers["Authorization"] = f"Bearer {key.get_secret_value()}"
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-            url, headers=headers
-        ) as response:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url, headers=headers) as response,
+        ):
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         return Finding("provider", "error", f"{choice.name}: cannot reach {base}: {exc!r}")

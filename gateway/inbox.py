@@ -130,9 +130,7 @@ class Inbox:
         )
 
     def _attach_sync(self, item_id: int, session_id: str) -> None:
-        self._db.conn.execute(
-            "UPDATE inbox SET session_id = ? WHERE id = ?", (session_id, item_id)
-        )
+        self._db.conn.execute("UPDATE inbox SET session_id = ? WHERE id = ?", (session_id, item_id))
 
     def _open_sync(self, limit: int) -> list[InboxItem]:
         rows = self._db.conn.execute(

@@ -24,16 +24,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, ensure_ascii=False)
 
 
-def setup_logging(level: str, *, json_lines: bool = False, file: Path | None = None,
-                  stderr_level: str | None = None) -> None:
+def setup_logging(
+    level: str,
+    *,
+    json_lines: bool = False,
+    file: Path | None = None,
+    stderr_level: str | None = None,
+) -> None:
     """Configure the ``parley`` logger tree; ``file`` receives ``level``, stderr ``stderr_level``.
 
     With a terminal chat on screen, logs go to ``file`` and only warnings reach stderr,
     so the conversation stays readable.
     """
     formatter: logging.Formatter = (
-        JsonFormatter() if json_lines else logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s: %(message)s")
+        JsonFormatter()
+        if json_lines
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger(ROOT_LOGGER)
     for handler in list(root.handlers):

@@ -272,7 +272,8 @@ class SessionRegistry:
         now: datetime,
     ) -> None:
         self._db.conn.execute(
-            "UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+            "UPDATE sessions SET input_tokens = input_tokens + ?,"
+            " output_tokens = output_tokens + ?,"
             " cache_read_tokens = cache_read_tokens + ?,"
             " cache_write_tokens = cache_write_tokens + ?, context_tokens = ?,"
             " turn_count = turn_count + 1, entry_count = ?, last_entry_id = ?,"

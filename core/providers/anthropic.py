@@ -209,9 +209,7 @@ class _Assembler:
                 self.usage[key] = value
 
     def response(self) -> ProviderResponse:
-        content = tuple(
-            b for _, s in sorted(self.blocks.items()) if (b := s.finish()) is not None
-        )
+        content = tuple(b for _, s in sorted(self.blocks.items()) if (b := s.finish()) is not None)
         reason = self.stop_reason or STOP_END
         usage = Usage(
             input_tokens=self.usage.get("input_tokens", 0),
@@ -318,7 +316,9 @@ class AnthropicProvider:
         if not state.started:
             raise MalformedResponseError("the answer was not a message stream", provider=self.name)
         if not state.stopped:
-            raise ProviderConnectionError("the stream ended before message_stop", provider=self.name)
+            raise ProviderConnectionError(
+                "the stream ended before message_stop", provider=self.name
+            )
         return state.response()
 
     @staticmethod
@@ -347,7 +347,9 @@ class AnthropicProvider:
             delta = getattr(event, "delta", None)
             delta_kind = getattr(delta, "type", None)
             if slot is None:
-                raise MalformedResponseError("a delta for a block never started", provider=PROVIDER_NAME)
+                raise MalformedResponseError(
+                    "a delta for a block never started", provider=PROVIDER_NAME
+                )
             if delta_kind == "text_delta":
                 text = str(getattr(delta, "text", ""))
                 slot.parts.append(text)

@@ -195,7 +195,9 @@ class _Assembler:
             content.append(TextBlock(text))
         for index, call in sorted(self.calls.items()):
             call_id = call.id or f"call_{index}"  # some local servers send no id
-            content.append(ToolUseBlock(call_id, call.name, parse_arguments("".join(call.arguments))))
+            content.append(
+                ToolUseBlock(call_id, call.name, parse_arguments("".join(call.arguments)))
+            )
         reason = self.finish_reason or STOP_END
         stop = _FINISH_REASONS.get(reason, reason)
         if self.calls and stop == STOP_END:
@@ -313,7 +315,9 @@ class OpenAICompatProvider:
                 if text and on_text is not None:
                     await on_text(text)
         if state.chunks == 0:
-            raise MalformedResponseError("the answer was not a completion stream", provider=self.name)
+            raise MalformedResponseError(
+                "the answer was not a completion stream", provider=self.name
+            )
         return state.response()
 
     @staticmethod

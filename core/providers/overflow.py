@@ -152,7 +152,9 @@ def match_overflow(
             parsed = build(found)
             extra = _from_body(body)
             return OverflowMatch(
-                parsed.observed_tokens if parsed.observed_tokens is not None else extra.observed_tokens,
+                parsed.observed_tokens
+                if parsed.observed_tokens is not None
+                else extra.observed_tokens,
                 parsed.limit if parsed.limit is not None else extra.limit,
             )
     if (error_type in OVERFLOW_ERROR_TYPES) or (code in OVERFLOW_ERROR_CODES) or status == 413:

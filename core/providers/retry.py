@@ -52,7 +52,9 @@ _SERVER_TYPES = frozenset({"api_error", "server_error", "internal_server_error"}
 _TIMEOUT_TYPES = frozenset({"timeout_error"})
 
 
-def parse_retry_after(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: float | None = None
+) -> float | None:
     """Seconds the server asked us to wait: ``retry-after-ms`` first, then ``retry-after``
     (seconds or an HTTP date). ``None`` when absent or unreadable."""
     if not headers:

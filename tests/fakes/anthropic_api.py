@@ -46,7 +46,9 @@ class InvalidRequest(Exception):
     """A body the real API would reject with 400 invalid_request_error."""
 
 
-def rate_limited(retry_after: float | None = None, retry_after_ms: float | None = None) -> HttpError:
+def rate_limited(
+    retry_after: float | None = None, retry_after_ms: float | None = None
+) -> HttpError:
     headers: dict[str, str] = {}
     if retry_after is not None:
         headers["retry-after"] = f"{retry_after:g}"
@@ -99,7 +101,10 @@ def _check_block(block: Any, where: str) -> None:
         if source.get("type") != "base64" or not source.get("data"):
             raise InvalidRequest(f"{where}.source: image source data is required")
         if source.get("media_type") not in IMAGE_MEDIA_TYPES:
-            raise InvalidRequest(f"{where}.source.media_type: Input should be one of 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'")
+            raise InvalidRequest(
+                f"{where}.source.media_type: Input should be one of 'image/jpeg', "
+                "'image/png', 'image/gif' or 'image/webp'"
+            )
     elif kind == "tool_use":
         if not block.get("id") or not block.get("name") or not isinstance(block.get("input"), dict):
             raise InvalidRequest(f"{where}: tool_use blocks need id, name and an object input")
@@ -170,9 +175,15 @@ def validate(body: Any) -> None:
         for j, block in enumerate(blocks):
             _check_block(block, f"messages.{i}.content.{j}")
             if block["type"] == "tool_use" and role != "assistant":
-                raise InvalidRequest(f"messages.{i}.content.{j}: tool_use blocks are only allowed in assistant messages")
+                raise InvalidRequest(
+                    f"messages.{i}.content.{j}: tool_use blocks are only allowed in "
+                    "assistant messages"
+                )
             if block["type"] == "tool_result" and role != "user":
-                raise InvalidRequest(f"messages.{i}.content.{j}: tool_result blocks are only allowed in user messages")
+                raise InvalidRequest(
+                    f"messages.{i}.content.{j}: tool_result blocks are only allowed in "
+                    "user messages"
+                )
     _check_tool_pairs(messages)
     _check_cache_breakpoints(body)
 
@@ -273,9 +284,15 @@ class FakeAnthropic(FakeLLMServer):
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _error(self, status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    def _error(
+        self, status: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> web.Response:
         request_id = self.next_id("req_")
-        body = {"type": "error", "error": {"type": error_type, "message": message}, "request_id": request_id}
+        body = {
+            "type": "error",
+            "error": {"type": error_type, "message": message},
+            "request_id": request_id,
+        }
         return json_response(status, body, {"request-id": request_id, **(headers or {})})
 
     def _auth_failure(self, request: web.Request) -> web.Response | None:
@@ -291,13 +308,18 @@ class FakeAnthropic(FakeLLMServer):
         if window is None:
             return None
         if prompt_tokens > window:
-            return self._error(400, "invalid_request_error", f"prompt is too long: {prompt_tokens} tokens > {window} maximum")
+            return self._error(
+                400,
+                "invalid_request_error",
+                f"prompt is too long: {prompt_tokens} tokens > {window} maximum",
+            )
         if prompt_tokens + body["max_tokens"] > window:
             return self._error(
                 400,
                 "invalid_request_error",
                 f"input length and `max_tokens` exceed context limit: {prompt_tokens} + "
-                f"{body['max_tokens']} > {window}, decrease input length or `max_tokens` and try again",
+                f"{body['max_tokens']} > {window}, decrease input length or `max_tokens` "
+                "and try again",
             )
         return None
 
@@ -330,7 +352,9 @@ class FakeAnthropic(FakeLLMServer):
         except InvalidRequest as exc:
             return self._error(400, "invalid_request_error", str(exc))
         segments, _ = prompt_segments(body)
-        if (overflow := self._overflow(body, sum(estimate_tokens(s) for s in segments))) is not None:
+        if (
+            overflow := self._overflow(body, sum(estimate_tokens(s) for s in segments))
+        ) is not None:
             return overflow
         step: Step = self.next_step() or Reply(echo_text(body))
         if isinstance(step, HttpError):
@@ -338,7 +362,9 @@ class FakeAnthropic(FakeLLMServer):
                 return json_response(step.status, step.body, step.headers)
             return self._error(step.status, step.error_type, step.message, step.headers)
         if isinstance(step, RawResponse):
-            return web.Response(status=step.status, body=step.body, headers={"Content-Type": step.content_type})
+            return web.Response(
+                status=step.status, body=step.body, headers={"Content-Type": step.content_type}
+            )
         if isinstance(step, Hang) and step.partial_text is None:
             return await self.hang_response(request)
         usage = self._usage(body)
@@ -348,12 +374,21 @@ class FakeAnthropic(FakeLLMServer):
             return json_response(200, self._whole_message(body, step, usage))
         return await self._stream(request, body, step, usage)
 
-    def _whole_message(self, body: Mapping[str, Any], reply: Reply, usage: dict[str, int]) -> dict[str, Any]:
+    def _whole_message(
+        self, body: Mapping[str, Any], reply: Reply, usage: dict[str, int]
+    ) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for call in reply.tool_calls:
-            content.append({"type": "tool_use", "id": call.id or self.next_id("toolu_"), "name": call.name, "input": dict(call.input)})
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id or self.next_id("toolu_"),
+                    "name": call.name,
+                    "input": dict(call.input),
+                }
+            )
         usage = {**usage, "output_tokens": self._output_tokens(reply)}
         return {
             "id": self.next_id("msg_"),
@@ -372,12 +407,20 @@ class FakeAnthropic(FakeLLMServer):
 
     @staticmethod
     def _output_tokens(reply: Reply) -> int:
-        spent = estimate_tokens(reply.text) + sum(estimate_tokens(c.arguments_text()) for c in reply.tool_calls)
+        spent = estimate_tokens(reply.text) + sum(
+            estimate_tokens(c.arguments_text()) for c in reply.tool_calls
+        )
         return max(1, spent)
 
-    async def _stream(self, request: web.Request, body: Mapping[str, Any], step: Step, usage: dict[str, int]) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, body: Mapping[str, Any], step: Step, usage: dict[str, int]
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "request-id": self.next_id("req_")}
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "request-id": self.next_id("req_"),
+            }
         )
         await response.prepare(request)
         send = self.write_quietly
@@ -395,14 +438,32 @@ class FakeAnthropic(FakeLLMServer):
         reply = step if isinstance(step, Reply) else Reply(getattr(step, "partial_text", "") or "")
         index = 0
         if reply.text:
-            await send(response, _sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}))
+            await send(
+                response,
+                _sse(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": 0,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                ),
+            )
             await send(response, _sse("ping", {"type": "ping"}))
             for piece in split_text(reply.text, reply.chunk_chars):
                 delta = {"type": "text_delta", "text": piece}
-                await send(response, _sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}))
+                await send(
+                    response,
+                    _sse(
+                        "content_block_delta",
+                        {"type": "content_block_delta", "index": 0, "delta": delta},
+                    ),
+                )
             if not isinstance(step, Reply):
                 return await self._break_off(response, step)
-            await send(response, _sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            await send(
+                response, _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            )
             index = 1
         elif not isinstance(step, Reply):
             return await self._break_off(response, step)
@@ -410,18 +471,49 @@ class FakeAnthropic(FakeLLMServer):
             await self._send_tool_use(response, index, call)
             index += 1
         delta = {"stop_reason": self._stop_reason(reply), "stop_sequence": None}
-        await send(response, _sse("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": self._output_tokens(reply)}}))
+        await send(
+            response,
+            _sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": self._output_tokens(reply)},
+                },
+            ),
+        )
         await send(response, _sse("message_stop", {"type": "message_stop"}))
         return response
 
-    async def _send_tool_use(self, response: web.StreamResponse, index: int, call: ToolCall) -> None:
-        block = {"type": "tool_use", "id": call.id or self.next_id("toolu_"), "name": call.name, "input": {}}
-        await self.write_quietly(response, _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+    async def _send_tool_use(
+        self, response: web.StreamResponse, index: int, call: ToolCall
+    ) -> None:
+        block = {
+            "type": "tool_use",
+            "id": call.id or self.next_id("toolu_"),
+            "name": call.name,
+            "input": {},
+        }
+        await self.write_quietly(
+            response,
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": block},
+            ),
+        )
         # Split the JSON in three like the real service does in small pieces.
         for piece in split_text(call.arguments_text(), max(1, len(call.arguments_text()) // 3 + 1)):
             delta = {"type": "input_json_delta", "partial_json": piece}
-            await self.write_quietly(response, _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
-        await self.write_quietly(response, _sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+            await self.write_quietly(
+                response,
+                _sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                ),
+            )
+        await self.write_quietly(
+            response, _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
 
     async def _break_off(self, response: web.StreamResponse, step: Step) -> web.StreamResponse:
         if isinstance(step, StreamError):

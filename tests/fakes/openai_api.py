@@ -50,7 +50,9 @@ class InvalidRequest(Exception):
         self.param = param
 
 
-def rate_limited(retry_after: float | None = None, retry_after_ms: float | None = None) -> HttpError:
+def rate_limited(
+    retry_after: float | None = None, retry_after_ms: float | None = None
+) -> HttpError:
     headers: dict[str, str] = {}
     if retry_after is not None:
         headers["retry-after"] = f"{retry_after:g}"
@@ -70,7 +72,9 @@ def server_error() -> HttpError:
 
 
 def overloaded() -> HttpError:
-    return HttpError(503, "server_error", "The engine is currently overloaded, please try again later")
+    return HttpError(
+        503, "server_error", "The engine is currently overloaded, please try again later"
+    )
 
 
 def _validate(body: Any) -> None:
@@ -233,7 +237,13 @@ class FakeOpenAI(FakeLLMServer):
                 "completion). Please reduce the length of the messages or completion."
             )
         if self.dialect == "vllm":
-            top = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+            top = {
+                "object": "error",
+                "message": message,
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
             return json_response(400, top)
         return self._error(
             400, "invalid_request_error", message, code="context_length_exceeded", param="messages"
@@ -246,7 +256,8 @@ class FakeOpenAI(FakeLLMServer):
         cached, _ = self.cache.account(segments, list(range(len(segments))), self.min_cache_tokens)
         completion = max(
             1,
-            estimate_tokens(reply.text) + sum(estimate_tokens(c.arguments_text()) for c in reply.tool_calls),
+            estimate_tokens(reply.text)
+            + sum(estimate_tokens(c.arguments_text()) for c in reply.tool_calls),
         )
         return {
             "prompt_tokens": prompt,
@@ -255,7 +266,13 @@ class FakeOpenAI(FakeLLMServer):
             "prompt_tokens_details": {"cached_tokens": cached},
         }
 
-    def _chunk(self, body: Mapping[str, Any], chunk_id: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(
+        self,
+        body: Mapping[str, Any],
+        chunk_id: str,
+        delta: dict[str, Any],
+        finish: str | None = None,
+    ) -> bytes:
         data: dict[str, Any] = {
             "id": chunk_id,
             "object": "chat.completion.chunk",
@@ -274,7 +291,13 @@ class FakeOpenAI(FakeLLMServer):
         await self.record(request)
         if (failure := self._auth_failure(request)) is not None:
             return failure
-        return json_response(200, {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}]})
+        return json_response(
+            200,
+            {
+                "object": "list",
+                "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}],
+            },
+        )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self.record(request)
@@ -291,9 +314,13 @@ class FakeOpenAI(FakeLLMServer):
         if isinstance(step, HttpError):
             if step.body is not None:
                 return json_response(step.status, step.body, step.headers)
-            return self._error(step.status, step.error_type, step.message, code=step.code, headers=step.headers)
+            return self._error(
+                step.status, step.error_type, step.message, code=step.code, headers=step.headers
+            )
         if isinstance(step, RawResponse):
-            return web.Response(status=step.status, body=step.body, headers={"Content-Type": step.content_type})
+            return web.Response(
+                status=step.status, body=step.body, headers={"Content-Type": step.content_type}
+            )
         if isinstance(step, Hang) and step.partial_text is None:
             return await self.hang_response(request)
         reply = step if isinstance(step, Reply) else Reply(getattr(step, "partial_text", "") or "")
@@ -302,11 +329,17 @@ class FakeOpenAI(FakeLLMServer):
             return json_response(200, self._whole_completion(body, reply, usage))
         return await self._stream(request, body, step, reply, usage)
 
-    def _whole_completion(self, body: Mapping[str, Any], reply: Reply, usage: dict[str, Any]) -> dict[str, Any]:
+    def _whole_completion(
+        self, body: Mapping[str, Any], reply: Reply, usage: dict[str, Any]
+    ) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
         if reply.tool_calls:
             message["tool_calls"] = [
-                {"id": c.id or self.next_id("call_"), "type": "function", "function": {"name": c.name, "arguments": c.arguments_text()}}
+                {
+                    "id": c.id or self.next_id("call_"),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_text()},
+                }
                 for c in reply.tool_calls
             ]
         finish = reply.stop_reason or ("tool_calls" if reply.tool_calls else "stop")
@@ -315,12 +348,26 @@ class FakeOpenAI(FakeLLMServer):
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body["model"],
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            ],
             "usage": usage if self.report_usage else None,
         }
 
-    async def _stream(self, request: web.Request, body: Mapping[str, Any], step: Step, reply: Reply, usage: dict[str, Any]) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+    async def _stream(
+        self,
+        request: web.Request,
+        body: Mapping[str, Any],
+        step: Step,
+        reply: Reply,
+        usage: dict[str, Any],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
         await response.prepare(request)
         send = self.write_quietly
         chunk_id = self.next_id("chatcmpl-")
@@ -328,7 +375,14 @@ class FakeOpenAI(FakeLLMServer):
         for piece in split_text(reply.text, reply.chunk_chars):
             await send(response, self._chunk(body, chunk_id, {"content": piece}))
         if isinstance(step, StreamError):
-            error = {"error": {"message": step.message, "type": step.error_type, "param": None, "code": None}}
+            error = {
+                "error": {
+                    "message": step.message,
+                    "type": step.error_type,
+                    "param": None,
+                    "code": None,
+                }
+            }
             await send(response, b"data: " + json.dumps(error).encode() + b"\n\n")
             return response
         if isinstance(step, Hang):
@@ -336,10 +390,22 @@ class FakeOpenAI(FakeLLMServer):
             return response
         for index, call in enumerate(reply.tool_calls):
             arguments = call.arguments_text()
-            start = {"index": index, "id": call.id or self.next_id("call_"), "type": "function", "function": {"name": call.name, "arguments": ""}}
+            start = {
+                "index": index,
+                "id": call.id or self.next_id("call_"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
             await send(response, self._chunk(body, chunk_id, {"tool_calls": [start]}))
             for piece in split_text(arguments, max(1, len(arguments) // 3 + 1)):
-                await send(response, self._chunk(body, chunk_id, {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+                await send(
+                    response,
+                    self._chunk(
+                        body,
+                        chunk_id,
+                        {"tool_calls": [{"index": index, "function": {"arguments": piece}}]},
+                    ),
+                )
         finish = reply.stop_reason or ("tool_calls" if reply.tool_calls else "stop")
         await send(response, self._chunk(body, chunk_id, {}, finish))
         if (body.get("stream_options") or {}).get("include_usage") and self.report_usage:
@@ -352,6 +418,8 @@ class FakeOpenAI(FakeLLMServer):
                 "choices": [],
                 "usage": usage,
             }
-            await send(response, b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n")
+            await send(
+                response, b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n"
+            )
         await send(response, b"data: [DONE]\n\n")
         return response

@@ -43,17 +43,32 @@ class RecordingChannel:
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         return None
 
-    async def wait_sent(self, count: int, timeout: float = 10.0) -> list[OutboundMessage]:
-        async with asyncio.timeout(timeout), self._changed:
+    async def wait_sent(self, count: int, limit_s: float = 10.0) -> list[OutboundMessage]:
+        async with asyncio.timeout(limit_s), self._changed:
             await self._changed.wait_for(lambda: len(self.sent) >= count)
         return self.sent
 
-    def inbound(self, text: str, *, sender: str = "alice", message_id: str | None = None,
-                chat_type: str = "direct", chat_id: str | None = None,
-                thread_id: str | None = None, automated: bool = False) -> InboundMessage:
+    def inbound(
+        self,
+        text: str,
+        *,
+        sender: str = "alice",
+        message_id: str | None = None,
+        chat_type: str = "direct",
+        chat_id: str | None = None,
+        thread_id: str | None = None,
+        automated: bool = False,
+    ) -> InboundMessage:
         return InboundMessage(
-            channel=self.name, account="default", chat_type=chat_type,  # type: ignore[arg-type]
-            chat_id=chat_id or sender, sender_id=sender, sender_name=sender.title(), text=text,
-            message_id=message_id or f"m-{next(self._ids)}", timestamp=datetime.now(UTC),
-            thread_id=thread_id, automated=automated,
+            channel=self.name,
+            account="default",
+            chat_type=chat_type,  # type: ignore[arg-type]
+            chat_id=chat_id or sender,
+            sender_id=sender,
+            sender_name=sender.title(),
+            text=text,
+            message_id=message_id or f"m-{next(self._ids)}",
+            timestamp=datetime.now(UTC),
+            thread_id=thread_id,
+            automated=automated,
         )

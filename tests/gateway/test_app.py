@@ -46,8 +46,9 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def stack(tmp_path: Path, clock: Clock) -> AsyncIterator[tuple[Gateway, RecordingChannel,
-                                                                    ScriptedProvider]]:
+async def stack(
+    tmp_path: Path, clock: Clock
+) -> AsyncIterator[tuple[Gateway, RecordingChannel, ScriptedProvider]]:
     channel = RecordingChannel()
     provider = ScriptedProvider()
     gateway = Gateway(make_config(tmp_path), channels=[channel], provider=provider, clock=clock)
@@ -70,8 +71,10 @@ async def test_message_is_answered_and_recorded(stack: Any, tmp_path: Path) -> N
     assert record is not None
     assert record.turn_count == 1 and record.usage == Usage(10, 5)
     transcript = Transcript.open(tmp_path / "sessions" / f"{record.session_id}.jsonl")
-    kinds = [(e.type, e.message.role if e.type == "message" else e.payload.get("custom_type"))
-             for e in transcript.entries()]
+    kinds = [
+        (e.type, e.message.role if e.type == "message" else e.payload.get("custom_type"))
+        for e in transcript.entries()
+    ]
     assert kinds == [("message", "user"), ("message", "assistant"), ("custom", "delivery")]
     assert record.entry_count == transcript.entry_count == 3
     assert record.last_entry_id == transcript.last_entry.id
@@ -107,8 +110,9 @@ async def test_people_do_not_share_sessions(stack: Any) -> None:
     await say(gateway, channel, "I am Alice", sender="alice")
     await say(gateway, channel, "I am Bob", sender="bob")
     bob_view = provider.requests[1].messages
-    assert all("Alice" not in b.text for m in bob_view for b in m.content
-               if isinstance(b, TextBlock))
+    assert all(
+        "Alice" not in b.text for m in bob_view for b in m.content if isinstance(b, TextBlock)
+    )
 
 
 async def test_status_help_and_new(stack: Any) -> None:
@@ -155,16 +159,21 @@ async def test_provider_error_tells_user_and_session_keeps_working(stack: Any) -
     assert "overloaded" in reply.lower() and "saved" in reply
     assert await say(gateway, channel, "again") == "echo: again"
     # The failed message stayed in the history (merged into the next user turn).
-    texts = [b.text for m in provider.requests[-1].messages for b in m.content
-             if isinstance(b, TextBlock)]
+    texts = [
+        b.text
+        for m in provider.requests[-1].messages
+        for b in m.content
+        if isinstance(b, TextBlock)
+    ]
     assert "are you there?" in texts and "again" in texts
 
 
 async def test_tool_loop_runs_tools_and_records_results(stack: Any) -> None:
     gateway, channel, provider = stack
     provider.push(
-        ProviderResponse((ToolUseBlock("t1", "current_time", {"timezone": "UTC"}),),
-                         STOP_TOOL_USE, Usage(5, 5)),
+        ProviderResponse(
+            (ToolUseBlock("t1", "current_time", {"timezone": "UTC"}),), STOP_TOOL_USE, Usage(5, 5)
+        ),
         ProviderResponse((TextBlock("It is noon."),), STOP_END, Usage(7, 3)),
     )
     assert await say(gateway, channel, "what time is it?") == "It is noon."

@@ -97,8 +97,11 @@ def test_show_masks_secrets_and_round_trips(tmp_path: Path) -> None:
     # What `config show` prints (minus masked secrets) is itself a valid config.
     parsed["providers"]["openai"].pop("api_key")
     assert ParleyConfig.model_validate(parsed) == config.model_copy(
-        update={"providers": config.providers.model_copy(
-            update={"openai": config.providers.openai.model_copy(update={"api_key": None})})}
+        update={
+            "providers": config.providers.model_copy(
+                update={"openai": config.providers.openai.model_copy(update={"api_key": None})}
+            )
+        }
     )
 
 

@@ -19,8 +19,17 @@ ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default"
 
 
 def message(mid: str, text: str = "hi") -> InboundMessage:
-    return InboundMessage("test", "default", "direct", "alice", "alice", "Alice", text, mid,
-                          datetime(2026, 1, 1, tzinfo=UTC))
+    return InboundMessage(
+        "test",
+        "default",
+        "direct",
+        "alice",
+        "alice",
+        "Alice",
+        text,
+        mid,
+        datetime(2026, 1, 1, tzinfo=UTC),
+    )
 
 
 async def test_schema_created_and_newer_schema_refused(tmp_path: Path) -> None:
@@ -44,12 +53,24 @@ async def test_registry_lifecycle(tmp_path: Path) -> None:
         # A second create for the same key returns the active one, never a duplicate.
         assert (await registry.create(ORIGIN)).session_id == first.session_id
         later = datetime.now(UTC) + timedelta(seconds=5)
-        await registry.record_turn(first.session_id, usage=Usage(100, 20, 50, 10),
-                                   context_tokens=180, entry_count=3, last_entry_id="abc",
-                                   model="m", now=later)
-        await registry.record_turn(first.session_id, usage=Usage(1, 2, 3, 4),
-                                   context_tokens=190, entry_count=5, last_entry_id="def",
-                                   model=None, now=later - timedelta(hours=1))
+        await registry.record_turn(
+            first.session_id,
+            usage=Usage(100, 20, 50, 10),
+            context_tokens=180,
+            entry_count=3,
+            last_entry_id="abc",
+            model="m",
+            now=later,
+        )
+        await registry.record_turn(
+            first.session_id,
+            usage=Usage(1, 2, 3, 4),
+            context_tokens=190,
+            entry_count=5,
+            last_entry_id="def",
+            model=None,
+            now=later - timedelta(hours=1),
+        )
         got = await registry.get(first.session_id)
         assert got is not None
         assert got.usage == Usage(101, 22, 53, 14)
@@ -70,9 +91,15 @@ async def test_registry_list_filters_and_paginates(tmp_path: Path) -> None:
         registry = SessionRegistry(db)
         base = datetime(2026, 1, 1, tzinfo=UTC)
         for i in range(7):
-            origin = SessionOrigin(f"agent:main:test:direct:user{i}", "main",
-                                   "tg" if i % 2 else "test", "default", "direct", f"user{i}",
-                                   display_name=f"User {i}")
+            origin = SessionOrigin(
+                f"agent:main:test:direct:user{i}",
+                "main",
+                "tg" if i % 2 else "test",
+                "default",
+                "direct",
+                f"user{i}",
+                display_name=f"User {i}",
+            )
             await registry.create(origin, now=base + timedelta(minutes=i))
         seen: list[str] = []
         cursor = None

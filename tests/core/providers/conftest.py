@@ -50,7 +50,10 @@ async def openai_fake() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture
 async def anthropic_provider(anthropic_fake: FakeAnthropic) -> AsyncIterator[AnthropicProvider]:
     provider = AnthropicProvider(
-        TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=anthropic_fake.base_url, timeout=TEST_TIMEOUT_SECONDS
+        TEST_ANTHROPIC_MODEL,
+        TEST_KEY,
+        base_url=anthropic_fake.base_url,
+        timeout=TEST_TIMEOUT_SECONDS,
     )
     yield provider
     await provider.aclose()

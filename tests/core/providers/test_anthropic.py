@@ -62,7 +62,9 @@ WEATHER = ToolSpec(
 )
 
 
-def request(*messages: Message, tools: tuple[ToolSpec, ...] = (), max_tokens: int = 256) -> ProviderRequest:
+def request(
+    *messages: Message, tools: tuple[ToolSpec, ...] = (), max_tokens: int = 256
+) -> ProviderRequest:
     return ProviderRequest(
         TEST_ANTHROPIC_MODEL, SYSTEM, messages or (Message.user("hi"),), tools, max_tokens
     )
@@ -113,7 +115,12 @@ async def test_request_carries_cache_breakpoints_and_key(
 ) -> None:
     other = ToolSpec("clock", "The time.")
     await anthropic_provider.complete(
-        request(Message.user("first"), Message.assistant("ok"), Message.user("second"), tools=(other, WEATHER))
+        request(
+            Message.user("first"),
+            Message.assistant("ok"),
+            Message.user("second"),
+            tools=(other, WEATHER),
+        )
     )
 
     sent = anthropic_fake.requests[-1]
@@ -144,7 +151,9 @@ async def test_default_echo_when_nothing_is_scripted(anthropic_provider: Anthrop
 def test_tool_results_become_user_content_and_same_roles_merge() -> None:
     history = (
         Message.user("weather in Oslo and Bergen?"),
-        Message("assistant", (TextBlock("Checking."), ToolUseBlock("t1", "weather", {"city": "Oslo"}))),
+        Message(
+            "assistant", (TextBlock("Checking."), ToolUseBlock("t1", "weather", {"city": "Oslo"}))
+        ),
         Message("assistant", (ToolUseBlock("t2", "weather", {"city": "Bergen"}),)),
         Message("user", (TextBlock("hurry please"),)),
         Message("tool_result", (ToolResultBlock("t1", "sunny"),)),
@@ -176,7 +185,10 @@ def test_images_and_empty_text() -> None:
         {
             "role": "user",
             "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGVsbG8="}},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "aGVsbG8="},
+                },
                 {"type": "text", "text": "[image]"},
                 {"type": "text", "text": "and?"},
             ],
@@ -185,7 +197,9 @@ def test_images_and_empty_text() -> None:
 
 
 def test_no_system_and_no_tools_send_neither() -> None:
-    params = build_params(ProviderRequest(TEST_ANTHROPIC_MODEL, "", (Message.user("x"),), temperature=0.3))
+    params = build_params(
+        ProviderRequest(TEST_ANTHROPIC_MODEL, "", (Message.user("x"),), temperature=0.3)
+    )
     assert "system" not in params
     assert "tools" not in params
     assert params["temperature"] == 0.3
@@ -212,7 +226,9 @@ async def test_tool_use_round_trip(
     anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
 ) -> None:
     anthropic_fake.enqueue(
-        Reply("Let me check.", (ToolCall("weather", {"city": "Oslo", "days": [1, 2]}, id="toolu_1"),)),
+        Reply(
+            "Let me check.", (ToolCall("weather", {"city": "Oslo", "days": [1, 2]}, id="toolu_1"),)
+        ),
         Reply("It is sunny in Oslo."),
     )
     question = Message.user("Weather in Oslo?")
@@ -226,7 +242,9 @@ async def test_tool_use_round_trip(
         ToolUseBlock("toolu_1", "weather", {"city": "Oslo", "days": [1, 2]}),
     )
     result = Message("tool_result", (ToolResultBlock("toolu_1", "sunny, 21 C"),))
-    final = await anthropic_provider.complete(request(question, first.message, result, tools=(WEATHER,)), sink)
+    final = await anthropic_provider.complete(
+        request(question, first.message, result, tools=(WEATHER,)), sink
+    )
 
     assert final.message.text == "It is sunny in Oslo."
     assert final.stop_reason == STOP_END
@@ -244,7 +262,9 @@ async def test_tool_use_round_trip(
 async def test_unreadable_tool_input_is_kept_raw(
     anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
 ) -> None:
-    anthropic_fake.enqueue(Reply(tool_calls=(ToolCall("weather", raw_arguments='{"city": "Os', id="t9"),)))
+    anthropic_fake.enqueue(
+        Reply(tool_calls=(ToolCall("weather", raw_arguments='{"city": "Os', id="t9"),))
+    )
     response = await anthropic_provider.complete(request(tools=(WEATHER,)))
     assert response.content == (ToolUseBlock("t9", "weather", {"_raw": '{"city": "Os'}),)
 
@@ -254,7 +274,9 @@ async def test_tool_result_without_its_call_is_an_invalid_request(
 ) -> None:
     orphan = Message("tool_result", (ToolResultBlock("nope", "x"),))
     with pytest.raises(InvalidRequestError) as caught:
-        await anthropic_provider.complete(request(Message.user("hi"), Message.assistant("yes"), orphan))
+        await anthropic_provider.complete(
+            request(Message.user("hi"), Message.assistant("yes"), orphan)
+        )
     assert caught.value.status == 400
     assert "unexpected `tool_use_id`" in caught.value.message
     assert not caught.value.retryable
@@ -395,7 +417,9 @@ async def test_hung_stream_times_out(anthropic_fake: FakeAnthropic, partial: str
 
 
 async def test_connection_refused_is_a_connection_error() -> None:
-    provider = AnthropicProvider(TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=f"http://127.0.0.1:{free_port()}")
+    provider = AnthropicProvider(
+        TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=f"http://127.0.0.1:{free_port()}"
+    )
     try:
         with pytest.raises(ProviderConnectionError) as caught:
             await provider.complete(request())
@@ -410,13 +434,32 @@ async def test_connection_refused_is_a_connection_error() -> None:
         (b"<html>not an event stream</html>", MalformedResponseError),
         (b"event: message_start\ndata: {not json\n\n", MalformedResponseError),
         (
-            sse("message_start", {"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}}})
-            + sse("content_block_delta", {"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": "x"}}),
+            sse(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {"model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}},
+                },
+            )
+            + sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 3,
+                    "delta": {"type": "text_delta", "text": "x"},
+                },
+            ),
             MalformedResponseError,
         ),
         (
             # Cut off before message_stop: the connection, not the content, failed.
-            sse("message_start", {"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}}}),
+            sse(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {"model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}},
+                },
+            ),
             ProviderConnectionError,
         ),
     ],
@@ -447,7 +490,9 @@ async def test_on_text_errors_are_not_translated(
 # -- context overflow -----------------------------------------------------------------
 
 
-async def test_prompt_too_long_is_overflow_with_numbers(anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider) -> None:
+async def test_prompt_too_long_is_overflow_with_numbers(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
     anthropic_fake.context_window = 50
     with pytest.raises(ContextOverflowError) as caught:
         await anthropic_provider.complete(request(Message.user("x" * 400)))
@@ -470,7 +515,9 @@ async def test_prompt_plus_max_tokens_over_window_is_overflow(
     assert caught.value.limit == 100
 
 
-async def test_request_too_large_is_overflow(anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider) -> None:
+async def test_request_too_large_is_overflow(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
     anthropic_fake.enqueue(request_too_large())
     with pytest.raises(ContextOverflowError) as caught:
         await anthropic_provider.complete(request())
@@ -480,7 +527,12 @@ async def test_request_too_large_is_overflow(anthropic_fake: FakeAnthropic, anth
 
 @pytest.mark.parametrize(
     ("reason", "expected"),
-    [("model_context_window_exceeded", STOP_OVERFLOW), ("max_tokens", STOP_MAX_TOKENS), ("stop_sequence", STOP_END), ("pause_turn", "pause_turn")],
+    [
+        ("model_context_window_exceeded", STOP_OVERFLOW),
+        ("max_tokens", STOP_MAX_TOKENS),
+        ("stop_sequence", STOP_END),
+        ("pause_turn", "pause_turn"),
+    ],
 )
 async def test_stop_reasons(
     anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider, reason: str, expected: str

@@ -19,11 +19,32 @@ from core.errors import (
     ServerError,
 )
 from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolSpec, ToolUseBlock
-from core.providers.base import STOP_END, STOP_MAX_TOKENS, STOP_REFUSAL, STOP_TOOL_USE, Provider, ProviderRequest
+from core.providers.base import (
+    STOP_END,
+    STOP_MAX_TOKENS,
+    STOP_REFUSAL,
+    STOP_TOOL_USE,
+    Provider,
+    ProviderRequest,
+)
 from core.providers.openai_compat import OpenAICompatProvider, to_wire_messages
 from tests.core.providers.conftest import TEST_KEY, TEST_OPENAI_MODEL
-from tests.fakes.llm_common import Hang, HttpError, RawResponse, Reply, StreamError, ToolCall, estimate_tokens
-from tests.fakes.openai_api import FakeOpenAI, overloaded, prompt_segments, rate_limited, server_error
+from tests.fakes.llm_common import (
+    Hang,
+    HttpError,
+    RawResponse,
+    Reply,
+    StreamError,
+    ToolCall,
+    estimate_tokens,
+)
+from tests.fakes.openai_api import (
+    FakeOpenAI,
+    overloaded,
+    prompt_segments,
+    rate_limited,
+    server_error,
+)
 
 SYSTEM = "You are Parley, a careful assistant."
 WEATHER = ToolSpec(
@@ -33,8 +54,12 @@ WEATHER = ToolSpec(
 )
 
 
-def request(*messages: Message, tools: tuple[ToolSpec, ...] = (), max_tokens: int = 256) -> ProviderRequest:
-    return ProviderRequest(TEST_OPENAI_MODEL, SYSTEM, messages or (Message.user("hi"),), tools, max_tokens)
+def request(
+    *messages: Message, tools: tuple[ToolSpec, ...] = (), max_tokens: int = 256
+) -> ProviderRequest:
+    return ProviderRequest(
+        TEST_OPENAI_MODEL, SYSTEM, messages or (Message.user("hi"),), tools, max_tokens
+    )
 
 
 class TextSink:
@@ -66,7 +91,9 @@ async def test_is_a_provider(openai_provider: OpenAICompatProvider) -> None:
     assert isinstance(openai_provider, Provider)
 
 
-async def test_streams_text_deltas_to_on_text(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider) -> None:
+async def test_streams_text_deltas_to_on_text(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
     openai_fake.enqueue(Reply("One two three."))
     sink = TextSink()
 
@@ -78,7 +105,9 @@ async def test_streams_text_deltas_to_on_text(openai_fake: FakeOpenAI, openai_pr
     assert response.model == TEST_OPENAI_MODEL
 
 
-async def test_request_shape(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider) -> None:
+async def test_request_shape(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
     await openai_provider.complete(request(Message.user("hello"), tools=(WEATHER,)))
 
     sent = openai_fake.requests[-1]
@@ -97,7 +126,11 @@ async def test_request_shape(openai_fake: FakeOpenAI, openai_provider: OpenAICom
     assert body["tools"] == [
         {
             "type": "function",
-            "function": {"name": "weather", "description": WEATHER.description, "parameters": WEATHER.input_schema},
+            "function": {
+                "name": "weather",
+                "description": WEATHER.description,
+                "parameters": WEATHER.input_schema,
+            },
         }
     ]
 
@@ -114,9 +147,15 @@ def test_openai_itself_gets_max_completion_tokens() -> None:
 
 def test_translation_of_tools_images_and_errors() -> None:
     history = (
-        Message("user", (TextBlock("see"), ImageBlock("image/png", "aGk="), ImageBlock("image/png", ""))),
-        Message("assistant", (TextBlock("Checking."), ToolUseBlock("c1", "weather", {"city": "Oslo"}))),
-        Message("tool_result", (ToolResultBlock("c1", "timeout", is_error=True), TextBlock("also this"))),
+        Message(
+            "user", (TextBlock("see"), ImageBlock("image/png", "aGk="), ImageBlock("image/png", ""))
+        ),
+        Message(
+            "assistant", (TextBlock("Checking."), ToolUseBlock("c1", "weather", {"city": "Oslo"}))
+        ),
+        Message(
+            "tool_result", (ToolResultBlock("c1", "timeout", is_error=True), TextBlock("also this"))
+        ),
         Message("assistant", (ToolUseBlock("c2", "weather", {"city": "Bergen"}),)),
     )
 
@@ -135,7 +174,11 @@ def test_translation_of_tools_images_and_errors() -> None:
             "role": "assistant",
             "content": "Checking.",
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "[error] timeout"},
@@ -144,7 +187,11 @@ def test_translation_of_tools_images_and_errors() -> None:
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Bergen"}'}}
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Bergen"}'},
+                }
             ],
         },
     ]
@@ -153,7 +200,9 @@ def test_translation_of_tools_images_and_errors() -> None:
 # -- tools ----------------------------------------------------------------------------------
 
 
-async def test_tool_call_round_trip(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider) -> None:
+async def test_tool_call_round_trip(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
     openai_fake.enqueue(
         Reply(
             "On it.",
@@ -174,26 +223,47 @@ async def test_tool_call_round_trip(openai_fake: FakeOpenAI, openai_provider: Op
         ToolUseBlock("call_a", "weather", {"city": "Oslo"}),
         ToolUseBlock("call_b", "weather", {"city": "Bergen", "units": "metric"}),
     )
-    results = Message("tool_result", (ToolResultBlock("call_a", "sunny"), ToolResultBlock("call_b", "rain")))
-    final = await openai_provider.complete(request(question, first.message, results, tools=(WEATHER,)))
+    results = Message(
+        "tool_result", (ToolResultBlock("call_a", "sunny"), ToolResultBlock("call_b", "rain"))
+    )
+    final = await openai_provider.complete(
+        request(question, first.message, results, tools=(WEATHER,))
+    )
 
     assert final.message.text == "Oslo sunny, Bergen rain."
     sent = openai_fake.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "tool"]
-    assert json.loads(sent[2]["tool_calls"][1]["function"]["arguments"]) == {"city": "Bergen", "units": "metric"}
-    assert [(m["tool_call_id"], m["content"]) for m in sent[3:]] == [("call_a", "sunny"), ("call_b", "rain")]
+    assert json.loads(sent[2]["tool_calls"][1]["function"]["arguments"]) == {
+        "city": "Bergen",
+        "units": "metric",
+    }
+    assert [(m["tool_call_id"], m["content"]) for m in sent[3:]] == [
+        ("call_a", "sunny"),
+        ("call_b", "rain"),
+    ]
 
 
-async def test_unanswered_tool_call_is_an_invalid_request(openai_provider: OpenAICompatProvider) -> None:
+async def test_unanswered_tool_call_is_an_invalid_request(
+    openai_provider: OpenAICompatProvider,
+) -> None:
     asked = Message("assistant", (ToolUseBlock("call_x", "weather", {"city": "Oslo"}),))
     with pytest.raises(InvalidRequestError) as caught:
-        await openai_provider.complete(request(Message.user("q"), asked, Message.user("never mind")))
+        await openai_provider.complete(
+            request(Message.user("q"), asked, Message.user("never mind"))
+        )
     assert "call_x" in caught.value.message
 
 
-async def test_malformed_arguments_are_kept_raw(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider) -> None:
+async def test_malformed_arguments_are_kept_raw(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
     openai_fake.enqueue(
-        Reply(tool_calls=(ToolCall("weather", raw_arguments="{'city': Oslo", id="c1"), ToolCall("weather", raw_arguments="[1]", id="c2")))
+        Reply(
+            tool_calls=(
+                ToolCall("weather", raw_arguments="{'city': Oslo", id="c1"),
+                ToolCall("weather", raw_arguments="[1]", id="c2"),
+            )
+        )
     )
     response = await openai_provider.complete(request(tools=(WEATHER,)))
     assert response.content == (
@@ -202,17 +272,40 @@ async def test_malformed_arguments_are_kept_raw(openai_fake: FakeOpenAI, openai_
     )
 
 
-async def test_tool_call_without_id_or_finish_reason(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider) -> None:
+async def test_tool_call_without_id_or_finish_reason(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
     # Some local servers send no call id and say "stop" after a tool call.
-    chunk = {"object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]}, "finish_reason": "stop"}]}
+    chunk = {
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "function": {"name": "weather", "arguments": '{"city":"Oslo"}'},
+                        }
+                    ]
+                },
+                "finish_reason": "stop",
+            }
+        ],
+    }
     openai_fake.enqueue(RawResponse(data_line(chunk) + b"data: [DONE]\n\n"))
     response = await openai_provider.complete(request(tools=(WEATHER,)))
     assert response.content == (ToolUseBlock("call_0", "weather", {"city": "Oslo"}),)
     assert response.stop_reason == STOP_TOOL_USE
 
 
-@pytest.mark.parametrize(("finish", "expected"), [("length", STOP_MAX_TOKENS), ("content_filter", STOP_REFUSAL)])
-async def test_finish_reasons(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, finish: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("finish", "expected"), [("length", STOP_MAX_TOKENS), ("content_filter", STOP_REFUSAL)]
+)
+async def test_finish_reasons(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, finish: str, expected: str
+) -> None:
     openai_fake.enqueue(Reply("cut", stop_reason=finish))
     response = await openai_provider.complete(request())
     assert response.stop_reason == expected
@@ -221,7 +314,9 @@ async def test_finish_reasons(openai_fake: FakeOpenAI, openai_provider: OpenAICo
 # -- usage ----------------------------------------------------------------------------------
 
 
-async def test_usage_subtracts_cached_tokens(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider) -> None:
+async def test_usage_subtracts_cached_tokens(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
     conversation = [Message.user("first question")]
     first = await openai_provider.complete(request(*conversation))
     first_prompt = prompt_tokens(openai_fake)
@@ -253,10 +348,17 @@ async def test_server_without_usage_gives_zeros() -> None:
 
 @pytest.mark.parametrize(
     ("step", "expected_after"),
-    [(rate_limited(retry_after=2), 2.0), (rate_limited(retry_after=2, retry_after_ms=25), 0.025), (rate_limited(), None)],
+    [
+        (rate_limited(retry_after=2), 2.0),
+        (rate_limited(retry_after=2, retry_after_ms=25), 0.025),
+        (rate_limited(), None),
+    ],
 )
 async def test_rate_limit_carries_retry_after(
-    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, step: HttpError, expected_after: float | None
+    openai_fake: FakeOpenAI,
+    openai_provider: OpenAICompatProvider,
+    step: HttpError,
+    expected_after: float | None,
 ) -> None:
     openai_fake.enqueue(step)
     with pytest.raises(RateLimitError) as caught:
@@ -270,8 +372,23 @@ async def test_rate_limit_carries_retry_after(
     [
         (server_error(), ServerError, 500),
         (overloaded(), OverloadedError, 503),
-        (HttpError(429, "insufficient_quota", "You exceeded your current quota", code="insufficient_quota"), InvalidRequestError, 429),
-        (HttpError(404, "invalid_request_error", "The model `x` does not exist", code="model_not_found"), InvalidRequestError, 404),
+        (
+            HttpError(
+                429,
+                "insufficient_quota",
+                "You exceeded your current quota",
+                code="insufficient_quota",
+            ),
+            InvalidRequestError,
+            429,
+        ),
+        (
+            HttpError(
+                404, "invalid_request_error", "The model `x` does not exist", code="model_not_found"
+            ),
+            InvalidRequestError,
+            404,
+        ),
         (RawResponse(b"upstream connect error", 502, "text/plain"), ServerError, 502),
     ],
 )
@@ -301,10 +418,17 @@ async def test_wrong_key_is_an_authentication_error(openai_fake: FakeOpenAI) -> 
 
 @pytest.mark.parametrize(
     ("error_type", "error_class"),
-    [("server_error", ServerError), ("overloaded_error", OverloadedError), ("invalid_request_error", InvalidRequestError)],
+    [
+        ("server_error", ServerError),
+        ("overloaded_error", OverloadedError),
+        ("invalid_request_error", InvalidRequestError),
+    ],
 )
 async def test_error_inside_a_stream_is_classified_by_type(
-    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, error_type: str, error_class: type[Exception]
+    openai_fake: FakeOpenAI,
+    openai_provider: OpenAICompatProvider,
+    error_type: str,
+    error_class: type[Exception],
 ) -> None:
     openai_fake.enqueue(StreamError(error_type, "failed mid-way", partial_text="Half"))
     sink = TextSink()
@@ -317,7 +441,9 @@ async def test_error_inside_a_stream_is_classified_by_type(
 
 @pytest.mark.parametrize("partial", [None, "Started"])
 async def test_hung_stream_times_out(openai_fake: FakeOpenAI, partial: str | None) -> None:
-    provider = OpenAICompatProvider(TEST_OPENAI_MODEL, TEST_KEY, base_url=openai_fake.base_url, timeout=0.3)
+    provider = OpenAICompatProvider(
+        TEST_OPENAI_MODEL, TEST_KEY, base_url=openai_fake.base_url, timeout=0.3
+    )
     openai_fake.enqueue(Hang(partial))
     try:
         with pytest.raises(ProviderTimeoutError):
@@ -328,7 +454,9 @@ async def test_hung_stream_times_out(openai_fake: FakeOpenAI, partial: str | Non
 
 
 async def test_connection_refused_is_a_connection_error() -> None:
-    provider = OpenAICompatProvider(TEST_OPENAI_MODEL, TEST_KEY, base_url=f"http://127.0.0.1:{free_port()}/v1")
+    provider = OpenAICompatProvider(
+        TEST_OPENAI_MODEL, TEST_KEY, base_url=f"http://127.0.0.1:{free_port()}/v1"
+    )
     try:
         with pytest.raises(ProviderConnectionError):
             await provider.complete(request())
@@ -345,7 +473,9 @@ async def test_connection_refused_is_a_connection_error() -> None:
         data_line({"object": "list", "data": []}),
     ],
 )
-async def test_unreadable_answers(openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, body: bytes) -> None:
+async def test_unreadable_answers(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, body: bytes
+) -> None:
     openai_fake.enqueue(RawResponse(body))
     with pytest.raises(MalformedResponseError):
         await openai_provider.complete(request())
