@@ -83,8 +83,8 @@ def _image_part(block: ImageBlock) -> dict[str, Any]:
 
 def _user_content(blocks: list[Block]) -> str | list[dict[str, Any]]:
     """Plain text as a string (what every compatible server reads), else content parts."""
-    if all(isinstance(b, TextBlock) for b in blocks) and len(blocks) == 1:
-        return blocks[0].text  # type: ignore[union-attr]
+    if len(blocks) == 1 and isinstance(blocks[0], TextBlock):
+        return blocks[0].text
     parts: list[dict[str, Any]] = []
     for block in blocks:
         if isinstance(block, TextBlock):

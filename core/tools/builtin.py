@@ -49,7 +49,10 @@ def resolve_in_workspace(workspace: Path, relative: str) -> Path:
     root = workspace.resolve()
     if not root.is_dir():
         raise ToolError("the workspace directory does not exist")
-    target = (root / candidate).resolve()
+    try:
+        target = (root / candidate).resolve()
+    except RuntimeError as exc:  # Python 3.11 reports a symlink loop this way
+        raise ToolError(f"{relative} is a symlink loop") from exc
     if not target.is_relative_to(root):
         raise ToolError(f"{relative} is outside the workspace; only workspace files can be read")
     return target
@@ -147,7 +150,10 @@ def _read_lines_unguarded(
     text = "".join(lines)
     if more:
         last = offset + len(lines) - 1
-        text += f"\n[lines {offset}-{last} shown; more follow: read on with offset={last + 1}]"
+        separator = "" if text.endswith("\n") else "\n"
+        text += (
+            f"{separator}[lines {offset}-{last} shown; more follow: read on with offset={last + 1}]"
+        )
     return text
 
 
@@ -192,7 +198,7 @@ def _entry(root: Path, path: Path) -> tuple[str, str] | None:
         if not resolved.is_relative_to(root):
             return None
         info = resolved.stat()
-    except OSError:
+    except (OSError, RuntimeError):  # gone, unreadable, or a symlink loop
         return None
     # Named as reached (a link keeps its own name), with any `..` collapsed.
     tidy = Path(os.path.normpath(path))

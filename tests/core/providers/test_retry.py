@@ -39,6 +39,7 @@ from tests.fakes.anthropic_api import FakeAnthropic, overloaded, rate_limited
 from tests.fakes.llm_common import Reply, StreamError
 
 REQUEST = ProviderRequest("m", "system", (Message.user("hi"),))
+REQUEST_FOR_FAKE = ProviderRequest(TEST_ANTHROPIC_MODEL, "system", (Message.user("hi"),))
 OK = ProviderResponse((TextBlock("done"),), "end_turn")
 POLICY = RetryConfig(
     max_attempts=4, base_delay_seconds=0.5, max_delay_seconds=1.5, max_retry_after_seconds=10
@@ -214,9 +215,6 @@ async def test_partial_text_then_retry_is_announced(
         anthropic_provider, REQUEST_FOR_FAKE, POLICY, on_text, sleep=Sleeps(), on_retry=on_retry
     )
     assert "".join(shown) == response.message.text == "Whole answer"
-
-
-REQUEST_FOR_FAKE = ProviderRequest(TEST_ANTHROPIC_MODEL, "system", (Message.user("hi"),))
 
 
 # -- classification ---------------------------------------------------------------------------

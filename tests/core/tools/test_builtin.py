@@ -140,7 +140,7 @@ async def test_offset_past_the_end_is_an_error(
 
 
 async def test_byte_budget_bounds_a_read(workspace: Path, context: ToolContext) -> None:
-    registry = default_registry(read_max_bytes=20)
+    registry = default_registry(read_max_bytes=21)  # "line N\n" is 7 bytes
 
     result = await call(registry, context, "read_file", path="lines.txt")
 
@@ -235,6 +235,21 @@ async def test_unreadable_file_reports_without_absolute_path(
     assert str(workspace) not in result.content
 
 
+async def test_symlink_loop_is_refused_without_absolute_path(
+    registry: ToolRegistry, context: ToolContext, workspace: Path
+) -> None:
+    (workspace / "loop").symlink_to(workspace / "loop")
+
+    read = await call(registry, context, "read_file", path="loop/x")
+    listing = await call(registry, context, "list_files")
+
+    assert read.is_error
+    assert "symlink loop" in read.content
+    assert str(workspace) not in read.content
+    assert not listing.is_error
+    assert "loop" not in listing.content
+
+
 async def test_missing_workspace_is_an_error(registry: ToolRegistry, tmp_path: Path) -> None:
     context = ToolContext(tmp_path / "nowhere", "s")
 
@@ -290,7 +305,7 @@ async def test_lists_the_root_with_types_and_sizes(
     assert set(names) == {"AGENTS.md", "blob.bin", "lines.txt", "link_in.md", "memory/"}
     lines = result.content.splitlines()
     assert any(line.split() == ["dir", "-", "memory/"] for line in lines)
-    assert any(line.split() == ["file", "18", "AGENTS.md"] for line in lines)
+    assert any(line.split() == ["file", "17", "AGENTS.md"] for line in lines)
 
 
 async def test_symlinks_leading_out_are_left_out_of_listings(
