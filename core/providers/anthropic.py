@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +177,8 @@ class _BlockState:
 
     def finish(self) -> Block | None:
         if self.kind == "text":
-            return TextBlock("".join(self.parts))
+            text = "".join(self.parts)
+            return TextBlock(text) if text else None
         if self.kind == "tool_use":
             raw = "".join(self.parts)
             tool_input = parse_tool_input(raw) if raw else dict(self.initial_input or {})
@@ -256,6 +257,18 @@ def translate_error(exc: BaseException) -> ProviderError:
     )
 
 
+def _fold(apply: Callable[[_Assembler, Any], str], state: _Assembler, event: Any) -> str:
+    """Apply one event; an event whose fields have the wrong types is a malformed answer."""
+    try:
+        return apply(state, event)
+    except ProviderError:
+        raise
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise MalformedResponseError(
+            f"unreadable stream event: {exc}", provider=PROVIDER_NAME
+        ) from exc
+
+
 class AnthropicProvider:
     """``Provider`` for the Anthropic Messages API."""
 
@@ -310,7 +323,7 @@ class AnthropicProvider:
                     break
                 except Exception as exc:
                     raise translate_error(exc) from exc
-                text = self._apply(state, event)
+                text = _fold(self._apply, state, event)
                 if text and on_text is not None:
                     await on_text(text)
         if not state.started:

@@ -29,6 +29,7 @@ Translation of our messages:
   before) are rendered as plain text, so the model still sees what happened.
 - ``tool_result`` messages become ``user`` text; consecutive messages of one role
   are merged; images become ``[image]``; empty messages are dropped.
+- ``request.model`` is ignored (one file is loaded); responses name that file.
 - The request's ``max_tokens`` is capped by ``LocalModelConfig.max_output_tokens``
   and its ``temperature`` (when set) wins over the configured one.
 
@@ -317,7 +318,7 @@ class LocalProvider:
         def run() -> None:
             try:
                 server.handle_chat_completions(payload, on_chunk)
-            except BaseException as exc:  # handed to the loop, which re-raises it
+            except Exception as exc:  # handed to the loop, which raises it typed
                 loop.call_soon_threadsafe(chunks.put_nowait, exc)
             finally:
                 loop.call_soon_threadsafe(chunks.put_nowait, _DONE)
@@ -326,8 +327,8 @@ class LocalProvider:
         stream = _Stream()
         try:
             while (chunk := await chunks.get()) is not _DONE:
-                if isinstance(chunk, BaseException):
-                    raise MalformedResponseError(
+                if isinstance(chunk, Exception):
+                    raise ProviderError(
                         f"the local model failed: {chunk}", provider=PROVIDER_NAME
                     ) from chunk
                 delta = self._absorb(stream, chunk)

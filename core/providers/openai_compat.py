@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +245,31 @@ def _is_openai_itself(base_url: str | None) -> bool:
     return base_url is None or "api.openai.com" in base_url
 
 
+def _fold(apply: Callable[[_Assembler, Any], str], state: _Assembler, chunk: Any) -> str:
+    """Apply one chunk; a chunk whose fields have the wrong types is a malformed answer."""
+    try:
+        return apply(state, chunk)
+    except ProviderError:
+        raise
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise MalformedResponseError(
+            f"unreadable stream chunk: {exc}", provider=PROVIDER_NAME
+        ) from exc
+
+
+def _call_slot(state: _Assembler, call: Any) -> _CallState:
+    """The call a tool-call delta belongs to: by ``index``, or, for servers that send
+    none, the latest call unless the delta brings a new id."""
+    index = getattr(call, "index", None)
+    if index is None:
+        index = max(state.calls) if state.calls else 0
+        current = state.calls.get(index)
+        call_id = getattr(call, "id", None)
+        if current is not None and call_id and current.id and current.id != call_id:
+            index += 1
+    return state.calls.setdefault(int(index), _CallState())
+
+
 class OpenAICompatProvider:
     """``Provider`` for OpenAI and OpenAI-compatible chat completions servers."""
 
@@ -311,22 +336,22 @@ class OpenAICompatProvider:
                     break
                 except Exception as exc:
                     raise translate_error(exc) from exc
-                text = self._apply(state, chunk)
+                text = _fold(self._apply, state, chunk)
                 if text and on_text is not None:
                     await on_text(text)
         if state.chunks == 0:
             raise MalformedResponseError(
                 "the answer was not a completion stream", provider=self.name
             )
+        if state.finish_reason is None:
+            raise ProviderConnectionError(
+                "the stream ended before a finish_reason", provider=self.name
+            )
         return state.response()
 
     @staticmethod
     def _apply(state: _Assembler, chunk: Any) -> str:
         """Fold one chunk into ``state``; return the text delta it carried, if any."""
-        if getattr(chunk, "object", None) not in (None, "chat.completion.chunk"):
-            raise MalformedResponseError(
-                f"unexpected object in stream: {chunk.object!r}", provider=PROVIDER_NAME
-            )
         choices = getattr(chunk, "choices", None)
         if not isinstance(choices, list):
             raise MalformedResponseError("a stream chunk without choices", provider=PROVIDER_NAME)
@@ -345,7 +370,7 @@ class OpenAICompatProvider:
                 state.text.append(piece)
                 text += piece
             for call in getattr(delta, "tool_calls", None) or ():
-                slot = state.calls.setdefault(int(getattr(call, "index", 0) or 0), _CallState())
+                slot = _call_slot(state, call)
                 if getattr(call, "id", None) and not slot.id:
                     slot.id = str(call.id)
                 function = getattr(call, "function", None)

@@ -54,13 +54,12 @@ def resolve_in_workspace(workspace: Path, relative: str) -> Path:
     except RuntimeError as exc:  # Python 3.11 reports a symlink loop this way
         raise ToolError(f"{relative} is a symlink loop") from exc
     if not target.is_relative_to(root):
-        raise ToolError(f"{relative} is outside the workspace; only workspace files can be read")
+        raise ToolError(f"{relative} is outside the workspace; only the workspace is accessible")
     return target
 
 
 def _display(root: Path, path: Path) -> str:
-    relative = path.relative_to(root).as_posix()
-    return relative if relative != "." else "."
+    return path.relative_to(root).as_posix()
 
 
 # -- current_time ------------------------------------------------------------------------
@@ -146,7 +145,7 @@ def _read_lines_unguarded(
     if not lines:
         if offset > 1:
             raise ToolError(f"{relative} has fewer than {offset} lines")
-        return ""
+        return "[empty file]"
     text = "".join(lines)
     if more:
         last = offset + len(lines) - 1

@@ -130,6 +130,16 @@ async def test_reading_to_the_end_adds_no_note(
     assert result.content == "line 9\nline 10\n"
 
 
+async def test_empty_file_says_so(
+    registry: ToolRegistry, context: ToolContext, workspace: Path
+) -> None:
+    (workspace / "empty.md").write_text("")
+
+    result = await call(registry, context, "read_file", path="empty.md")
+
+    assert result == ToolResultBlock("id", "[empty file]")
+
+
 async def test_offset_past_the_end_is_an_error(
     registry: ToolRegistry, context: ToolContext
 ) -> None:
