@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from core.config import AgentConfig, RetryConfig
-from core.errors import ProviderError
+from core.errors import ContextOverflowError, ProviderError
 from core.history import build_history
 from core.messages import Message, TextBlock, ToolResultBlock, Usage
 from core.prompt import SystemPromptBuilder
-from core.providers.base import Provider, ProviderRequest, TextCallback
+from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
 from core.providers.retry import call_with_retry
 from core.tools.registry import ToolContext, ToolRegistry
 from core.transcript import Entry, Transcript
@@ -144,6 +144,15 @@ class Runner:
             )
             if response.message.text:
                 reply_parts.append(response.message.text)
+            if stop_reason == STOP_OVERFLOW:
+                # The window filled up mid-answer: keep what was said, run no half-formed
+                # tool call. With nothing said, the user is told (with /new as a way out).
+                if not reply_parts:
+                    raise ContextOverflowError(
+                        "the model's context window filled up before it could answer",
+                        provider=self.provider.name,
+                    )
+                break
             uses = response.message.tool_uses
             if not uses or limit_reached:
                 break

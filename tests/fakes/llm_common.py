@@ -182,6 +182,7 @@ class FakeLLMServer:
         self.requests: list[RecordedRequest] = []
         self.script: deque[Step] = deque()
         self.hangs_started = 0
+        self.hang_started = asyncio.Event()  # for tests that act while a request hangs
         self._release = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -256,6 +257,7 @@ class FakeLLMServer:
 
     async def wait_released(self) -> None:
         self.hangs_started += 1
+        self.hang_started.set()
         await self._release.wait()
 
     async def hang_response(self, request: web.Request) -> web.StreamResponse:

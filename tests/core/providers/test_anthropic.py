@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -416,6 +417,22 @@ async def test_hung_stream_times_out(anthropic_fake: FakeAnthropic, partial: str
     assert "".join(sink.deltas) == (partial or "")
 
 
+async def test_stopping_the_fake_releases_a_hung_request() -> None:
+    fake = FakeAnthropic(api_key=TEST_KEY)
+    await fake.start()
+    provider = AnthropicProvider(TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=fake.base_url)
+    fake.enqueue(Hang("waiting"))
+    try:
+        call = asyncio.create_task(provider.complete(request()))
+        async with asyncio.timeout(5):
+            await fake.hang_started.wait()
+            await fake.stop()
+            with pytest.raises(ProviderConnectionError):
+                await call  # the stream ended without message_stop
+    finally:
+        await provider.aclose()
+
+
 async def test_connection_refused_is_a_connection_error() -> None:
     provider = AnthropicProvider(
         TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=f"http://127.0.0.1:{free_port()}"
@@ -428,40 +445,28 @@ async def test_connection_refused_is_a_connection_error() -> None:
     assert caught.value.retryable
 
 
+START = sse(
+    "message_start",
+    {"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 1}}},
+)
+
+
+def text_delta(index: object) -> bytes:
+    delta = {"type": "text_delta", "text": "x"}
+    return sse(
+        "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "error_class"),
     [
         (b"<html>not an event stream</html>", MalformedResponseError),
         (b"event: message_start\ndata: {not json\n\n", MalformedResponseError),
-        (
-            sse(
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {"model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}},
-                },
-            )
-            + sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 3,
-                    "delta": {"type": "text_delta", "text": "x"},
-                },
-            ),
-            MalformedResponseError,
-        ),
-        (
-            # Cut off before message_stop: the connection, not the content, failed.
-            sse(
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {"model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}},
-                },
-            ),
-            ProviderConnectionError,
-        ),
+        (START + text_delta(3), MalformedResponseError),  # a block never started
+        (START + text_delta("first"), MalformedResponseError),  # a field of the wrong type
+        # Cut off before message_stop: the connection, not the content, failed.
+        (START, ProviderConnectionError),
     ],
 )
 async def test_unreadable_answers(

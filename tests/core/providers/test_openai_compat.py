@@ -272,32 +272,52 @@ async def test_malformed_arguments_are_kept_raw(
     )
 
 
-async def test_tool_call_without_id_or_finish_reason(
+def chunk(delta: dict, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return data_line({"object": "chat.completion.chunk", "model": "m", "choices": [choice]})
+
+
+def call_delta(arguments: str, **fields: object) -> dict:
+    return {"tool_calls": [{**fields, "function": {"name": "weather", "arguments": arguments}}]}
+
+
+async def test_tool_call_without_id_then_stop(
     openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
 ) -> None:
     # Some local servers send no call id and say "stop" after a tool call.
-    chunk = {
-        "object": "chat.completion.chunk",
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "delta": {
-                    "tool_calls": [
-                        {
-                            "index": 0,
-                            "function": {"name": "weather", "arguments": '{"city":"Oslo"}'},
-                        }
-                    ]
-                },
-                "finish_reason": "stop",
-            }
-        ],
-    }
-    openai_fake.enqueue(RawResponse(data_line(chunk) + b"data: [DONE]\n\n"))
+    body = chunk(call_delta('{"city":"Oslo"}', index=0), "stop") + b"data: [DONE]\n\n"
+    openai_fake.enqueue(RawResponse(body))
     response = await openai_provider.complete(request(tools=(WEATHER,)))
     assert response.content == (ToolUseBlock("call_0", "weather", {"city": "Oslo"}),)
     assert response.stop_reason == STOP_TOOL_USE
+
+
+async def test_tool_calls_without_index_are_told_apart_by_id(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
+    body = (
+        chunk(call_delta('{"city":', id="a"))
+        + chunk({"tool_calls": [{"function": {"arguments": '"Oslo"}'}}]})
+        + chunk(call_delta('{"city":"Bergen"}', id="b"), "tool_calls")
+        + b"data: [DONE]\n\n"
+    )
+    openai_fake.enqueue(RawResponse(body))
+    response = await openai_provider.complete(request(tools=(WEATHER,)))
+    assert response.content == (
+        ToolUseBlock("a", "weather", {"city": "Oslo"}),
+        ToolUseBlock("b", "weather", {"city": "Bergen"}),
+    )
+
+
+async def test_stream_cut_before_finish_is_a_connection_error(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
+    openai_fake.enqueue(RawResponse(chunk({"content": "Hel"})))
+    sink = TextSink()
+    with pytest.raises(ProviderConnectionError) as caught:
+        await openai_provider.complete(request(), sink)
+    assert caught.value.retryable
+    assert sink.deltas == ["Hel"]
 
 
 @pytest.mark.parametrize(
