@@ -23,8 +23,8 @@ How it runs:
 
 Translation of our messages:
 
-- Tools are never offered: a 135M model cannot call them reliably, and the chat
-  template has no tool syntax. ``request.tools`` is ignored. Tool calls and tool
+- Tools are never offered: a 135M model cannot call them reliably, so
+  ``request.tools`` is ignored (``supports_tools = False`` tells the runner). Tool calls and tool
   results already in the history (say, from a session that used a real provider
   before) are rendered as plain text, so the model still sees what happened.
 - ``tool_result`` messages become ``user`` text; consecutive messages of one role

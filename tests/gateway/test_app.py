@@ -268,3 +268,25 @@ async def test_reply_written_before_a_crash_is_delivered_without_a_model_call(
         await gateway.wait_idle()
         assert [m.text for m in channel2.sent] == ["already answered"]
         assert provider2.requests == []
+
+
+async def test_thousand_messages_over_fifty_sessions(tmp_path: Path, clock: Clock) -> None:
+    channel = RecordingChannel()
+    provider = ScriptedProvider()
+    config = make_config(tmp_path, PARLEY_LANES__QUEUE_CAP="1000")
+    async with Gateway(config, channels=[channel], provider=provider, clock=clock) as gateway:
+        messages = [
+            channel.inbound(f"{s}:{i}", sender=f"user{s}", message_id=f"{s}-{i}")
+            for i in range(20)
+            for s in range(50)
+        ]
+        await asyncio.gather(*(gateway.handle_inbound(m) for m in messages))
+        await gateway.wait_idle()
+        await channel.wait_sent(1000)
+        by_chat: dict[str, list[str]] = {}
+        for out in channel.sent:
+            by_chat.setdefault(out.chat_id, []).append(out.text)
+        assert len(channel.sent) == 1000
+        for s in range(50):
+            assert by_chat[f"user{s}"] == [f"echo: {s}:{i}" for i in range(20)]
+        assert await gateway.inbox.counts() == {"delivered": 1000}
