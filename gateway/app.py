@@ -139,6 +139,9 @@ class Gateway:
         if self._provider is None:
             self._provider, banner = build_provider(self.config.providers)
             self.banner = self.banner or banner
+        warm_up = getattr(self._provider, "start", None)
+        if warm_up is not None:  # the local model loads here, not on the first message
+            await warm_up()
         agent = self.config.agent
         tools = default_registry(agent.tool_result_max_chars)
         offer_tools = getattr(self._provider, "supports_tools", True)

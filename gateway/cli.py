@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC
 from pathlib import Path
 
+from core.errors import CoreError
 from gateway.config import LoadedConfig, effective_config_toml, load_config
 from gateway.errors import ConfigFileError, GatewayError
 
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_sessions(loaded, args))
         if command == "doctor":
             return asyncio.run(_doctor(loaded))
-    except GatewayError as exc:
+    except (GatewayError, CoreError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return EXIT_PROBLEM
     except KeyboardInterrupt:
