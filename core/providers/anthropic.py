@@ -25,9 +25,6 @@ Tool input that is not a JSON object (a truncated stream, a model slip) is kept 
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +59,15 @@ from core.providers.base import (
     TextCallback,
 )
 from core.providers.retry import classify_status_error
+from core.providers.streaming import (
+    StreamingProvider,
+    drive_stream,
+    error_body,
+    parse_json_object,
+)
 
 PROVIDER_NAME = "anthropic"
-DEFAULT_TIMEOUT_SECONDS = 120.0
 IMAGE_PLACEHOLDER = "[image]"
-RAW_INPUT_KEY = "_raw"
 
 _CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
 _STOP_REASONS: dict[str, str] = {
@@ -157,16 +158,6 @@ def build_params(request: ProviderRequest) -> dict[str, Any]:
     return params
 
 
-def parse_tool_input(raw: str) -> dict[str, Any]:
-    if not raw.strip():
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return {RAW_INPUT_KEY: raw}
-    return parsed if isinstance(parsed, dict) else {RAW_INPUT_KEY: raw}
-
-
 @dataclass(slots=True)
 class _BlockState:
     kind: str
@@ -181,7 +172,7 @@ class _BlockState:
             return TextBlock(text) if text else None
         if self.kind == "tool_use":
             raw = "".join(self.parts)
-            tool_input = parse_tool_input(raw) if raw else dict(self.initial_input or {})
+            tool_input = parse_json_object(raw) if raw else dict(self.initial_input or {})
             return ToolUseBlock(self.tool_id, self.tool_name, tool_input)
         return None  # thinking and server-tool blocks are not part of our vocabulary
 
@@ -221,13 +212,6 @@ class _Assembler:
         return ProviderResponse(content, _STOP_REASONS.get(reason, reason), usage, self.model)
 
 
-def _error_body(body: object) -> Mapping[str, Any] | None:
-    if isinstance(body, Mapping):
-        inner = body.get("error")
-        return inner if isinstance(inner, Mapping) else body
-    return None
-
-
 def translate_error(exc: BaseException) -> ProviderError:
     """Any failure from the SDK or its HTTP stack, as one of our typed errors."""
     if isinstance(exc, ProviderError):
@@ -237,7 +221,7 @@ def translate_error(exc: BaseException) -> ProviderError:
     if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
         return ProviderConnectionError(str(exc) or type(exc).__name__, provider=PROVIDER_NAME)
     if isinstance(exc, anthropic.APIStatusError):
-        body = _error_body(exc.body)
+        body = error_body(exc.body)
         message = exc.api_message or (str(body.get("message", "")) if body else "") or str(exc)
         return classify_status_error(
             provider=PROVIDER_NAME,
@@ -257,33 +241,15 @@ def translate_error(exc: BaseException) -> ProviderError:
     )
 
 
-def _fold(apply: Callable[[_Assembler, Any], str], state: _Assembler, event: Any) -> str:
-    """Apply one event; an event whose fields have the wrong types is a malformed answer."""
-    try:
-        return apply(state, event)
-    except ProviderError:
-        raise
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise MalformedResponseError(
-            f"unreadable stream event: {exc}", provider=PROVIDER_NAME
-        ) from exc
-
-
-class AnthropicProvider:
+class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
     """``Provider`` for the Anthropic Messages API."""
 
     name = PROVIDER_NAME
 
-    def __init__(
-        self,
-        model: str,
-        api_key: str,
-        base_url: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-    ) -> None:
-        self.model = model
-        self.timeout = timeout
-        self._client = anthropic.AsyncAnthropic(
+    def _open_client(
+        self, api_key: str, base_url: str | None, timeout: float
+    ) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(
             api_key=api_key,
             base_url=base_url,
             max_retries=0,
@@ -291,41 +257,20 @@ class AnthropicProvider:
             open_telemetry=False,
         )
 
-    async def complete(
-        self, request: ProviderRequest, on_text: TextCallback | None = None
-    ) -> ProviderResponse:
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await self._stream(request, on_text)
-        except TimeoutError as exc:
-            raise ProviderTimeoutError(
-                f"no complete answer within {self.timeout:g} s", provider=PROVIDER_NAME
-            ) from exc
-
     async def _stream(
         self, request: ProviderRequest, on_text: TextCallback | None
     ) -> ProviderResponse:
         params = build_params(request)
         params["model"] = request.model or self.model
-        try:
-            stream = await self._client.messages.create(**params, stream=True)
-        except Exception as exc:
-            raise translate_error(exc) from exc
-        state = _Assembler()
-        async with stream:
-            events = stream.__aiter__()
-            while True:
-                # Only the SDK's side is translated: an exception from on_text is the
-                # caller's own and passes through untouched.
-                try:
-                    event = await anext(events)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise translate_error(exc) from exc
-                text = _fold(self._apply, state, event)
-                if text and on_text is not None:
-                    await on_text(text)
+        state = await drive_stream(
+            lambda: self._client.messages.create(**params, stream=True),
+            _Assembler(),
+            self._apply,
+            translate_error,
+            on_text,
+            provider=PROVIDER_NAME,
+            unit="event",
+        )
         if not state.started:
             raise MalformedResponseError("the answer was not a message stream", provider=self.name)
         if not state.stopped:
@@ -378,6 +323,3 @@ class AnthropicProvider:
         elif kind == "message_stop":
             state.stopped = True
         return ""
-
-    async def aclose(self) -> None:
-        await self._client.close()

@@ -23,9 +23,7 @@ writes is ``input``; servers that send no usage give zeros.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +56,15 @@ from core.providers.base import (
     TextCallback,
 )
 from core.providers.retry import classify_status_error
+from core.providers.streaming import (
+    StreamingProvider,
+    drive_stream,
+    error_body,
+    parse_json_object,
+)
 
 PROVIDER_NAME = "openai"
-DEFAULT_TIMEOUT_SECONDS = 120.0
 IMAGE_PLACEHOLDER = "[image]"
-RAW_INPUT_KEY = "_raw"
 ERROR_RESULT_PREFIX = "[error] "
 
 _FINISH_REASONS: dict[str, str] = {
@@ -149,16 +151,6 @@ def to_wire_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def parse_arguments(raw: str) -> dict[str, Any]:
-    if not raw.strip():
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return {RAW_INPUT_KEY: raw}
-    return parsed if isinstance(parsed, dict) else {RAW_INPUT_KEY: raw}
-
-
 @dataclass(slots=True)
 class _CallState:
     id: str = ""
@@ -196,20 +188,13 @@ class _Assembler:
         for index, call in sorted(self.calls.items()):
             call_id = call.id or f"call_{index}"  # some local servers send no id
             content.append(
-                ToolUseBlock(call_id, call.name, parse_arguments("".join(call.arguments)))
+                ToolUseBlock(call_id, call.name, parse_json_object("".join(call.arguments)))
             )
         reason = self.finish_reason or STOP_END
         stop = _FINISH_REASONS.get(reason, reason)
         if self.calls and stop == STOP_END:
             stop = STOP_TOOL_USE  # Ollama and others say "stop" after a tool call
         return ProviderResponse(tuple(content), stop, self.usage, self.model)
-
-
-def _error_body(body: object) -> Mapping[str, Any] | None:
-    if isinstance(body, Mapping):
-        inner = body.get("error")
-        return inner if isinstance(inner, Mapping) else body
-    return None
 
 
 def translate_error(exc: BaseException) -> ProviderError:
@@ -222,7 +207,7 @@ def translate_error(exc: BaseException) -> ProviderError:
         return ProviderConnectionError(str(exc) or type(exc).__name__, provider=PROVIDER_NAME)
     if isinstance(exc, openai.APIError) and not isinstance(exc, openai.APIResponseValidationError):
         # A status error, or an error object inside a 200 stream (status None).
-        body = _error_body(exc.body)
+        body = error_body(exc.body)
         message = str(body.get("message") or "") if body else ""
         status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
         headers = exc.response.headers if isinstance(exc, openai.APIStatusError) else None
@@ -245,18 +230,6 @@ def _is_openai_itself(base_url: str | None) -> bool:
     return base_url is None or "api.openai.com" in base_url
 
 
-def _fold(apply: Callable[[_Assembler, Any], str], state: _Assembler, chunk: Any) -> str:
-    """Apply one chunk; a chunk whose fields have the wrong types is a malformed answer."""
-    try:
-        return apply(state, chunk)
-    except ProviderError:
-        raise
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise MalformedResponseError(
-            f"unreadable stream chunk: {exc}", provider=PROVIDER_NAME
-        ) from exc
-
-
 def _call_slot(state: _Assembler, call: Any) -> _CallState:
     """The call a tool-call delta belongs to: by ``index``, or, for servers that send
     none, the latest call unless the delta brings a new id."""
@@ -270,26 +243,21 @@ def _call_slot(state: _Assembler, call: Any) -> _CallState:
     return state.calls.setdefault(int(index), _CallState())
 
 
-class OpenAICompatProvider:
+class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
     """``Provider`` for OpenAI and OpenAI-compatible chat completions servers."""
 
     name = PROVIDER_NAME
 
-    def __init__(
-        self,
-        model: str,
-        api_key: str,
-        base_url: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-    ) -> None:
-        self.model = model
-        self.timeout = timeout
-        self._max_tokens_key = (
-            "max_completion_tokens" if _is_openai_itself(base_url) else "max_tokens"
-        )
-        self._client = openai.AsyncOpenAI(
+    def _open_client(
+        self, api_key: str, base_url: str | None, timeout: float
+    ) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
         )
+
+    @property
+    def _max_tokens_key(self) -> str:
+        return "max_completion_tokens" if _is_openai_itself(self.base_url) else "max_tokens"
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -304,41 +272,20 @@ class OpenAICompatProvider:
             params["temperature"] = request.temperature
         return params
 
-    async def complete(
-        self, request: ProviderRequest, on_text: TextCallback | None = None
-    ) -> ProviderResponse:
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await self._stream(request, on_text)
-        except TimeoutError as exc:
-            raise ProviderTimeoutError(
-                f"no complete answer within {self.timeout:g} s", provider=PROVIDER_NAME
-            ) from exc
-
     async def _stream(
         self, request: ProviderRequest, on_text: TextCallback | None
     ) -> ProviderResponse:
-        try:
-            stream = await self._client.chat.completions.create(
-                **self.build_params(request), stream=True
-            )
-        except Exception as exc:
-            raise translate_error(exc) from exc
-        state = _Assembler()
-        async with stream:
-            chunks = stream.__aiter__()
-            while True:
-                # Only the SDK's side is translated: an exception from on_text is the
-                # caller's own and passes through untouched.
-                try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise translate_error(exc) from exc
-                text = _fold(self._apply, state, chunk)
-                if text and on_text is not None:
-                    await on_text(text)
+        # The parameters are built inside the translated call, so tool input that
+        # json.dumps cannot serialise still ends as a ProviderError, not a TypeError.
+        state = await drive_stream(
+            lambda: self._client.chat.completions.create(**self.build_params(request), stream=True),
+            _Assembler(),
+            self._apply,
+            translate_error,
+            on_text,
+            provider=PROVIDER_NAME,
+            unit="chunk",
+        )
         if state.chunks == 0:
             raise MalformedResponseError(
                 "the answer was not a completion stream", provider=self.name
@@ -382,6 +329,3 @@ class OpenAICompatProvider:
             if reason:
                 state.finish_reason = str(reason)
         return text
-
-    async def aclose(self) -> None:
-        await self._client.close()
