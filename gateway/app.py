@@ -93,7 +93,7 @@ class Gateway:
         self.channels = {c.name: c for c in channels}
         self.banner = banner
         self.clock = clock
-        self.zone: ZoneInfo = resolve_timezone(self.config.session.timezone)
+        self.zone = ZoneInfo("UTC")  # the configured zone, resolved in start() (reads files)
         self._provider = provider
         self._owns_provider = provider is None
         self.db = Database(loaded.state_db, fsync=self.config.storage.fsync)
@@ -132,6 +132,7 @@ class Gateway:
             raise
 
     async def _start(self) -> None:
+        self.zone = await asyncio.to_thread(resolve_timezone, self.config.session.timezone)
         workspace = self.loaded.workspace
         await asyncio.to_thread(ensure_workspace, workspace)
         await asyncio.to_thread(self.loaded.sessions_dir.mkdir, parents=True, exist_ok=True)
