@@ -422,8 +422,6 @@ class Gateway:
         first, last = items[0], items[-1]
         message = last.message
         ids = [i.inbox_id for i in items]
-        for item_id in ids:
-            await self.inbox.attach_session(item_id, record.session_id)
         resume = False
         if first.recovered is not None:
             done, reply = _recovered_progress(transcript, first.inbox_id)
@@ -485,11 +483,9 @@ class Gateway:
         final_status: str = "delivered",
     ) -> None:
         session_id = record.session_id if record else None
-        for item_id in ids:
-            await self.inbox.mark_replied(item_id, session_id, [text])
+        await self.inbox.mark_replied(ids, session_id, [text])
         if text.strip() == SILENT_REPLY:
-            for item_id in ids:
-                await self.inbox.mark_delivered(item_id)
+            await self.inbox.mark_delivered(ids)
             return
         channel = self.channels.get(message.channel)
         if channel is None:
@@ -524,15 +520,12 @@ class Gateway:
             "thread_id": outbound.thread_id,
         }
         if result is None:
-            for item_id in ids:
-                await self.inbox.mark_failed(item_id, error or "delivery failed")
+            await self.inbox.mark_failed(ids, error or "delivery failed")
             log.warning("delivery to %s failed: %s", route, error)
+        elif final_status == "rejected":
+            await self.inbox.mark_rejected(ids, "queue full")
         else:
-            for item_id in ids:
-                if final_status == "rejected":
-                    await self.inbox.mark_rejected(item_id, "queue full")
-                else:
-                    await self.inbox.mark_delivered(item_id)
+            await self.inbox.mark_delivered(ids)
         if record is None:
             return
         delivery = {
@@ -545,9 +538,12 @@ class Gateway:
         }
         transcript = await self.transcript(record)
         await asyncio.to_thread(transcript.append_custom, "delivery", delivery)
-        await self.registry.record_delivery(record.session_id, route, error)
-        await self.registry.record_entries(
-            record.session_id, transcript.entry_count, _last_id(transcript)
+        await self.registry.record_delivery(
+            record.session_id,
+            route,
+            error,
+            entry_count=transcript.entry_count,
+            last_entry_id=_last_id(transcript),
         )
 
 

@@ -11,10 +11,15 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from core.errors import CoreError
+from core.errors import CoreError, TranscriptError
 from gateway.config import LoadedConfig, effective_config_toml, load_config
 from gateway.errors import ConfigFileError, GatewayError
+
+if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
+    from core.transcript import Entry
+    from gateway.registry import SessionRecord
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -190,12 +195,9 @@ async def _sessions(loaded: LoadedConfig, args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-def _sessions_table(records: Sequence[object]) -> str:
-    from gateway.registry import SessionRecord
-
+def _sessions_table(records: Sequence[SessionRecord]) -> str:
     rows = [("KEY", "CHANNEL", "UPDATED", "TOKENS", "STATUS", "ID")]
     for r in records:
-        assert isinstance(r, SessionRecord)
         status = r.status if r.status == "active" else f"archived ({r.archived_reason})"
         rows.append(
             (
@@ -215,12 +217,9 @@ def _sessions_table(records: Sequence[object]) -> str:
     )
 
 
-def _describe_session(loaded: LoadedConfig, record: object, entries: int) -> str:
-    from core.errors import TranscriptError
+def _describe_session(loaded: LoadedConfig, record: SessionRecord, entries: int) -> str:
     from core.transcript import Transcript
-    from gateway.registry import SessionRecord
 
-    assert isinstance(record, SessionRecord)
     u = record.usage
     lines = [
         f"key:          {record.key}",
@@ -258,10 +257,7 @@ def _describe_session(loaded: LoadedConfig, record: object, entries: int) -> str
     return "\n".join(lines)
 
 
-def _entry_line(entry: object) -> str:
-    from core.transcript import Entry
-
-    assert isinstance(entry, Entry)
+def _entry_line(entry: Entry) -> str:
     if entry.type == "message":
         message = entry.message
         text = message.text.replace("\n", " ")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -62,20 +63,21 @@ class Inbox:
     async def get(self, item_id: int) -> InboxItem | None:
         return await self._db.run(self._get_sync, item_id)
 
-    async def mark_replied(self, item_id: int, session_id: str | None, reply: list[str]) -> None:
-        await self._db.run(self._set_sync, item_id, "replied", session_id, json.dumps(reply), None)
+    # Each status change takes every id of a folded turn at once: one round trip.
 
-    async def mark_delivered(self, item_id: int) -> None:
-        await self._db.run(self._set_sync, item_id, "delivered", None, None, None)
+    async def mark_replied(
+        self, item_ids: Sequence[int], session_id: str | None, reply: list[str]
+    ) -> None:
+        await self._db.run(self._set_sync, item_ids, "replied", session_id, json.dumps(reply), None)
 
-    async def mark_failed(self, item_id: int, error: str) -> None:
-        await self._db.run(self._set_sync, item_id, "failed", None, None, error)
+    async def mark_delivered(self, item_ids: Sequence[int]) -> None:
+        await self._db.run(self._set_sync, item_ids, "delivered", None, None, None)
 
-    async def mark_rejected(self, item_id: int, reason: str) -> None:
-        await self._db.run(self._set_sync, item_id, "rejected", None, None, reason)
+    async def mark_failed(self, item_ids: Sequence[int], error: str) -> None:
+        await self._db.run(self._set_sync, item_ids, "failed", None, None, error)
 
-    async def attach_session(self, item_id: int, session_id: str) -> None:
-        await self._db.run(self._attach_sync, item_id, session_id)
+    async def mark_rejected(self, item_ids: Sequence[int], reason: str) -> None:
+        await self._db.run(self._set_sync, item_ids, "rejected", None, None, reason)
 
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(self._open_sync, limit)
@@ -116,21 +118,26 @@ class Inbox:
 
     def _set_sync(
         self,
-        item_id: int,
+        item_ids: Sequence[int],
         status: str,
         session_id: str | None,
         reply: str | None,
         error: str | None,
     ) -> None:
-        self._db.conn.execute(
-            "UPDATE inbox SET status = ?, session_id = COALESCE(?, session_id),"
-            " reply = COALESCE(?, reply), error = COALESCE(?, error), updated_at = ?"
-            " WHERE id = ?",
-            (status, session_id, reply, error, datetime.now(UTC).isoformat(), item_id),
-        )
-
-    def _attach_sync(self, item_id: int, session_id: str) -> None:
-        self._db.conn.execute("UPDATE inbox SET session_id = ? WHERE id = ?", (session_id, item_id))
+        now = datetime.now(UTC).isoformat()
+        conn = self._db.conn
+        conn.execute("BEGIN")  # the connection autocommits: make the batch one transaction
+        try:
+            conn.executemany(
+                "UPDATE inbox SET status = ?, session_id = COALESCE(?, session_id),"
+                " reply = COALESCE(?, reply), error = COALESCE(?, error), updated_at = ?"
+                " WHERE id = ?",
+                [(status, session_id, reply, error, now, item_id) for item_id in item_ids],
+            )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def _open_sync(self, limit: int) -> list[InboxItem]:
         rows = self._db.conn.execute(

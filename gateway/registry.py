@@ -173,9 +173,23 @@ class SessionRegistry:
         await self._db.run(self._record_entries_sync, session_id, entry_count, last_entry_id)
 
     async def record_delivery(
-        self, session_id: str, route: dict[str, Any], error: str | None = None
+        self,
+        session_id: str,
+        route: dict[str, Any],
+        error: str | None,
+        *,
+        entry_count: int,
+        last_entry_id: str | None,
     ) -> None:
-        await self._db.run(self._record_delivery_sync, session_id, json.dumps(route), error)
+        """The delivery result and the transcript's new tail, in one write."""
+        await self._db.run(
+            self._record_delivery_sync,
+            session_id,
+            json.dumps(route),
+            error,
+            entry_count,
+            last_entry_id,
+        )
 
     async def update_settings(self, session_id: str, settings: dict[str, Any]) -> None:
         await self._db.run(self._update_settings_sync, session_id, json.dumps(settings))
@@ -301,10 +315,18 @@ class SessionRegistry:
             (entry_count, last_entry_id, session_id),
         )
 
-    def _record_delivery_sync(self, session_id: str, route: str, error: str | None) -> None:
+    def _record_delivery_sync(
+        self,
+        session_id: str,
+        route: str,
+        error: str | None,
+        entry_count: int,
+        last_entry_id: str | None,
+    ) -> None:
         self._db.conn.execute(
-            "UPDATE sessions SET last_route = ?, delivery_error = ? WHERE session_id = ?",
-            (route, error, session_id),
+            "UPDATE sessions SET last_route = ?, delivery_error = ?, entry_count = ?,"
+            " last_entry_id = ? WHERE session_id = ?",
+            (route, error, entry_count, last_entry_id, session_id),
         )
 
     def _update_settings_sync(self, session_id: str, settings: str) -> None:

@@ -35,6 +35,7 @@ from tests.fakes.llm_common import (
     bearer_or_api_key,
     estimate_tokens,
     json_response,
+    retry_headers,
     split_text,
 )
 
@@ -49,11 +50,7 @@ class InvalidRequest(Exception):
 def rate_limited(
     retry_after: float | None = None, retry_after_ms: float | None = None
 ) -> HttpError:
-    headers: dict[str, str] = {}
-    if retry_after is not None:
-        headers["retry-after"] = f"{retry_after:g}"
-    if retry_after_ms is not None:
-        headers["retry-after-ms"] = f"{retry_after_ms:g}"
+    headers = retry_headers(retry_after, retry_after_ms)
     return HttpError(
         429,
         "rate_limit_error",

@@ -164,6 +164,16 @@ class PrefixCache:
         return read, written
 
 
+def retry_headers(retry_after: float | None, retry_after_ms: float | None) -> dict[str, str]:
+    """The headers both APIs use to say how long to wait before a retry."""
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        headers["retry-after"] = f"{retry_after:g}"
+    if retry_after_ms is not None:
+        headers["retry-after-ms"] = f"{retry_after_ms:g}"
+    return headers
+
+
 class FakeLLMServer:
     """aiohttp app on 127.0.0.1, port 0, with the script, recording and lifecycle."""
 

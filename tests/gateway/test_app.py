@@ -255,7 +255,6 @@ async def test_reply_written_before_a_crash_is_delivered_without_a_model_call(
     async with Database(config.state_db) as db:
         inbox = Inbox(db)
         recorded = await inbox.record(channel.inbound("late", message_id="k1"))
-        await inbox.attach_session(recorded.item.id, record.session_id)
     transcript = Transcript.open(config.sessions_dir / f"{record.session_id}.jsonl")
     from core.messages import Message
 

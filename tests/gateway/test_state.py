@@ -125,12 +125,12 @@ async def test_inbox_dedupes_and_tracks_state(tmp_path: Path) -> None:
         assert again.item.id == first.item.id
         other = await inbox.record(message("43"))
         assert [i.id for i in await inbox.open_items()] == [first.item.id, other.item.id]
-        await inbox.mark_replied(first.item.id, "sid", ["the reply"])
+        await inbox.mark_replied([first.item.id], "sid", ["the reply"])
         item = await inbox.get(first.item.id)
         assert item is not None and item.status == "replied" and item.reply == ["the reply"]
         assert item.message == message("42", "hello")
-        await inbox.mark_delivered(first.item.id)
-        await inbox.mark_failed(other.item.id, "blocked")
+        await inbox.mark_delivered([first.item.id])
+        await inbox.mark_failed([other.item.id], "blocked")
         assert await inbox.open_items() == []
         assert await inbox.counts() == {"delivered": 1, "failed": 1}
 
