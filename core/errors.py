@@ -11,6 +11,11 @@ CoreError
 │   ├── AuthenticationError        bad or missing key
 │   ├── InvalidRequestError        any other 4xx
 │   └── MalformedResponseError     the provider answered something we cannot read
+├── ContextError                   the context engine cannot make a request fit
+│   ├── WindowTooSmallError        the model's window is below the hard minimum (no call made)
+│   ├── ContextBudgetError         even after compaction and trimming the request is too big
+│   └── CompactionError            a compaction could not be made (the history is kept)
+│       └── SummaryError           the summariser failed after its retries
 ├── TranscriptError                a transcript cannot be opened or written
 ├── ToolError                      a tool refused or failed (told to the model, not to users)
 └── ConfigError                    a core config value is unusable at run time
@@ -87,6 +92,32 @@ class InvalidRequestError(ProviderError):
 
 
 class MalformedResponseError(ProviderError):
+    pass
+
+
+class ContextError(CoreError):
+    """Base of the context engine's errors; ``used``/``limit`` are tokens when known."""
+
+    def __init__(self, message: str, *, used: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.used = used
+        self.limit = limit
+
+
+class WindowTooSmallError(ContextError):
+    pass
+
+
+class ContextBudgetError(ContextError):
+    pass
+
+
+class CompactionError(ContextError):
+    pass
+
+
+class SummaryError(CompactionError):
     pass
 
 
