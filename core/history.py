@@ -23,7 +23,18 @@ The view it returns keeps these invariants, which provider translators may rely 
   block. The one user-side pair that remains is ``tool_result`` followed by ``user``
   (the user spoke after a tool loop); a translator for an API without a tool role
   joins the two into one user turn;
+- every ``tool_use`` is well formed: a non-empty id, a name matching
+  ``TOOL_NAME_PATTERN`` (the providers' own rule) and a dict input. A malformed call
+  (a model glitch, a hand-edited transcript) is dropped with its results, since
+  one such block makes the provider reject the whole request;
 - no message is empty, and no text block is blank.
+
+``limit_history_turns`` keeps the last N user turns (the per-chat history limit). A
+turn starts at a ``user`` message that says something; a user message that only
+carries tool results continues the turn it belongs to. The compaction summary,
+when the view starts with it, stays first whatever the limit: it is the only
+trace of what came before. ``build_history`` applies the limit to the repaired view
+and repairs again, because a cut can leave results whose call was cut away.
 
 Per-turn cost is one pass over the live window; each entry's ``Message`` is parsed
 once, when the entry is (``Entry.message``), and untouched messages are reused as-is.
@@ -31,6 +42,7 @@ once, when the entry is (``Entry.message``), and untouched messages are reused a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -43,21 +55,75 @@ COMPACTION_SUMMARY_PREFIX = (
 )
 COMPACTION_SUMMARY_SUFFIX = "\n</summary>"
 MISSING_TOOL_RESULT = "[tool result missing: the run was interrupted]"
+TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_:.-]{1,64}")
+DEFAULT_MAX_TURNS = 0  # no limit
 
 
 @lru_cache(maxsize=64)
 def summary_message(summary: str) -> Message:
-    """The user message that stands for everything a compaction summarised."""
+    """The user message that stands for everything a compaction summarised.
+
+    The preamble is fixed (never templated with dates or counts) so the message is
+    byte-identical on every turn until the next compaction: it heads the cached prefix.
+    """
     return Message.user(f"{COMPACTION_SUMMARY_PREFIX}{summary}{COMPACTION_SUMMARY_SUFFIX}")
 
 
-def build_history(entries: Sequence[Entry]) -> list[Message]:
+def build_history(entries: Sequence[Entry], *, max_turns: int = DEFAULT_MAX_TURNS) -> list[Message]:
     """The repaired model view of ``entries`` (normally ``Transcript.live_entries()``).
 
     Entries before the latest compaction's first kept entry are skipped, so passing
     every entry of a file gives the same view as passing the live window.
+    ``max_turns`` > 0 keeps only the last that many user turns (the summary stays).
     """
-    return repair_history(view_messages(entries))
+    history = repair_history(view_messages(entries))
+    if max_turns <= 0:
+        return history
+    return repair_history(limit_history_turns(history, max_turns))
+
+
+def limit_history_turns(messages: Sequence[Message], max_turns: int) -> list[Message]:
+    """Keep the messages from the ``max_turns``-th most recent user turn onward.
+
+    ``max_turns`` <= 0 means no limit. A leading compaction summary is kept first;
+    when the repair merged it with the first user message, only its summary block is
+    kept. The result may hold orphaned tool results: run ``repair_history`` on it.
+    """
+    if max_turns <= 0 or not messages:
+        return list(messages)
+    summary = _leading_summary(messages[0])
+    starts = [
+        index
+        for index, message in enumerate(messages)
+        if _starts_turn(message, skip_first=summary is not None and index == 0)
+    ]
+    if len(starts) <= max_turns:
+        return list(messages)
+    cut = starts[-max_turns]
+    kept = list(messages[cut:])
+    if summary is not None and cut > 0:
+        kept.insert(0, Message("user", (summary,)))
+    return kept
+
+
+def is_summary_block(block: Block) -> bool:
+    """Whether ``block`` is the text of a compaction summary message."""
+    return isinstance(block, TextBlock) and block.text.startswith(COMPACTION_SUMMARY_PREFIX)
+
+
+def _leading_summary(message: Message) -> TextBlock | None:
+    if message.role != "user" or not message.content:
+        return None
+    first = message.content[0]
+    return first if isinstance(first, TextBlock) and is_summary_block(first) else None
+
+
+def _starts_turn(message: Message, *, skip_first: bool) -> bool:
+    """A user message that says something (not only tool results, not only the summary)."""
+    if message.role != "user":
+        return False
+    blocks = message.content[1:] if skip_first else message.content
+    return any(not isinstance(b, ToolResultBlock) for b in blocks)
 
 
 def view_messages(entries: Sequence[Entry]) -> list[Message]:
@@ -93,7 +159,9 @@ def repair_history(messages: Sequence[Message]) -> list[Message]:
     answers: dict[str, ToolResultBlock] = {}
     for message in messages:
         if message.role == "assistant":
-            called.update(b.id for b in message.content if isinstance(b, ToolUseBlock))
+            called.update(
+                b.id for b in message.content if isinstance(b, ToolUseBlock) and _well_formed(b)
+            )
             continue
         for block in message.content:
             if (
@@ -134,11 +202,23 @@ def _assistant_blocks(message: Message, emitted_calls: set[str]) -> list[Block]:
         if isinstance(block, ToolResultBlock) or _blank(block):
             continue
         if isinstance(block, ToolUseBlock):
+            if not _well_formed(block):
+                continue
             if block.id in emitted_calls:  # a repeated call id would be rejected by the API
                 continue
             emitted_calls.add(block.id)
         kept.append(block)
     return kept
+
+
+def _well_formed(call: ToolUseBlock) -> bool:
+    return (
+        isinstance(call.id, str)
+        and bool(call.id.strip())
+        and isinstance(call.name, str)
+        and TOOL_NAME_PATTERN.fullmatch(call.name) is not None
+        and isinstance(call.input, dict)
+    )
 
 
 def _user_side_keeps(block: Block) -> bool:

@@ -1,11 +1,17 @@
 """The turn loop: user message in, reply out, everything recorded in the transcript.
 
-A turn appends the user message, builds the model's view (stable system prompt +
-history from the live window), calls the provider (streaming, with the bounded
-retry policy), runs the tools it asks for in a bounded loop, and appends every
-assistant message and tool result with its usage. Provider errors propagate typed
-(``core.errors.ProviderError``) after a ``turn_error`` entry is written, so the
-session is never stuck and the next turn starts from a consistent transcript.
+A turn appends the user message (its volatile context at the tail, so everything
+before it stays byte-stable for the prompt cache), then for every provider call asks
+the context engine (``core.context_engine``) for the model's view: history since the
+latest compaction, sticky pruning applied, flushed, compacted or trimmed so that it
+fits. It calls the provider (streaming, with the bounded retry policy), runs the tools
+it asks for in a bounded loop, truncating each result once where it enters the
+transcript, and appends every assistant message and tool result with its usage.
+
+A context overflow reported by the provider is recovered by the engine (flush,
+compact, shrink) and retried, at most ``compaction.max_attempts`` times. Provider and
+context errors propagate typed after a ``turn_error`` entry is written, so the session
+is never stuck and the next turn starts from a consistent transcript.
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from core.config import AgentConfig, RetryConfig
-from core.errors import ContextOverflowError, ProviderError
-from core.history import build_history
+from core.context_config import ContextConfig
+from core.context_engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
+from core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
 from core.messages import Message, TextBlock, ToolResultBlock, Usage
 from core.prompt import SystemPromptBuilder
 from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
 from core.providers.retry import call_with_retry
 from core.tools.registry import ToolContext, ToolRegistry
 from core.transcript import Entry, Transcript
+from core.truncation import tool_result_cap
 
 log = logging.getLogger("parley.core.runner")
 
@@ -46,6 +54,9 @@ class TurnResult:
     stop_reason: str
     latency_ms: float
     entries: tuple[Entry, ...] = field(default=())
+    compactions: int = 0  # compactions made during the turn
+    window: int = 0
+    events: TurnEvents | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +67,7 @@ class TurnRequest:
     meta: dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # the user message is already in the transcript (crash recovery)
     model: str | None = None  # per-session override
+    chat_type: str = "direct"  # picks the history turn limit
 
 
 RetryHook = Callable[[int, ProviderError, float], None]
@@ -73,6 +85,7 @@ class Runner:
         workspace: Path,
         offer_tools: bool = True,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        engine: ContextEngine | None = None,
     ) -> None:
         self.provider = provider
         self.tools = tools
@@ -82,6 +95,14 @@ class Runner:
         self.workspace = workspace
         self.offer_tools = offer_tools
         self.now = now
+        self.engine = engine or ContextEngine(
+            config=ContextConfig(),
+            provider=provider,
+            retry=retry,
+            max_output=agent.max_output_tokens,
+            workspace=workspace,
+            now=now,
+        )
 
     async def run_turn(
         self,
@@ -100,43 +121,54 @@ class Runner:
             return entry
 
         if not turn.resume:
-            blocks = [TextBlock(turn.context_text)] if turn.context_text else []
-            blocks.append(TextBlock(turn.user_text))
+            blocks = [TextBlock(turn.user_text)]
+            if turn.context_text:
+                blocks.append(TextBlock(turn.context_text))
             await append(Message("user", tuple(blocks)), meta=turn.meta or None)
 
         system = (await asyncio.to_thread(self.prompt.build)).text
         specs = self.tools.specs() if self.offer_tools else ()
         context = ToolContext(workspace=self.workspace, session_key=turn.session_key, now=self.now)
+        model = turn.model or self.provider.model
+        view_request = ViewRequest(turn.session_key, system, tuple(specs), model, turn.chat_type)
+        events = TurnEvents()
         total = Usage()
         last_usage = Usage()
-        calls = tool_calls = 0
+        calls = tool_calls = overflows = 0
         stop_reason = ""
         reply_parts: list[str] = []
         limit_reached = False
+        view: PreparedView | None = None
         while True:
-            history = build_history(transcript.live_entries())
-            request = ProviderRequest(
-                model=turn.model or self.provider.model,
-                system=system,
-                messages=tuple(history),
-                tools=specs,
-                max_tokens=self.agent.max_output_tokens,
-            )
             try:
+                view = await self.engine.prepare(transcript, view_request, events)
+                request = ProviderRequest(
+                    model=model,
+                    system=system,
+                    messages=view.messages,
+                    tools=specs,
+                    max_tokens=self.agent.max_output_tokens,
+                )
                 response = await call_with_retry(
                     self.provider, request, self.retry, on_text, on_retry=on_retry
                 )
-            except ProviderError as exc:
-                await asyncio.to_thread(
-                    transcript.append_custom,
-                    "turn_error",
-                    {"kind": type(exc).__name__, "message": exc.message, "status": exc.status},
-                )
+            except ContextOverflowError as exc:
+                overflows += 1
+                if view is None or overflows > self.engine.config.compaction.max_attempts:
+                    await self._record_error(transcript, exc)
+                    raise
+                await self.engine.recover_overflow(transcript, view_request, view, exc, events)
+                continue
+            except (ProviderError, ContextError) as exc:
+                await self._record_error(transcript, exc)
                 raise
             calls += 1
             total = total + response.usage
             last_usage = response.usage
             stop_reason = response.stop_reason
+            self.engine.record_call(
+                view_request, view, usage=response.usage, response=response.message
+            )
             await append(
                 response.message,
                 usage=response.usage,
@@ -162,19 +194,24 @@ class Runner:
                 results = [ToolResultBlock(u.id, TOOL_LIMIT_NOTE, is_error=True) for u in uses]
                 limit_reached = True
             else:
-                results = [await self.tools.run(use, context) for use in uses]
+                # Truncated once, here, so the transcript and the model hold the same text.
+                cap = tool_result_cap(view.window, self.agent.tool_result_max_chars)
+                results = [await self.tools.run(use, context, max_chars=cap) for use in uses]
             await append(Message("tool_result", tuple(results)))
 
         reply = reply_parts[-1] if reply_parts else ""
         result = TurnResult(
             reply=reply.strip(),
-            usage=total,
+            usage=total + events.usage,
             context_tokens=last_usage.context_tokens + last_usage.output_tokens,
             model_calls=calls,
             tool_calls=tool_calls,
             stop_reason=stop_reason,
             latency_ms=(time.perf_counter() - started) * 1000,
             entries=tuple(appended),
+            compactions=sum(1 for c in events.compactions if c.compacted),
+            window=view.window if view is not None else 0,
+            events=events,
         )
         log.info(
             "turn session=%s calls=%d tools=%d in=%d out=%d cache_read=%d cache_write=%d "
@@ -189,3 +226,12 @@ class Runner:
             result.latency_ms,
         )
         return result
+
+    async def _record_error(self, transcript: Transcript, exc: CoreError) -> None:
+        status = getattr(exc, "status", None)
+        message = getattr(exc, "message", str(exc))
+        await asyncio.to_thread(
+            transcript.append_custom,
+            "turn_error",
+            {"kind": type(exc).__name__, "message": message, "status": status},
+        )

@@ -309,6 +309,7 @@ class Transcript:
         report: LoadReport,
         fsync: bool,
         read_only: bool,
+        cycle_bytes: int = 0,
     ) -> None:
         self._fd: int | None = fd
         self._path = path
@@ -324,6 +325,7 @@ class Transcript:
         self._report = report
         self._fsync = fsync
         self._read_only = read_only
+        self._cycle_bytes = cycle_bytes  # bytes written after the latest compaction entry
         self._lock = threading.RLock()
 
     # -- construction -------------------------------------------------------------------
@@ -433,6 +435,13 @@ class Transcript:
         """Entry lines in the file (a corrupt line counts: it occupies a line)."""
         with self._lock:
             return self._lines_before_live() - 1 + self._lines_since_start
+
+    @property
+    def cycle_bytes(self) -> int:
+        """Bytes of the entries after the latest compaction (the whole file without one):
+        what the memory flush's size trigger measures."""
+        with self._lock:
+            return self._cycle_bytes
 
     def live_entries(self) -> Sequence[Entry]:
         """The entries the model's view is built from; never re-reads the file."""
@@ -546,6 +555,7 @@ class Transcript:
             self._live_view = None
             self._last = entry
             self._lines_since_start += 1
+            self._cycle_bytes = 0 if kind == ENTRY_COMPACTION else self._cycle_bytes + len(line) + 1
             if self._fsync:
                 try:
                     os.fsync(fd)
@@ -706,6 +716,11 @@ def _load(fd: int, path: Path, *, fsync: bool, read_only: bool, block: int) -> T
         corrupt_lines = tuple(before + 1 + i for i in corrupt)
         log.warning("transcript %s: skipped corrupt lines %s", path, corrupt_lines)
     report = LoadReport(tail_bytes, action, corrupt_lines, missing, parsed, bytes_read)
+    if compaction_at is not None and compaction_at < len(region):
+        offset, line = region[compaction_at]
+        cycle_bytes = end - (offset + len(line) + 1)
+    else:
+        cycle_bytes = end - header_end
     return Transcript(
         fd,
         path,
@@ -718,6 +733,7 @@ def _load(fd: int, path: Path, *, fsync: bool, read_only: bool, block: int) -> T
         report=report,
         fsync=fsync,
         read_only=read_only,
+        cycle_bytes=cycle_bytes,
     )
 
 

@@ -30,18 +30,25 @@ from channels.base import (
     OutboundMessage,
     RecipientBlocked,
 )
-from core.errors import ProviderError, TranscriptError
+from core.context_engine import ContextEngine, ViewRequest
+from core.context_report import build_context_report, render_context
+from core.errors import ContextError, ProviderError, TranscriptError
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
 from core.providers.base import Provider
 from core.runner import Runner, TurnRequest
 from core.tools.builtin import default_registry
 from core.transcript import Transcript
-from gateway.commands import HELP_TEXT, format_status, parse_info_command
+from gateway.commands import (
+    HELP_TEXT,
+    format_status,
+    parse_compact_command,
+    parse_info_command,
+)
 from gateway.config import LoadedConfig
 from gateway.db import Database
 from gateway.inbox import Inbox, InboxItem
 from gateway.lanes import LaneManager
-from gateway.providers import build_provider, context_window
+from gateway.providers import build_provider
 from gateway.registry import SessionOrigin, SessionRecord, SessionRegistry, utcnow
 from gateway.resets import (
     match_reset_trigger,
@@ -54,6 +61,7 @@ from gateway.user_errors import (
     BUSY_TEXT,
     EMPTY_REPLY_TEXT,
     INTERNAL_ERROR_TEXT,
+    describe_context_error,
     describe_provider_error,
 )
 from gateway.workspace import ensure_workspace
@@ -74,6 +82,7 @@ class LaneItem:
     route: SessionRoute
     reset_text: str | None = None  # set for /new and /reset: the text after the trigger
     recovered: InboxItem | None = None
+    compact_focus: str | None = None  # set for /compact: its focus text ("" for none)
 
 
 class Gateway:
@@ -105,6 +114,8 @@ class Gateway:
         self._started = False
         self._stopping = False
         self.runner: Runner | None = None
+        self.engine: ContextEngine | None = None
+        self.prompt: SystemPromptBuilder | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -144,19 +155,41 @@ class Gateway:
         if warm_up is not None:  # the local model loads here, not on the first message
             await warm_up()
         agent = self.config.agent
+        context = self.config.context
         tools = default_registry(agent.tool_result_max_chars)
         offer_tools = getattr(self._provider, "supports_tools", True)
-        prompt = SystemPromptBuilder(
-            workspace, agent_name=agent.name, tools=tools.specs() if offer_tools else ()
+        self.prompt = SystemPromptBuilder(
+            workspace,
+            agent_name=agent.name,
+            tools=tools.specs() if offer_tools else (),
+            file_max_chars=context.file_max_chars,
+            total_max_chars=context.total_max_chars,
+        )
+        # The engine's threshold needs the output the provider will really allow.
+        max_output = min(
+            agent.max_output_tokens,
+            getattr(self._provider, "max_output_tokens", None) or agent.max_output_tokens,
+        )
+        self.engine = ContextEngine(
+            config=context,
+            provider=self._provider,
+            retry=self.config.providers.retry,
+            max_output=max_output,
+            workspace=workspace,
+            checkpoints_dir=self.loaded.checkpoints_dir,
+            zone=lambda: self.zone,
+            now=self.clock,
         )
         self.runner = Runner(
             provider=self._provider,
             tools=tools,
-            prompt=prompt,
+            prompt=self.prompt,
             agent=agent,
             retry=self.config.providers.retry,
             workspace=workspace,
             offer_tools=offer_tools,
+            now=self.clock,
+            engine=self.engine,
         )
         await self.lanes.start()
         for channel in self.channels.values():
@@ -216,14 +249,25 @@ class Gateway:
         item_id = recorded.item.id
         info = parse_info_command(message.text)
         if info is not None:
-            text = HELP_TEXT if info.name == "help" else await self._status_text(route.key)
+            if info.name == "help":
+                text = HELP_TEXT
+            elif info.name == "context":
+                text = await self._context_text(route, info.argument)
+            else:
+                text = await self._status_text(route.key)
             await self._deliver([item_id], message, None, text)
             return
         reset = None
+        focus = None
         if not message.automated:  # automated events never reset a session
             reset = match_reset_trigger(message.text, self.config.session.reset_triggers)
+            focus = parse_compact_command(message.text)
         item = LaneItem(
-            item_id, message, route, reset_text=reset.remainder if reset is not None else None
+            item_id,
+            message,
+            route,
+            reset_text=reset.remainder if reset is not None else None,
+            compact_focus=focus if reset is None else None,
         )
         submitted = await self.lanes.submit(route.key, item)
         if not submitted.accepted:
@@ -241,15 +285,44 @@ class Gateway:
             config=self.config.session,
         )
 
+    def _window(self, record: SessionRecord | None) -> int:
+        assert self.engine is not None
+        model = (record.settings.get("model") if record else None) or self.provider.model
+        return self.engine.window(model).tokens
+
     async def _status_text(self, key: str) -> str:
         record = await self.registry.get_active(key)
         return format_status(
             record,
             key=key,
             model=self.provider.model,
-            window=context_window(self.config.providers, self.provider),
+            window=self._window(record),
             now=self.clock(),
         )
+
+    async def _context_text(self, route: SessionRoute, mode: str) -> str:
+        """``/context [list|detail|json]``: what the next request would hold, by part."""
+        assert self.engine is not None and self.prompt is not None and self.runner is not None
+        record = await self.registry.get_active(route.key)
+        prompt = await asyncio.to_thread(self.prompt.build)
+        tools = self.runner.tools.specs() if self.runner.offer_tools else ()
+        history: list[Any] = []
+        if record is not None:
+            transcript = await self.transcript(record)
+            history, _ = self.engine.view(transcript.live_entries(), route.chat_type)
+        report = await asyncio.to_thread(
+            build_context_report,
+            prompt=prompt,
+            tools=tools,
+            history=history,
+            counter=self.engine.counter,
+            window=self._window(record),
+            workspace=self.loaded.workspace,
+            file_max_chars=self.config.context.file_max_chars,
+            total_max_chars=self.config.context.total_max_chars,
+            session_tokens=record.context_tokens if record else None,
+        )
+        return render_context(report, mode or "list")
 
     async def _recover(self) -> None:
         items = await self.inbox.open_items()
@@ -270,7 +343,9 @@ class Gateway:
         """Process a batch in order; plain messages next to each other share one turn."""
         group: list[LaneItem] = []
         for item in items:
-            plain = item.reset_text is None and item.recovered is None
+            plain = (
+                item.reset_text is None and item.recovered is None and item.compact_focus is None
+            )
             if plain:
                 group.append(item)
                 continue
@@ -290,6 +365,9 @@ class Gateway:
                 record = await self.registry.get(recovered.session_id or "")
                 await self._deliver(ids, last.message, record, (recovered.reply or [""])[0])
                 return
+            if first.compact_focus is not None:
+                await self._deliver(ids, last.message, *await self._compact(key, first))
+                return
             if first.reset_text is not None:
                 record = await self._reset(key, first, reason="command")
                 if not first.reset_text.strip():
@@ -307,6 +385,37 @@ class Gateway:
         except Exception:
             log.exception("answering %s in session %s failed", ids, key)
             await self._deliver(ids, last.message, None, INTERNAL_ERROR_TEXT)
+
+    async def _compact(self, key: str, item: LaneItem) -> tuple[SessionRecord | None, str]:
+        """``/compact [focus]``, run in the session's lane like a turn."""
+        assert self.engine is not None and self.prompt is not None and self.runner is not None
+        record = await self.registry.get_active(key)
+        if record is None:
+            return None, "Skipped: there is no conversation in this chat yet."
+        transcript = await self.transcript(record)
+        prompt = await asyncio.to_thread(self.prompt.build)
+        request = ViewRequest(
+            record.key,
+            prompt.text,
+            tuple(self.runner.tools.specs() if self.runner.offer_tools else ()),
+            record.settings.get("model") or self.provider.model,
+            item.route.chat_type,
+        )
+        try:
+            outcome, events = await self.engine.compact_now(
+                transcript, request, focus=item.compact_focus or ""
+            )
+        except ContextError as exc:
+            return record, describe_context_error(exc)
+        await self.registry.record_compaction(
+            record.session_id,
+            compactions=1 if outcome.compacted else 0,
+            usage=events.usage,
+            context_tokens=outcome.tokens_after if outcome.compacted else None,
+            entry_count=transcript.entry_count,
+            last_entry_id=_last_id(transcript),
+        )
+        return record, outcome.describe()
 
     async def _session_for(self, key: str, item: LaneItem) -> SessionRecord:
         record = await self.registry.get_active(key)
@@ -341,6 +450,8 @@ class Gateway:
             carried = {k: v for k, v in previous.settings.items() if k in CARRIED_SETTINGS}
             await self.registry.archive(previous.session_id, reason, self.clock())
             self._forget_transcript(previous.session_id)
+            if self.engine is not None:
+                self.engine.forget(key)
             log.info("session %s archived (%s): %s", key, reason, previous.session_id)
         return await self._create(item, carried)
 
@@ -452,17 +563,21 @@ class Gateway:
             meta={"inbox_ids": ids, "message_ids": [i.message.message_id for i in items]},
             resume=resume,
             model=record.settings.get("model"),
+            chat_type=first.route.chat_type,
         )
         try:
             result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
-        except ProviderError as exc:
+        except (ProviderError, ContextError) as exc:
             await self.registry.record_entries(
                 record.session_id, transcript.entry_count, _last_id(transcript)
             )
+            if isinstance(exc, ContextError):
+                return describe_context_error(exc)
             return describe_provider_error(exc, attempts)
         await self.registry.record_turn(
             record.session_id,
             usage=result.usage,
+            compactions=result.compactions,
             context_tokens=result.context_tokens,
             entry_count=transcript.entry_count,
             last_entry_id=_last_id(transcript),

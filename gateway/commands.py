@@ -1,8 +1,10 @@
 """Slash commands: parsing and the texts they answer with.
 
 ``/new`` and ``/reset`` (the configured reset triggers) start a new session; the text
-after the trigger becomes its first message. ``/status`` and ``/help`` answer at once,
-without touching the model. Any other ``/word`` is ordinary text for the model.
+after the trigger becomes its first message. ``/compact [focus]`` runs in the session's
+lane like a turn (it writes the transcript). ``/status``, ``/context [list|detail|json]``
+and ``/help`` answer at once, without touching the model. Any other ``/word`` is
+ordinary text for the model.
 """
 
 from __future__ import annotations
@@ -16,22 +18,52 @@ HELP_TEXT = """Commands:
 /new [text]   start a new session (the old one is archived, not deleted);
               the text becomes its first message
 /reset        same as /new
-/status       this session: key and id, model, tokens used / window, compactions, last update
+/compact [focus]
+              summarise the older part of this session now (the summary keeps
+              decisions, open asks and exact identifiers); focus: what to keep above all
+/context [list|detail|json]
+              what the model is sent, part by part, in characters and tokens
+/status       this session: key and id, model, context used / window, compactions,
+              cache-read share, last update
 /help         this list"""
+
+CONTEXT_MODES = ("list", "detail", "json")
 
 
 @dataclass(frozen=True, slots=True)
 class InfoCommand:
-    name: str  # "status" | "help"
+    name: str  # "status" | "help" | "context"
+    argument: str = ""  # /context's mode
+
+
+def _command_word(text: str) -> tuple[str, str] | None:
+    """(name, rest) of a ``/name[@bot] rest`` message, name lowercased; None otherwise."""
+    parts = text.strip().split(maxsplit=1)
+    if not parts or not parts[0].startswith("/"):
+        return None
+    name = parts[0][1:].split("@", 1)[0].lower()
+    return name, parts[1].strip() if len(parts) > 1 else ""
 
 
 def parse_info_command(text: str) -> InfoCommand | None:
-    """``/status`` or ``/help`` (also ``/status@botname``), case-insensitive, nothing after."""
-    word = text.strip().split(maxsplit=1)
-    if len(word) != 1 or not word[0].startswith("/"):
+    """``/status``, ``/help`` (nothing after) or ``/context [mode]``, also ``/cmd@botname``."""
+    parsed = _command_word(text)
+    if parsed is None:
         return None
-    name = word[0][1:].split("@", 1)[0].lower()
-    return InfoCommand(name) if name in ("status", "help") else None
+    name, rest = parsed
+    if name in ("status", "help") and not rest:
+        return InfoCommand(name)
+    if name == "context" and (not rest or rest.lower() in CONTEXT_MODES or " " not in rest):
+        return InfoCommand(name, rest.lower())
+    return None
+
+
+def parse_compact_command(text: str) -> str | None:
+    """The focus text of ``/compact [focus]`` ("" for none); None for any other message."""
+    parsed = _command_word(text)
+    if parsed is None or parsed[0] != "compact":
+        return None
+    return parsed[1]
 
 
 def format_status(
@@ -45,11 +77,18 @@ def format_status(
     used = record.context_tokens
     share = f" ({used / window:.0%})" if window else ""
     usage = record.usage
+    prompt_tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+    cache_share = (
+        f"{usage.cache_read_tokens / prompt_tokens:.0%} of prompt tokens read from cache"
+        if prompt_tokens
+        else "no prompt tokens yet"
+    )
     lines = [
         f"Session: {record.key}",
         f"Id: {record.session_id} (started {_ago(record.created_at, now)})",
         f"Model: {record.model or model}",
         f"Context: {used:,} / {window:,} tokens{share} · compactions: {record.compaction_count}",
+        f"Cache: {cache_share}",
         f"Usage so far: {usage.input_tokens:,} in, {usage.output_tokens:,} out, "
         f"{usage.cache_read_tokens:,} cache read, {usage.cache_write_tokens:,} cache write "
         f"over {record.turn_count} turn(s)",

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from channels.config import ChannelsConfig
 from core.config import AgentConfig, ProvidersConfig
+from core.context_config import ContextConfig
 from gateway.errors import ConfigFileError
 from gateway.lanes import LanesConfig
 from gateway.session_config import SessionConfig
@@ -64,6 +65,7 @@ class LoggingConfig(_Strict):
 class ParleyConfig(_Strict):
     agent: AgentConfig = AgentConfig()
     providers: ProvidersConfig = ProvidersConfig()
+    context: ContextConfig = ContextConfig()
     session: SessionConfig = SessionConfig()
     lanes: LanesConfig = LanesConfig()
     channels: ChannelsConfig = ChannelsConfig()
@@ -88,6 +90,10 @@ class LoadedConfig:
     @property
     def sessions_dir(self) -> Path:
         return self.home / "sessions"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.home / "sessions" / "checkpoints"
 
 
 def resolve_home(env: Mapping[str, str]) -> Path:
@@ -227,7 +233,7 @@ def _to_toml(
 
 
 # dict-valued fields rendered inline rather than as sub-tables
-_INLINE_TABLE_FIELDS = {"identity_links"}
+_INLINE_TABLE_FIELDS = {"identity_links", "models"}
 
 
 def _toml_key(key: str) -> str:

@@ -155,16 +155,68 @@ class SessionRegistry:
         last_entry_id: str | None,
         model: str | None,
         now: datetime | None = None,
+        compactions: int = 0,
     ) -> None:
         await self._db.run(
             self._record_turn_sync,
             session_id,
             usage,
+            compactions,
             context_tokens,
             entry_count,
             last_entry_id,
             model,
             now or utcnow(),
+        )
+
+    async def record_compaction(
+        self,
+        session_id: str,
+        *,
+        compactions: int,
+        usage: Usage,
+        context_tokens: int | None,
+        entry_count: int,
+        last_entry_id: str | None,
+    ) -> None:
+        """A compaction outside a turn (``/compact``): its count, cost and the new size."""
+        await self._db.run(
+            self._record_compaction_sync,
+            session_id,
+            compactions,
+            usage,
+            context_tokens,
+            entry_count,
+            last_entry_id,
+        )
+
+    def _record_compaction_sync(
+        self,
+        session_id: str,
+        compactions: int,
+        usage: Usage,
+        context_tokens: int | None,
+        entry_count: int,
+        last_entry_id: str | None,
+    ) -> None:
+        self._db.conn.execute(
+            "UPDATE sessions SET compaction_count = compaction_count + ?,"
+            " input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+            " cache_read_tokens = cache_read_tokens + ?,"
+            " cache_write_tokens = cache_write_tokens + ?,"
+            " context_tokens = COALESCE(?, context_tokens), entry_count = ?, last_entry_id = ?"
+            " WHERE session_id = ?",
+            (
+                compactions,
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                context_tokens,
+                entry_count,
+                last_entry_id,
+                session_id,
+            ),
         )
 
     async def record_entries(
@@ -279,6 +331,7 @@ class SessionRegistry:
         self,
         session_id: str,
         usage: Usage,
+        compactions: int,
         context_tokens: int,
         entry_count: int,
         last_entry_id: str | None,
@@ -289,15 +342,16 @@ class SessionRegistry:
             "UPDATE sessions SET input_tokens = input_tokens + ?,"
             " output_tokens = output_tokens + ?,"
             " cache_read_tokens = cache_read_tokens + ?,"
-            " cache_write_tokens = cache_write_tokens + ?, context_tokens = ?,"
-            " turn_count = turn_count + 1, entry_count = ?, last_entry_id = ?,"
-            " model = COALESCE(?, model), updated_at = MAX(updated_at, ?)"
+            " cache_write_tokens = cache_write_tokens + ?, compaction_count = compaction_count + ?,"
+            " context_tokens = ?, turn_count = turn_count + 1, entry_count = ?,"
+            " last_entry_id = ?, model = COALESCE(?, model), updated_at = MAX(updated_at, ?)"
             " WHERE session_id = ?",
             (
                 usage.input_tokens,
                 usage.output_tokens,
                 usage.cache_read_tokens,
                 usage.cache_write_tokens,
+                compactions,
                 context_tokens,
                 entry_count,
                 last_entry_id,

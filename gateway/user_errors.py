@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from core.errors import (
     AuthenticationError,
+    ContextError,
     ContextOverflowError,
     OverloadedError,
     ProviderConnectionError,
@@ -15,6 +16,7 @@ from core.errors import (
     ProviderTimeoutError,
     RateLimitError,
     ServerError,
+    WindowTooSmallError,
 )
 
 BUSY_TEXT = (
@@ -36,8 +38,9 @@ def describe_provider_error(exc: ProviderError, attempts: int) -> str:
         if exc.observed_tokens and exc.limit:
             numbers = f" ({exc.observed_tokens:,} / {exc.limit:,} tokens)"
         return (
-            f"This conversation no longer fits the model's context window{numbers}. "
-            "Send /new to start a fresh session: the current one is archived, not deleted."
+            f"This conversation no longer fits the model's context window{numbers}, even "
+            f"after compacting{tried}. {kept}. Send /compact to summarise it harder, or /new "
+            "to start a fresh session (the current one is archived, not deleted)."
         )
     if isinstance(exc, RateLimitError):
         wait = f" (it asked to wait {exc.retry_after:.0f}s)" if exc.retry_after else ""
@@ -54,3 +57,22 @@ def describe_provider_error(exc: ProviderError, attempts: int) -> str:
             "(ANTHROPIC_API_KEY / OPENAI_API_KEY)."
         )
     return f"The model provider returned an error: {exc.message[:300]}. {kept}."
+
+
+def describe_context_error(exc: ContextError) -> str:
+    """The context engine could not make a request fit, or the model's window is too small."""
+    numbers = ""
+    if exc.used is not None and exc.limit is not None:
+        numbers = f" ({exc.used:,} / {exc.limit:,} tokens)"
+    elif exc.limit is not None:
+        numbers = f" ({exc.limit:,} tokens)"
+    if isinstance(exc, WindowTooSmallError):
+        return (
+            f"The configured model's context window is too small to run{numbers}. The operator "
+            "should pick a larger model or fix [context.models] in the config."
+        )
+    return (
+        f"This message does not fit the model's context window{numbers}: {exc.message}. "
+        "Your message is saved in the conversation. Send /compact to summarise the session, "
+        "or /new to start a fresh one (the current one is archived, not deleted)."
+    )

@@ -8,10 +8,14 @@ Translation of our messages:
 - Empty or whitespace-only text blocks are dropped (the API rejects them), and a
   message left with nothing is skipped. An image with no data becomes the text
   ``[image]``.
-- Prompt caching: the system prompt is one text block with an ephemeral
-  ``cache_control``; the last tool spec and the last block of the last message get
-  one too. The prefix (tools, system, history) is stable from turn to turn, so each
-  call reads what the previous one wrote.
+- Prompt caching: ephemeral ``cache_control`` breakpoints (the API allows 4) on the
+  last tool spec, on the system prompt (one text block), on the last block of the
+  newest message, and, from 3 wire messages on, on the last block of the newest user
+  message before the final one. The prefix (tools, system, history) is stable from
+  turn to turn, and the service only looks back about 20 blocks from a breakpoint for
+  an earlier entry: the fourth breakpoint sits exactly where the previous call (the
+  previous turn, or the previous step of a tool loop) put its last one, so that call's
+  prefix is read however many blocks the new assistant answer and tool results add.
 
 Stop reasons: ``model_context_window_exceeded`` (HTTP 200, the model filled the
 window while writing) is returned as ``STOP_OVERFLOW`` with the content it produced,
@@ -68,6 +72,7 @@ from core.providers.streaming import (
 
 PROVIDER_NAME = "anthropic"
 IMAGE_PLACEHOLDER = "[image]"
+MAX_CACHE_BREAKPOINTS = 4  # the API rejects a request with more
 
 _CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
 _STOP_REASONS: dict[str, str] = {
@@ -137,11 +142,34 @@ def to_wire_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
     return wire
 
 
+def _history_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The message blocks that end a cached prefix: the newest message's last block
+    and, with 3 messages or more, the last block of the newest earlier user message
+    (where the previous call ended its prompt)."""
+    if not messages:
+        return []
+    marked = [messages[-1]["content"][-1]]
+    if len(messages) >= 3:
+        for message in reversed(messages[:-1]):
+            if message["role"] == "user":
+                marked.append(message["content"][-1])
+                break
+    return marked
+
+
+def _cacheable(block: dict[str, Any]) -> bool:
+    # The API rejects cache_control on a blank text block (wire text is never blank
+    # today; this keeps it that way if a translation changes).
+    return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
+
+
 def build_params(request: ProviderRequest) -> dict[str, Any]:
     """The keyword arguments for ``messages.create`` (``stream`` excluded)."""
     messages = to_wire_messages(request.messages)
-    if messages:
-        messages[-1]["content"][-1]["cache_control"] = dict(_CACHE_CONTROL)
+    budget = MAX_CACHE_BREAKPOINTS - (1 if request.tools else 0)
+    budget -= 1 if request.system.strip() else 0
+    for block in [b for b in _history_breakpoints(messages) if _cacheable(b)][:budget]:
+        block["cache_control"] = dict(_CACHE_CONTROL)
     params: dict[str, Any] = {
         "model": request.model,
         "max_tokens": request.max_tokens,

@@ -225,6 +225,8 @@ class LocalProvider:
         self.name = PROVIDER_NAME
         file_name = self.config.model_path.name if self.config.model_path else DEFAULT_MODEL_FILE
         self.model = file_name.removesuffix(".gguf")
+        # The window is fixed by n_ctx: the context engine takes it from here.
+        self.context_window = self.config.context_tokens
         self._server: Any = None
         self._load_lock = asyncio.Lock()
         self._call_lock = asyncio.Lock()

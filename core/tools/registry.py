@@ -4,8 +4,9 @@
 unknown tool, arguments that do not fit the schema, a handler that raises or hangs
 all come back as an error ``ToolResultBlock`` with a short message the model can act
 on (never a traceback; that goes to the log). Only cancellation of the turn itself
-propagates. Every result is capped at ``max_result_chars`` at ingest, so one huge
-tool output cannot flood the window.
+propagates. Every result is capped at ingest (``max_result_chars``, or a per-call
+``max_chars``) by ``core.truncation.truncate_tool_result``, which keeps the head and,
+when it looks like the outcome, the tail; so one huge tool output cannot flood the window.
 
 Handlers report a refusal they mean the model to read by raising
 ``core.errors.ToolError``; its message is passed on as is.
@@ -33,6 +34,7 @@ from typing import Any
 from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
 from core.messages import ToolResultBlock, ToolSpec, ToolUseBlock
+from core.truncation import truncate_tool_result
 
 log = logging.getLogger("parley.core.tools")
 
@@ -40,8 +42,6 @@ DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
 # Long enough to say what went wrong, short enough to keep exception dumps out.
 DEFAULT_ERROR_MESSAGE_MAX_CHARS = 500
 TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-# A cut at a newline is preferred unless it would throw away more than this share.
-_NEWLINE_CUT_MIN_SHARE = 0.8
 # Providers keep tool input that was not a JSON object under this single key.
 _RAW_INPUT_KEY = "_raw"
 
@@ -77,21 +77,8 @@ class Tool:
         return ToolSpec(self.name, self.description, self.input_schema)
 
 
-def truncate_result(text: str, max_chars: int) -> str:
-    """``text`` cut to at most ``max_chars`` characters, the notice of the cut included.
-
-    Keeps the head, preferring to end at a newline, and says how much was dropped.
-    """
-    if len(text) <= max_chars:
-        return text
-    # Sized for the largest count it can report, so the whole stays within the cap.
-    notice_room = len(f"\n[... {len(text)} more characters truncated]")
-    budget = max(0, max_chars - notice_room)
-    head = text[:budget]
-    newline = head.rfind("\n")
-    if newline >= budget * _NEWLINE_CUT_MIN_SHARE:
-        head = head[:newline]
-    return f"{head}\n[... {len(text) - len(head)} more characters truncated]"
+# The name the registry's tests and callers have used; the policy lives in core.truncation.
+truncate_result = truncate_tool_result
 
 
 # -- argument validation ---------------------------------------------------------------
@@ -225,11 +212,19 @@ class ToolRegistry:
             self._specs = tuple(self._tools[name].spec for name in self.names)
         return self._specs
 
-    async def run(self, tool_use: ToolUseBlock, context: ToolContext) -> ToolResultBlock:
+    async def run(
+        self, tool_use: ToolUseBlock, context: ToolContext, *, max_chars: int | None = None
+    ) -> ToolResultBlock:
+        """Run one call; the result is capped at ``max_chars`` (None: ``max_result_chars``).
+
+        The per-call cap lets the caller size results to the session's model window
+        (``core.truncation.tool_result_cap``) while the registry itself stays shared.
+        """
+        cap = self.max_result_chars if max_chars is None else max_chars
+        if cap < 1:
+            raise ValueError("max_chars must be positive")
         text, is_error = await self._run(tool_use, context)
-        return ToolResultBlock(
-            tool_use.id, truncate_result(text, self.max_result_chars), is_error=is_error
-        )
+        return ToolResultBlock(tool_use.id, truncate_tool_result(text, cap), is_error=is_error)
 
     async def _run(self, tool_use: ToolUseBlock, context: ToolContext) -> tuple[str, bool]:
         name = tool_use.name

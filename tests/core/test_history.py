@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,9 @@ from core.history import (
     COMPACTION_SUMMARY_SUFFIX,
     MISSING_TOOL_RESULT,
     build_history,
+    limit_history_turns,
     repair_history,
+    summary_message,
 )
 from core.messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
 from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
@@ -221,6 +224,150 @@ def test_view_from_a_real_transcript(tmp_path: Path) -> None:
     assert history[2].content[0] == ToolResultBlock("a", MISSING_TOOL_RESULT, is_error=True)
 
 
+# -- malformed tool calls --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ToolUseBlock("", "search", {}),
+        ToolUseBlock("  ", "search", {}),
+        ToolUseBlock("b", "", {}),
+        ToolUseBlock("b", "has space", {}),
+        ToolUseBlock("b", "x" * 65, {}),
+        ToolUseBlock("b", "naïve", {}),
+        ToolUseBlock("b", "search", ["not", "a", "dict"]),  # type: ignore[arg-type]
+        ToolUseBlock("b", "search", None),  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_tool_calls_are_dropped_with_their_results(bad: ToolUseBlock) -> None:
+    good = ToolUseBlock("a", "ns:tool.name-1_x", {"q": 1})
+    calls = Message("assistant", (TextBlock("let me look"), good, bad))
+    answers = Message(
+        "tool_result", (ToolResultBlock("a", "ok"), ToolResultBlock(bad.id, "bad result"))
+    )
+    history = repair_history([USER, calls, answers, REPLY])
+    assert history == [
+        USER,
+        Message("assistant", (TextBlock("let me look"), good)),
+        Message("tool_result", (ToolResultBlock("a", "ok"),)),
+        REPLY,
+    ]
+
+
+def test_an_assistant_message_of_only_malformed_calls_disappears() -> None:
+    bad = Message("assistant", (ToolUseBlock("x", "bad name!", {}),))
+    history = repair_history([USER, bad, result("x"), Message.user("again")])
+    assert history == [Message("user", (TextBlock("hi"), TextBlock("again")))]
+
+
+def test_name_limit_is_64_characters() -> None:
+    ok = Message("assistant", (ToolUseBlock("a", "n" * 64, {}),))
+    history = repair_history([USER, ok, result("a")])
+    assert history[1] is ok
+
+
+# -- turn limits --------------------------------------------------------------------------
+
+
+def turns(n: int) -> list[Message]:
+    out: list[Message] = []
+    for i in range(n):
+        out += [Message.user(f"q{i}"), use(f"t{i}"), result(f"t{i}"), Message.assistant(f"a{i}")]
+    return out
+
+
+@pytest.mark.parametrize("limit", [0, -1, -100])
+def test_no_limit_for_zero_or_negative(limit: int) -> None:
+    messages = turns(5)
+    assert limit_history_turns(messages, limit) == messages
+
+
+def test_limit_keeps_from_the_nth_most_recent_user_message() -> None:
+    messages = turns(5)
+    kept = limit_history_turns(messages, 2)
+    assert kept == messages[12:]
+    assert kept[0] == Message.user("q3")
+    assert limit_history_turns(messages, 5) == messages
+    assert limit_history_turns(messages, 50) == messages
+    assert limit_history_turns(messages, 1) == messages[16:]
+
+
+def test_several_assistant_replies_per_turn() -> None:
+    messages = [
+        Message.user("q0"),
+        Message.assistant("a"),
+        Message.assistant("b"),
+        Message.user("q1"),
+        Message.assistant("c"),
+        Message.assistant("d"),
+        Message.assistant("e"),
+    ]
+    assert limit_history_turns(messages, 1) == messages[3:]
+    assert limit_history_turns(messages, 2) == messages
+
+
+def test_a_user_message_of_only_tool_results_is_not_a_turn() -> None:
+    # The Anthropic wire shape: results inside a user message continue the turn.
+    messages = [
+        Message.user("q0"),
+        use("a"),
+        Message("user", (ToolResultBlock("a", "r"),)),
+        Message.assistant("a0"),
+        Message.user("q1"),
+        use("b"),
+        Message("user", (ToolResultBlock("b", "r"),)),
+        Message.assistant("a1"),
+    ]
+    assert limit_history_turns(messages, 1) == messages[4:]
+    # Results plus words do start a turn.
+    mixed = Message("user", (ToolResultBlock("b", "r"), TextBlock("and also")))
+    assert limit_history_turns([*messages[:6], mixed], 1) == [mixed]
+
+
+def test_a_leading_summary_stays_first() -> None:
+    summary = summary_message("earlier: ORD-12345")
+    messages = [summary, *turns(3)]
+    kept = limit_history_turns(messages, 1)
+    assert kept[0] == summary and kept[1] == Message.user("q2")
+    # The summary alone is no turn: a limit equal to the real turns keeps everything.
+    assert limit_history_turns(messages, 3) == messages
+    # Merged with the first user message by the repair: only the summary block is kept.
+    merged = repair_history(messages)
+    assert merged[0].content[0] == summary.content[0] and len(merged[0].content) == 2
+    kept = limit_history_turns(merged, 1)
+    assert kept[0] == summary and kept[1] == Message.user("q2")
+    assert limit_history_turns(merged, 3) == merged
+
+
+def test_limit_can_orphan_results_and_build_history_repairs_them() -> None:
+    # An unrepaired view where a result lands after the cut, far from its call.
+    messages = [USER, use("a"), Message.user("q1"), result("a"), REPLY]
+    kept = limit_history_turns(messages, 1)
+    assert kept[:2] == [Message.user("q1"), result("a")]
+    assert repair_history(kept) == [Message.user("q1"), REPLY]
+
+
+def test_build_history_applies_the_turn_limit_after_the_summary() -> None:
+    kept = [msg(Message.user("keep me")), msg(Message.assistant("kept reply"))]
+    comp = compaction("they said hi", kept[0].id)
+    after = [msg(m) for m in turns(3)]
+    entries = [*kept, comp, *after]
+    summary = f"{COMPACTION_SUMMARY_PREFIX}they said hi{COMPACTION_SUMMARY_SUFFIX}"
+    history = build_history(entries, max_turns=2)
+    assert history[0] == Message("user", (TextBlock(summary), TextBlock("q1")))
+    assert history[1:] == turns(3)[5:]
+    assert build_history(entries, max_turns=0) == build_history(entries)
+    full = build_history(entries, max_turns=10)
+    assert full == build_history(entries)
+    assert full[0].content == (TextBlock(summary), TextBlock("keep me"))
+
+
+def test_limit_without_a_compaction() -> None:
+    entries = [msg(m) for m in turns(4)]
+    assert build_history(entries, max_turns=1) == turns(4)[12:]
+
+
 # -- invariants over arbitrary sequences ----------------------------------------------
 
 _tool_ids = st.sampled_from(["a", "b", "c"])
@@ -229,6 +376,7 @@ _assistant = st.lists(
     st.one_of(
         _text.map(TextBlock),
         _tool_ids.map(lambda i: ToolUseBlock(i, "t", {})),
+        _tool_ids.map(lambda i: ToolUseBlock(i, "bad name", {})),
         _tool_ids.map(lambda i: ToolResultBlock(i, "stray")),
     ),
     max_size=3,
@@ -244,10 +392,31 @@ _user_side = st.builds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(_assistant, _user_side), max_size=12))
-def test_repaired_history_is_always_valid(messages: list[Message]) -> None:
-    history = repair_history(messages)
+@given(
+    st.lists(st.one_of(_assistant, _user_side), max_size=12),
+    st.booleans(),
+    st.integers(min_value=-1, max_value=4),
+)
+def test_repaired_history_is_always_valid(
+    messages: list[Message], with_summary: bool, max_turns: int
+) -> None:
+    if with_summary:
+        messages = [summary_message("s"), *messages]
+    history = repair_history(limit_history_turns(repair_history(messages), max_turns))
     assert repair_history(history) == history  # idempotent
+    if with_summary:
+        assert history[0].content[0] == summary_message("s").content[0]
+    if max_turns > 0:
+        turn_starts = [
+            m
+            for m in history
+            if m.role == "user"
+            and any(
+                not (isinstance(b, TextBlock) and b.text.startswith(COMPACTION_SUMMARY_PREFIX))
+                for b in m.content
+            )
+        ]
+        assert len(turn_starts) <= max_turns
     if not history:
         return
     assert history[0].role == "user"
@@ -262,6 +431,7 @@ def test_repaired_history_is_always_valid(messages: list[Message]) -> None:
         assert all(not (isinstance(b, TextBlock) and not b.text.strip()) for b in message.content)
         if message.role == "assistant":
             calls = [b.id for b in message.content if isinstance(b, ToolUseBlock)]
+            assert all(b.name != "bad name" for b in message.tool_uses)
             assert not any(isinstance(b, ToolResultBlock) for b in message.content)
             assert not seen_calls & set(calls)
             seen_calls.update(calls)

@@ -1,11 +1,28 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from core.messages import ToolSpec
-from core.prompt import PROJECT_FILES, SystemPromptBuilder, render_turn_context, truncate_head_tail
+from core.prompt import (
+    MIN_FILE_BUDGET_CHARS,
+    PROJECT_FILES,
+    SECTION_MEMORY_RECALL,
+    SECTION_ORDER,
+    SECTION_PROJECT_CONTEXT,
+    SILENT_REPLY,
+    PromptSection,
+    SystemPromptBuilder,
+    missing_marker,
+    render_turn_context,
+    truncate_head_tail,
+)
 
 
 def workspace(tmp_path: Path) -> Path:
@@ -14,62 +31,211 @@ def workspace(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def touch(path: Path, text: str) -> None:
+    """Rewrite ``path`` and move its mtime on, so the builder sees the change."""
+    path.write_text(text, encoding="utf-8")
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+
 def test_sections_in_order_and_files_included(tmp_path: Path) -> None:
     builder = SystemPromptBuilder(
-        workspace(tmp_path), agent_name="Ada", tools=[ToolSpec("current_time", "the time")]
+        workspace(tmp_path),
+        agent_name="Ada",
+        tools=[ToolSpec("current_time", "the time")],
+        memory_enabled=True,
     )
-    text = builder.build().text
+    prompt = builder.build()
+    assert [s.name for s in prompt.sections] == list(SECTION_ORDER)
+    assert prompt.text == "\n\n".join(s.text for s in prompt.sections)
     order = [
         "You are Ada",
         "## Tooling",
+        "- current_time: the time",
+        "## Tool Call Style",
         "## Safety",
+        "## Memory Recall",
         "## Workspace",
         "# Project Context",
-        "## Silent replies",
+        "## AGENTS.md",
+        "## SOUL.md",
+        "## IDENTITY.md",
+        "## USER.md",
+        "## TOOLS.md",
+        "## MEMORY.md",
+        "## Silent Replies",
     ]
-    positions = [text.index(marker) for marker in order]
+    positions = [prompt.text.index(marker) for marker in order]
     assert positions == sorted(positions)
     for name in PROJECT_FILES:
-        assert f"content of {name}" in text
+        assert f"content of {name}" in prompt.text
+    assert SILENT_REPLY in prompt.sections[-1].text
 
 
-def test_missing_file_gets_a_marker(tmp_path: Path) -> None:
+def test_memory_recall_only_when_memory_is_on(tmp_path: Path) -> None:
+    off = SystemPromptBuilder(workspace(tmp_path), agent_name="A").build()
+    assert SECTION_MEMORY_RECALL not in [s.name for s in off.sections]
+    assert "Memory Recall" not in off.text
+    on = SystemPromptBuilder(tmp_path, agent_name="A", memory_enabled=True).build()
+    recall = on.section(SECTION_MEMORY_RECALL)
+    assert isinstance(recall, PromptSection)
+    for topic in ("prior work", "decisions", "dates", "people", "preferences", "todos"):
+        assert topic in recall.text
+    assert "memory_search" in recall.text and "unsure" in recall.text
+
+
+def test_nothing_volatile_and_byte_identical_between_builders(tmp_path: Path) -> None:
+    workspace(tmp_path)
+    tools = [ToolSpec("b_tool", "second"), ToolSpec("a_tool", "first")]
+    first = SystemPromptBuilder(tmp_path, agent_name="A", tools=tools, memory_enabled=True)
+    second = SystemPromptBuilder(tmp_path, agent_name="A", tools=tools, memory_enabled=True)
+    assert first.build().text.encode() == second.build().text.encode()
+    # Touching a file without changing it re-reads it, and the bytes still match.
+    touch(tmp_path / "SOUL.md", (tmp_path / "SOUL.md").read_text(encoding="utf-8"))
+    rebuilt = first.build()
+    assert rebuilt.text.encode() == second.build().text.encode()
+    year = str(datetime.now(UTC).year)
+    assert year not in rebuilt.text
+    assert not re.search(r"\d{1,2}:\d{2}", rebuilt.text)
+
+
+def test_missing_file_gets_a_marker_with_its_path(tmp_path: Path) -> None:
     workspace(tmp_path)
     (tmp_path / "USER.md").unlink()
     prompt = SystemPromptBuilder(tmp_path, agent_name="A").build()
-    assert "[USER.md is missing]" in prompt.text
+    assert f"## USER.md\n[MISSING] Expected at: {tmp_path / 'USER.md'}" in prompt.text
+    user = next(f for f in prompt.files if f.name == "USER.md")
+    assert user.missing and not user.truncated and user.raw_chars == 0
+    assert user.path == tmp_path / "USER.md"
+    assert user.injected_chars == len(missing_marker(tmp_path / "USER.md"))
     assert [f.name for f in prompt.files if f.missing] == ["USER.md"]
 
 
-def test_truncation_keeps_head_and_tail() -> None:
+def test_lowercase_memory_md_is_a_fallback_only(tmp_path: Path) -> None:
+    workspace(tmp_path)
+    (tmp_path / "MEMORY.md").unlink()
+    (tmp_path / "memory.md").write_text("lower memory", encoding="utf-8")
+    prompt = SystemPromptBuilder(tmp_path, agent_name="A").build()
+    memory = next(f for f in prompt.files if f.name == "MEMORY.md")
+    assert not memory.missing and memory.path == tmp_path / "memory.md"
+    assert prompt.text.count("lower memory") == 1
+
+
+def test_truncation_keeps_head_and_tail_with_a_marker() -> None:
     text = "H" * 800 + "M" * 800 + "T" * 400
     cut = truncate_head_tail(text, 1000, "X.md")
     assert cut.startswith("H" * 700) and cut.endswith("T" * 200)
-    assert "X.md truncated" in cut
+    assert "[...truncated, read X.md for full content...]" in cut
+    assert "kept 700+200 chars of 2000" in cut
+    assert len(cut) <= 1000
     assert truncate_head_tail("short", 1000, "X.md") == "short"
 
 
-def test_per_file_and_total_caps(tmp_path: Path) -> None:
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=3000), st.integers(min_value=0, max_value=400))
+def test_truncation_never_exceeds_the_limit(length: int, limit: int) -> None:
+    text = "abcdefghij" * (length // 10) + "x" * (length % 10)
+    cut = truncate_head_tail(text, limit, "AGENTS.md")
+    assert len(cut) <= max(limit, 0)
+    if len(text) <= limit:
+        assert cut == text
+    else:
+        assert text.startswith(cut[: min(len(cut), 10)])
+
+
+def test_tiny_limit_keeps_shrunken_head_and_tail() -> None:
+    text = "".join(chr(ord("a") + i % 26) for i in range(5000))
+    cut = truncate_head_tail(text, 400, "AGENTS.md")
+    assert len(cut) <= 400
+    assert "[...truncated, read AGENTS.md" in cut
+    match = re.search(r"kept (\d+)\+(\d+) chars of 5000", cut)
+    assert match is not None
+    head, tail = int(match.group(1)), int(match.group(2))
+    assert cut.startswith(text[:head]) and cut.endswith(text[len(text) - tail :])
+    assert head > tail > 0
+    # Where the marker would take most of the room, a bare head is kept instead.
+    assert truncate_head_tail(text, 100, "AGENTS.md") == text[:100]
+
+
+def test_per_file_cap(tmp_path: Path) -> None:
     workspace(tmp_path)
     (tmp_path / "MEMORY.md").write_text("m" * 50_000, encoding="utf-8")
-    prompt = SystemPromptBuilder(
-        tmp_path, agent_name="A", file_max_chars=1000, total_max_chars=3000
-    ).build()
+    prompt = SystemPromptBuilder(tmp_path, agent_name="A", file_max_chars=1000).build()
     memory = next(f for f in prompt.files if f.name == "MEMORY.md")
-    assert memory.truncated and memory.injected_chars <= 1100
-    assert sum(f.injected_chars for f in prompt.files) <= 3000 + 200
+    assert memory.truncated and memory.raw_chars == 50_000
+    assert 900 <= memory.injected_chars <= 1000
+    assert "[...truncated, read MEMORY.md for full content...]" in prompt.text
+    others = [f for f in prompt.files if f.name != "MEMORY.md"]
+    assert not any(f.truncated for f in others)
+
+
+def test_total_cap_is_strict_and_later_files_are_cut_to_the_rest(tmp_path: Path) -> None:
+    for name in PROJECT_FILES:
+        (tmp_path / name).write_text(name[0] * 2_000, encoding="utf-8")
+    prompt = SystemPromptBuilder(
+        tmp_path, agent_name="A", file_max_chars=1_000, total_max_chars=3_500
+    ).build()
+    assert sum(f.injected_chars for f in prompt.files) <= 3_500
+    injected = [f.injected_chars for f in prompt.files]
+    assert all(950 <= n <= 1_000 for n in injected[:3])
+    assert 450 <= injected[3] <= 3_500 - sum(injected[:3])  # min(per-file cap, what remains)
+    assert injected[4:] == [0, 0]  # nothing left: skipped, flagged truncated
+    assert all(f.truncated for f in prompt.files)
+    assert "## TOOLS.md" not in prompt.text and "## MEMORY.md" not in prompt.text
+
+
+def test_injection_stops_below_the_minimum_budget(tmp_path: Path) -> None:
+    workspace(tmp_path)
+    (tmp_path / "AGENTS.md").write_text("a" * 100, encoding="utf-8")
+    (tmp_path / "SOUL.md").write_text("s" * 100, encoding="utf-8")
+    total = 100 + MIN_FILE_BUDGET_CHARS - 1
+    prompt = SystemPromptBuilder(tmp_path, agent_name="A", total_max_chars=total).build()
+    soul = next(f for f in prompt.files if f.name == "SOUL.md")
+    assert soul.injected_chars == 0 and soul.truncated
+    assert "## SOUL.md" not in prompt.text
+    # At exactly the minimum a file still gets its slice.
+    total = 100 + MIN_FILE_BUDGET_CHARS
+    prompt = SystemPromptBuilder(tmp_path, agent_name="A", total_max_chars=total).build()
+    soul = next(f for f in prompt.files if f.name == "SOUL.md")
+    assert soul.injected_chars == MIN_FILE_BUDGET_CHARS and soul.truncated
+
+
+def test_missing_markers_survive_a_small_budget_and_stay_within_it(tmp_path: Path) -> None:
+    (tmp_path / "AGENTS.md").write_text("a" * 1_000, encoding="utf-8")
+    # Every other file is missing; the budget leaves less than the minimum after AGENTS.md.
+    total = 1_000 + 40
+    prompt = SystemPromptBuilder(tmp_path, agent_name="A", total_max_chars=total).build()
+    soul = next(f for f in prompt.files if f.name == "SOUL.md")
+    assert soul.missing and 0 < soul.injected_chars <= 40
+    assert "## SOUL.md\n[MISSING] Expected at:" in prompt.text
+    assert sum(f.injected_chars for f in prompt.files) <= total
+
+
+@pytest.mark.parametrize("total", [0, 1, 10, 63, 64, 65, 200])
+def test_total_cap_holds_for_any_budget(tmp_path: Path, total: int) -> None:
+    (tmp_path / "AGENTS.md").write_text("x" * 500, encoding="utf-8")
+    (tmp_path / "USER.md").write_text("y" * 500, encoding="utf-8")
+    prompt = SystemPromptBuilder(tmp_path, agent_name="A", total_max_chars=total).build()
+    assert sum(f.injected_chars for f in prompt.files) <= total
+    assert len(prompt.files) == len(PROJECT_FILES)
+
+
+def test_project_context_section_holds_the_files(tmp_path: Path) -> None:
+    prompt = SystemPromptBuilder(workspace(tmp_path), agent_name="A").build()
+    project = prompt.section(SECTION_PROJECT_CONTEXT)
+    assert project is not None and project.text.startswith("# Project Context")
+    assert all(f"content of {name}" in project.text for name in PROJECT_FILES)
 
 
 def test_stable_until_a_file_changes(tmp_path: Path) -> None:
     builder = SystemPromptBuilder(workspace(tmp_path), agent_name="A")
     first = builder.build()
     assert builder.build() is first  # cached: no re-read, byte-identical
-    path = tmp_path / "SOUL.md"
-    path.write_text("# SOUL.md\nnew personality\n", encoding="utf-8")
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    touch(tmp_path / "SOUL.md", "# SOUL.md\nnew personality\n")
     second = builder.build()
     assert "new personality" in second.text and second.text != first.text
+    (tmp_path / "SOUL.md").unlink()
+    assert "[MISSING]" in builder.build().text
 
 
 def test_turn_context_carries_the_volatile_facts() -> None:

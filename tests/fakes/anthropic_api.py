@@ -8,22 +8,30 @@ SDK adds ``/v1/messages``). What it checks, like the real service:
   text blocks, every ``tool_result`` answering a ``tool_use`` of the previous message
   and every ``tool_use`` answered in the next one, at most 4 ``cache_control``
   blocks: 400 ``invalid_request_error`` with the real wording where known;
-- the context window (``context_window``), with the two real overflow messages.
+- the context window (``context_window``) on every request, counting tools, system
+  and messages, with the two real overflow messages.
 
-Usage reports prompt caching: the prompt is cut into segments (tools, system
-blocks, message blocks); a prefix ending at a ``cache_control`` block is written on
-first sight and read on later requests (see ``PrefixCache``).
+Usage reports prompt caching as the real service does (see ``PrefixCache``): the
+prompt is cut into segments (tools, system blocks, message blocks); a prefix that
+ends at a ``cache_control`` block and has at least ``min_cache_tokens`` is written;
+a later request reads the longest live prefix found at a block boundary within 20
+blocks before one of its breakpoints. An entry lives ``cache_ttl_seconds`` on
+``fake.clock``, and each read restarts that. ``input_tokens`` is what is neither read
+nor written. ``fake.billing`` keeps the running totals.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from tests.fakes.llm_common import (
+    CACHE_LOOKBACK_BLOCKS,
+    DEFAULT_CACHE_TTL_SECONDS,
+    Billing,
     FakeLLMServer,
     Hang,
     HttpError,
@@ -239,6 +247,18 @@ def prompt_segments(body: Mapping[str, Any]) -> tuple[list[Any], list[int]]:
     return segments, breakpoints
 
 
+def block_indexes(segments: list[Any]) -> list[int]:
+    """The segments that are content blocks (tools and system blocks count as blocks),
+    not the role markers that open each message: the cache's lookback counts blocks."""
+    return [i for i, s in enumerate(segments) if not (isinstance(s, dict) and s.keys() == {"role"})]
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The deterministic size of a request's prompt: tools, system and messages."""
+    segments, _ = prompt_segments(body)
+    return sum(estimate_tokens(s) for s in segments)
+
+
 def _check_cache_breakpoints(body: Mapping[str, Any]) -> None:
     _, breakpoints = prompt_segments(body)
     if len(breakpoints) > MAX_CACHE_BREAKPOINTS:
@@ -269,9 +289,27 @@ class FakeAnthropic(FakeLLMServer):
         api_key: str = "sk-test",
         context_window: int | None = None,
         min_cache_tokens: int = 0,
+        cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS,
+        cache_lookback_blocks: int = CACHE_LOOKBACK_BLOCKS,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(api_key=api_key, context_window=context_window)
         self.min_cache_tokens = min_cache_tokens
+        self.cache_ttl_seconds = cache_ttl_seconds
+        self.cache_lookback_blocks = cache_lookback_blocks
+        if clock is not None:
+            self.clock = clock
+        self.billing = Billing()
+        self.usages: list[dict[str, int]] = []  # per answered request, in order
+
+    @property
+    def requests_bodies(self) -> list[Any]:
+        """The bodies of the ``/v1/messages`` requests, in order (count_tokens excluded)."""
+        return [r.body for r in self.requests if r.path == "/v1/messages"]
+
+    @property
+    def last_usage(self) -> dict[str, int] | None:
+        return self.usages[-1] if self.usages else None
 
     def make_app(self) -> web.Application:
         app = web.Application()
@@ -320,16 +358,38 @@ class FakeAnthropic(FakeLLMServer):
             )
         return None
 
-    def _usage(self, body: Mapping[str, Any]) -> dict[str, int]:
+    def _usage(self, body: Mapping[str, Any], step: Step) -> dict[str, int]:
+        """Account the prompt against the cache, bill it, and return the usage."""
         segments, breakpoints = prompt_segments(body)
         total = sum(estimate_tokens(s) for s in segments)
-        read, written = self.cache.account(segments, breakpoints, self.min_cache_tokens)
-        return {
+        read, written = self.cache.account(
+            segments,
+            breakpoints,
+            self.min_cache_tokens,
+            now=self.clock(),
+            ttl_seconds=self.cache_ttl_seconds,
+            lookback_blocks=self.cache_lookback_blocks,
+            block_indexes=block_indexes(segments),
+        )
+        output = self._output_tokens(self._sent_reply(step))
+        usage = {
             "input_tokens": total - read - written,
             "cache_creation_input_tokens": written,
             "cache_read_input_tokens": read,
-            "output_tokens": 1,
+            "output_tokens": output,
         }
+        self.billing.add(
+            input_tokens=usage["input_tokens"], read=read, written=written, output_tokens=output
+        )
+        self.usages.append(usage)
+        return usage
+
+    @staticmethod
+    def _sent_reply(step: Step) -> Reply:
+        """What the model says for ``step``: the reply, or the text sent before a failure."""
+        if isinstance(step, Reply):
+            return step
+        return Reply(getattr(step, "partial_text", "") or "")
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -337,8 +397,9 @@ class FakeAnthropic(FakeLLMServer):
         body = await self.record(request)
         if (failure := self._auth_failure(request)) is not None:
             return failure
-        segments, _ = prompt_segments(body if isinstance(body, dict) else {})
-        return json_response(200, {"input_tokens": sum(estimate_tokens(s) for s in segments)})
+        return json_response(
+            200, {"input_tokens": prompt_tokens(body if isinstance(body, dict) else {})}
+        )
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await self.record(request)
@@ -348,12 +409,9 @@ class FakeAnthropic(FakeLLMServer):
             validate(body)
         except InvalidRequest as exc:
             return self._error(400, "invalid_request_error", str(exc))
-        segments, _ = prompt_segments(body)
-        if (
-            overflow := self._overflow(body, sum(estimate_tokens(s) for s in segments))
-        ) is not None:
+        if (overflow := self._overflow(body, prompt_tokens(body))) is not None:
             return overflow
-        step: Step = self.next_step() or Reply(echo_text(body))
+        step: Step = self.next_step(body) or Reply(echo_text(body))
         if isinstance(step, HttpError):
             if step.body is not None:
                 return json_response(step.status, step.body, step.headers)
@@ -364,7 +422,7 @@ class FakeAnthropic(FakeLLMServer):
             )
         if isinstance(step, Hang) and step.partial_text is None:
             return await self.hang_response(request)
-        usage = self._usage(body)
+        usage = self._usage(body, step)
         if not body.get("stream"):
             if not isinstance(step, Reply):
                 return self._error(500, "api_error", "this step needs stream: true")
@@ -386,7 +444,6 @@ class FakeAnthropic(FakeLLMServer):
                     "input": dict(call.input),
                 }
             )
-        usage = {**usage, "output_tokens": self._output_tokens(reply)}
         return {
             "id": self.next_id("msg_"),
             "type": "message",
@@ -429,10 +486,11 @@ class FakeAnthropic(FakeLLMServer):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": usage,
+            # Output is reported at the end (message_delta), as the real stream does.
+            "usage": {**usage, "output_tokens": 1},
         }
         await send(response, _sse("message_start", {"type": "message_start", "message": message}))
-        reply = step if isinstance(step, Reply) else Reply(getattr(step, "partial_text", "") or "")
+        reply = self._sent_reply(step)
         index = 0
         if reply.text:
             await send(

@@ -9,21 +9,27 @@ the next step, and an empty script gets the fake's default echo reply. Steps:
 - ``Hang``: no answer (before the headers, or after some text) until the fake stops.
 - ``RawResponse``: bytes as given, for answers the client cannot read.
 
+When the script is empty, ``fake.responder`` (if set) is asked for a step by the
+request body, before the default echo: benchmarks answer by content that way.
+
 Token counts use one deterministic estimate (about 4 characters per token over the
 JSON of each prompt segment) for usage, context-window checks and cache accounting,
-so tests can predict them exactly.
+so tests can predict them exactly. Cache entries expire on ``fake.clock`` (virtual
+time in tests and benchmarks, so nothing sleeps).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import json
 import math
 import re
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -31,6 +37,14 @@ from aiohttp import web
 
 DEFAULT_API_KEY = "sk-test"
 CHARS_PER_TOKEN = 4
+# Anthropic's ephemeral cache: an entry lives 5 minutes, refreshed each time it is read.
+DEFAULT_CACHE_TTL_SECONDS = 300.0
+# A read looks for entries at the breakpoint's own block boundary and the 19 before
+# it (20 positions in all); an older prefix needs a breakpoint nearer to it.
+CACHE_LOOKBACK_BLOCKS = 20
+# Anthropic's prices relative to plain input: reads 10%, 5-minute writes 125%.
+CACHE_READ_PRICE = 0.1
+CACHE_WRITE_PRICE = 1.25
 _WORDS = re.compile(r"\S+\s*|\s+")
 
 
@@ -129,22 +143,43 @@ def json_response(status: int, body: Any, headers: Mapping[str, str] | None = No
 
 
 class PrefixCache:
-    """Which prompt prefixes were seen before, as a prompt cache would remember them.
+    """Which prompt prefixes a prompt cache holds, and until when.
 
-    A prefix is written when a breakpoint ends it. A read finds the longest written
-    prefix that ends at or before the last breakpoint, wherever the breakpoints of
-    this request sit (the real cache looks back over earlier block boundaries too).
+    Only a prefix that ends at a breakpoint is written, and only when it has at least
+    ``min_tokens``. A read takes the longest live entry among the block boundaries
+    within ``lookback_blocks`` of some breakpoint of the request (the real cache does
+    not search further back), and refreshes that entry's lifetime. Time is whatever
+    the caller passes as ``now``, so a fake clock can jump forward.
     """
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        self._expires: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._expires)
+
+    def clear(self) -> None:
+        self._expires.clear()
 
     def account(
-        self, segments: list[Any], breakpoints: list[int], min_tokens: int
+        self,
+        segments: Sequence[Any],
+        breakpoints: Sequence[int],
+        min_tokens: int,
+        *,
+        now: float = 0.0,
+        ttl_seconds: float = math.inf,
+        lookback_blocks: int | None = None,
+        block_indexes: Sequence[int] | None = None,
     ) -> tuple[int, int]:
-        """(read, written) tokens for a prompt cut at ``breakpoints`` (segment indexes)."""
+        """(read, written) tokens for a prompt cut at ``breakpoints`` (segment indexes).
+
+        ``block_indexes`` are the segments that end a content block (None: all of
+        them); ``lookback_blocks`` None searches every boundary before a breakpoint.
+        """
         if not breakpoints:
             return 0, 0
+        self._drop_expired(now)
         last = max(breakpoints)
         chain = hashlib.sha256()
         keys: list[str] = []
@@ -155,13 +190,80 @@ class PrefixCache:
             keys.append(chain.hexdigest())
             tokens += estimate_tokens(segment)
             sizes.append(tokens)
-        read = max((sizes[i] for i in range(last + 1) if keys[i] in self._seen), default=0)
+        candidates = self._candidates(last, breakpoints, lookback_blocks, block_indexes)
+        hits = [i for i in candidates if keys[i] in self._expires and sizes[i] >= min_tokens]
+        read = 0
+        if hits:
+            best = max(hits, key=lambda i: sizes[i])
+            read = sizes[best]
+            self._expires[keys[best]] = now + ttl_seconds
         written = 0
         for index in breakpoints:
             if sizes[index] >= min_tokens:
-                self._seen.add(keys[index])
+                self._expires[keys[index]] = now + ttl_seconds
                 written = max(written, sizes[index] - read)
         return read, written
+
+    @staticmethod
+    def _candidates(
+        last: int,
+        breakpoints: Sequence[int],
+        lookback_blocks: int | None,
+        block_indexes: Sequence[int] | None,
+    ) -> set[int]:
+        boundaries = sorted(
+            i for i in (range(last + 1) if block_indexes is None else block_indexes) if i <= last
+        )
+        if lookback_blocks is None:
+            return set(boundaries)
+        found: set[int] = set()
+        for point in breakpoints:
+            end = bisect.bisect_right(boundaries, point)
+            found.update(boundaries[max(0, end - lookback_blocks) : end])
+        return found
+
+    def _drop_expired(self, now: float) -> None:
+        for key in [k for k, until in self._expires.items() if until <= now]:
+            del self._expires[key]
+
+
+@dataclass(slots=True)
+class Billing:
+    """What the fake would have charged so far, in tokens."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, *, input_tokens: int, read: int, written: int, output_tokens: int) -> None:
+        self.requests += 1
+        self.input_tokens += input_tokens
+        self.cache_read_tokens += read
+        self.cache_write_tokens += written
+        self.output_tokens += output_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every prompt token, however it was billed."""
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    @property
+    def cache_read_share(self) -> float:
+        """The part of all prompt tokens that was read from the cache (0.0 when none)."""
+        total = self.prompt_tokens
+        return self.cache_read_tokens / total if total else 0.0
+
+    def weighted_input(
+        self, read_price: float = CACHE_READ_PRICE, write_price: float = CACHE_WRITE_PRICE
+    ) -> float:
+        """Prompt tokens at plain-input price: reads and writes at their relative price."""
+        return (
+            self.input_tokens
+            + read_price * self.cache_read_tokens
+            + write_price * self.cache_write_tokens
+        )
 
 
 def retry_headers(retry_after: float | None, retry_after_ms: float | None) -> dict[str, str]:
@@ -198,6 +300,10 @@ class FakeLLMServer:
         self._port = 0
         self._counter = 0
         self.cache = PrefixCache()
+        # Read for cache lifetimes; tests and benchmarks swap in a virtual clock.
+        self.clock: Callable[[], float] = time.monotonic
+        # Asked for a step when the script is empty (None from it: the default reply).
+        self.responder: Callable[[dict[str, Any]], Step | None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -243,8 +349,13 @@ class FakeLLMServer:
     def enqueue(self, *steps: Step) -> None:
         self.script.extend(steps)
 
-    def next_step(self) -> Step | None:
-        return self.script.popleft() if self.script else None
+    def next_step(self, body: Any = None) -> Step | None:
+        """The next scripted step; else the responder's answer for ``body``; else None."""
+        if self.script:
+            return self.script.popleft()
+        if self.responder is not None and isinstance(body, dict):
+            return self.responder(body)
+        return None
 
     def next_id(self, prefix: str) -> str:
         self._counter += 1

@@ -19,8 +19,14 @@ Step = ProviderResponse | BaseException | Callable[[ProviderRequest], ProviderRe
 
 
 def echo_text(request: ProviderRequest) -> str:
+    """The last thing the user said, without the turn context that rides at its tail."""
     last = request.messages[-1]
-    return f"echo: {last.content[-1].text if isinstance(last.content[-1], TextBlock) else '?'}"
+    said = [
+        b.text
+        for b in last.content
+        if isinstance(b, TextBlock) and not b.text.startswith("<turn-context>")
+    ]
+    return f"echo: {said[-1] if said else '?'}"
 
 
 class ScriptedProvider:

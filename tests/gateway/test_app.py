@@ -78,9 +78,11 @@ async def test_message_is_answered_and_recorded(stack: Any, tmp_path: Path) -> N
     assert kinds == [("message", "user"), ("message", "assistant"), ("custom", "delivery")]
     assert record.entry_count == transcript.entry_count == 3
     assert record.last_entry_id == transcript.last_entry.id
-    # The volatile turn context rides in the user message, not in the system prompt.
+    # The volatile turn context rides at the tail of the user message, never in the
+    # system prompt, so everything before it stays byte-stable for the prompt cache.
     user = provider.requests[0].messages[0]
-    assert "<turn-context>" in user.content[0].text and user.content[-1].text == "hello"
+    assert user.content[0].text == "hello" and "<turn-context>" in user.content[-1].text
+    assert "<turn-context>" not in provider.requests[0].system
     assert "<turn-context>" not in provider.requests[0].system
     assert channel.sent[0].reply_to_message_id is not None
 

@@ -7,6 +7,8 @@ import json
 import socket
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.errors import (
     AuthenticationError,
@@ -27,7 +29,12 @@ from core.messages import (
     ToolSpec,
     ToolUseBlock,
 )
-from core.providers.anthropic import AnthropicProvider, build_params, to_wire_messages
+from core.providers.anthropic import (
+    MAX_CACHE_BREAKPOINTS,
+    AnthropicProvider,
+    build_params,
+    to_wire_messages,
+)
 from core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
@@ -41,11 +48,13 @@ from tests.fakes.anthropic_api import (
     FakeAnthropic,
     overloaded,
     prompt_segments,
+    prompt_tokens,
     rate_limited,
     request_too_large,
     server_error,
 )
 from tests.fakes.llm_common import (
+    DEFAULT_CACHE_TTL_SECONDS,
     Hang,
     HttpError,
     RawResponse,
@@ -136,9 +145,11 @@ async def test_request_carries_cache_breakpoints_and_key(
     assert "cache_control" not in body["tools"][0]
     assert body["tools"][1]["cache_control"] == {"type": "ephemeral"}
     assert body["tools"][1]["input_schema"] == WEATHER.input_schema
-    # The newest message ends the cached prefix so the next turn reads the history.
+    # The newest message ends the cached prefix so the next turn reads the history, and
+    # the previous user message ends where the previous call's prefix ended.
     assert body["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
-    assert all("cache_control" not in b for m in body["messages"][:-1] for b in m["content"])
+    assert body["messages"][0]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in body["messages"][1]["content"][-1]
 
 
 async def test_default_echo_when_nothing_is_scripted(anthropic_provider: AnthropicProvider) -> None:
@@ -312,6 +323,181 @@ async def test_changed_system_prompt_is_not_read_from_cache(
     other = ProviderRequest(TEST_ANTHROPIC_MODEL, SYSTEM + " Changed.", (Message.user("q"),))
     response = await anthropic_provider.complete(other)
     assert response.usage.cache_read_tokens == 0
+
+
+# -- prompt caching across calls ----------------------------------------------------------
+
+LONG_SYSTEM = "You are Parley. Follow the house rules carefully and cite sources. " * 60
+
+
+class Clock:
+    """Virtual time for the fake's cache lifetimes (no sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def long_request(*messages: Message, tools: tuple[ToolSpec, ...] = (WEATHER,)) -> ProviderRequest:
+    return ProviderRequest(TEST_ANTHROPIC_MODEL, LONG_SYSTEM, messages, tools, 256)
+
+
+def breakpoints_in(params: dict) -> list[dict]:
+    blocks = [*params.get("tools", []), *params.get("system", [])]
+    blocks += [b for m in params["messages"] for b in m["content"]]
+    return [b for b in blocks if "cache_control" in b]
+
+
+async def test_second_turn_is_billed_mostly_as_cache_read(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
+    anthropic_fake.clock = Clock()
+    history = [Message.user("What is the capital of Norway?")]
+    first = await anthropic_provider.complete(long_request(*history))
+    first_prompt = prompt_tokens(anthropic_fake.last_body)
+    history += [first.message, Message.user("And of Sweden?")]
+
+    second = await anthropic_provider.complete(long_request(*history))
+
+    assert first.usage.cache_read_tokens == 0
+    assert first.usage.cache_write_tokens == first_prompt
+    assert second.usage.cache_read_tokens == first_prompt
+    assert second.usage.cache_read_tokens / second.usage.context_tokens > 0.9
+    assert anthropic_fake.billing.cache_read_tokens == first_prompt
+
+
+async def test_tool_loop_reads_the_previous_calls_prefix_past_the_lookback(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
+    # 12 parallel calls and 12 results put 24 blocks between one call's last breakpoint
+    # and the next call's final block: beyond the 20-block lookback of the service.
+    calls = 12
+
+    def tool_round(round_number: int) -> Reply:
+        return Reply(
+            tool_calls=tuple(
+                ToolCall("weather", {"city": f"c{round_number}-{i}"}, id=f"tu_{round_number}_{i}")
+                for i in range(calls)
+            )
+        )
+
+    anthropic_fake.enqueue(tool_round(1), tool_round(2), Reply("All done."))
+    history = [Message.user("Weather everywhere, please.")]
+    previous_prompt = 0
+    for round_number in (1, 2, 3):
+        response = await anthropic_provider.complete(long_request(*history))
+        body = anthropic_fake.last_body
+        assert len(breakpoints_in(body)) <= MAX_CACHE_BREAKPOINTS
+        if round_number > 1:
+            # Exactly the previous call's whole prompt is read, not just tools + system.
+            assert response.usage.cache_read_tokens == previous_prompt
+            assert response.usage.input_tokens == 0
+        previous_prompt = prompt_tokens(body)
+        results = tuple(
+            ToolResultBlock(block.id, f"sunny in {block.input['city']}")
+            for block in response.content
+            if isinstance(block, ToolUseBlock)
+        )
+        history += [response.message]
+        if results:
+            history.append(Message("tool_result", results))
+    assert response.message.text == "All done."
+
+
+async def test_after_the_ttl_the_prefix_is_written_again(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
+    clock = Clock()
+    anthropic_fake.clock = clock
+    history = [Message.user("First question")]
+    first = await anthropic_provider.complete(long_request(*history))
+    history += [first.message, Message.user("Second question, much later")]
+    clock.now += DEFAULT_CACHE_TTL_SECONDS + 1
+
+    late = await anthropic_provider.complete(long_request(*history))
+    late_prompt = prompt_tokens(anthropic_fake.last_body)
+    history += [late.message, Message.user("Third question, right away")]
+    soon = await anthropic_provider.complete(long_request(*history))
+
+    assert late.usage.cache_read_tokens == 0
+    assert late.usage.cache_write_tokens == late_prompt
+    assert soon.usage.cache_read_tokens == late_prompt
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        (Message.user("only one"),),
+        (Message.user("q"), Message.assistant("a")),  # ends with an assistant message
+        (Message.user("q"), Message.assistant("a"), Message.user("q2")),
+        (
+            Message.user("q"),
+            Message("assistant", (ToolUseBlock("t1", "weather", {"city": "Oslo"}),)),
+            Message("tool_result", (ToolResultBlock("t1", "sunny"),)),
+            Message.assistant("It is sunny."),
+            Message.user("thanks"),
+            Message.assistant("  "),  # blank: dropped, never marked
+        ),
+    ],
+)
+async def test_the_strict_fake_accepts_every_breakpoint_layout(
+    anthropic_fake: FakeAnthropic,
+    anthropic_provider: AnthropicProvider,
+    history: tuple[Message, ...],
+) -> None:
+    await anthropic_provider.complete(long_request(*history))
+    body = anthropic_fake.last_body
+    marked = breakpoints_in(body)
+    assert len(marked) == min(MAX_CACHE_BREAKPOINTS, 2 + (2 if len(body["messages"]) >= 3 else 1))
+    assert body["messages"][-1]["content"][-1] in marked
+
+
+def test_second_to_last_user_message_is_marked_when_the_last_is_an_assistant() -> None:
+    params = build_params(
+        long_request(
+            Message.user("q1"), Message.assistant("a1"), Message.user("q2"), Message.assistant("a2")
+        )
+    )
+    marked = [i for i, m in enumerate(params["messages"]) if "cache_control" in m["content"][-1]]
+    assert marked == [2, 3]
+
+
+_TEXTS = st.sampled_from(["hello", "", "   ", "\n", "data"])
+_BLOCKS = st.one_of(
+    _TEXTS.map(TextBlock),
+    st.builds(lambda n: ToolUseBlock(f"t{n}", "weather", {"n": n}), st.integers(0, 3)),
+    st.builds(lambda n: ToolResultBlock(f"t{n}", "ok"), st.integers(0, 3)),
+    st.sampled_from(["", "aGk="]).map(lambda data: ImageBlock("image/png", data)),
+)
+_MESSAGES = st.builds(
+    lambda role, blocks: Message(role, tuple(blocks)),
+    st.sampled_from(["user", "assistant", "tool_result"]),
+    st.lists(_BLOCKS, min_size=1, max_size=4),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    messages=st.lists(_MESSAGES, min_size=0, max_size=8),
+    system=st.sampled_from(["", "  ", "System."]),
+    tools=st.sampled_from([(), (WEATHER,), (ToolSpec("clock", "The time."), WEATHER)]),
+)
+def test_never_more_than_four_breakpoints_and_never_on_blank_text(
+    messages: list[Message], system: str, tools: tuple[ToolSpec, ...]
+) -> None:
+    params = build_params(ProviderRequest(TEST_ANTHROPIC_MODEL, system, tuple(messages), tools, 64))
+    marked = breakpoints_in(params)
+    assert len(marked) <= MAX_CACHE_BREAKPOINTS
+    assert all(b.get("type") != "text" or b["text"].strip() for b in marked)
+    wire = params["messages"]
+    if wire:
+        assert "cache_control" in wire[-1]["content"][-1]
+    expected_history = (1 if wire else 0) + (
+        1 if len(wire) >= 3 and any(m["role"] == "user" for m in wire[:-1]) else 0
+    )
+    assert len(marked) == (1 if tools else 0) + (1 if system.strip() else 0) + expected_history
 
 
 # -- errors -----------------------------------------------------------------------------

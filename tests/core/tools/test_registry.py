@@ -24,9 +24,10 @@ from core.tools.registry import (
     schema_problem,
     truncate_result,
 )
+from core.truncation import truncate_tool_result
 
 SHORT_TIMEOUT = 0.05
-NOTICE = re.compile(r"\n\[\.\.\. (\d+) more characters truncated\]$")
+NOTICE = re.compile(r"\[\.\.\. ([\d,]+) characters? \([\d,]+ lines?\) omitted \.\.\.\]$")
 
 
 async def _echo(arguments: dict[str, Any], context: ToolContext) -> str:
@@ -343,28 +344,49 @@ async def test_cancelling_the_turn_is_not_swallowed(context: ToolContext) -> Non
         await task
 
 
-# -- the size cap ------------------------------------------------------------------------
+# -- the size cap (policy: core.truncation; tested in depth in tests/core/test_truncation.py)
+
+
+def _flood(text: str) -> Any:
+    async def flood(_: dict[str, Any], __: ToolContext) -> str:
+        return text
+
+    return flood
+
+
+def _notice(content: str) -> tuple[str, int]:
+    """The text before the marker, and the character count it names."""
+    match = NOTICE.search(content)
+    assert match is not None, content
+    return content[: match.start()], int(match.group(1).replace(",", ""))
 
 
 async def test_results_are_capped_with_a_note(context: ToolContext) -> None:
     big = "".join(f"line {i:05d}\n" for i in range(2000))
-
-    async def flood(_: dict[str, Any], __: ToolContext) -> str:
-        return big
-
     registry = ToolRegistry(max_result_chars=1000)
-    registry.register(_tool(handler=flood))
+    registry.register(_tool(handler=_flood(big)))
 
     result = await _run(registry, context, "echo")
 
     assert not result.is_error
     assert len(result.content) <= 1000
-    match = NOTICE.search(result.content)
-    assert match is not None
-    head = result.content[: match.start()]
+    head, omitted = _notice(result.content)
     assert big.startswith(head)
-    assert big[len(head)] == "\n"  # cut at a line end
-    assert int(match.group(1)) == len(big) - len(head)
+    assert head.endswith("\n")  # cut at a line end
+    assert omitted == len(big) - len(head)
+    assert result.content.endswith("lines) omitted ...]")
+
+
+async def test_an_error_at_the_end_survives_the_cap(context: ToolContext) -> None:
+    big = "".join(f"line {i:05d}\n" for i in range(2000)) + "FAILED: 3 errors\n"
+    registry = ToolRegistry(max_result_chars=1000)
+    registry.register(_tool(handler=_flood(big)))
+
+    result = await _run(registry, context, "echo")
+
+    assert len(result.content) <= 1000
+    assert result.content.startswith("line 00000\n")
+    assert result.content.endswith("FAILED: 3 errors\n")
 
 
 async def test_error_results_are_capped_too(context: ToolContext) -> None:
@@ -380,8 +402,45 @@ async def test_error_results_are_capped_too(context: ToolContext) -> None:
     assert len(result.content) <= 1000
 
 
+async def test_a_per_call_cap_overrides_the_registry_cap(context: ToolContext) -> None:
+    text = "z" * 3000
+    registry = ToolRegistry(max_result_chars=1000)
+    registry.register(_tool(handler=_flood(text)))
+    use = ToolUseBlock("c", "echo", {})
+
+    wider = await registry.run(use, context, max_chars=5000)
+    narrower = await registry.run(use, context, max_chars=500)
+    default = await registry.run(use, context, max_chars=None)
+
+    assert wider.content == text
+    assert len(narrower.content) <= 500
+    assert 500 < len(default.content) <= 1000
+
+
+async def test_a_non_positive_per_call_cap_is_a_caller_bug(context: ToolContext) -> None:
+    called = False
+
+    async def handler(_: dict[str, Any], __: ToolContext) -> str:
+        nonlocal called
+        called = True
+        return "ran"
+
+    registry = ToolRegistry()
+    registry.register(_tool(handler=handler))
+
+    with pytest.raises(ValueError, match="max_chars"):
+        await registry.run(ToolUseBlock("c", "echo", {}), context, max_chars=0)
+    assert not called
+
+
 def test_text_within_the_cap_is_untouched() -> None:
-    assert truncate_result("x" * 100, 100) == "x" * 100
+    text = "x" * 100
+
+    assert truncate_result(text, 100) is text
+
+
+def test_the_old_name_is_the_shared_policy() -> None:
+    assert truncate_result is truncate_tool_result
 
 
 def test_without_a_newline_near_the_end_the_cut_is_exact() -> None:
@@ -389,13 +448,13 @@ def test_without_a_newline_near_the_end_the_cut_is_exact() -> None:
 
     out = truncate_result(text, 1000)
 
-    match = NOTICE.search(out)
-    assert match is not None
-    assert len(out) == 1000
-    assert int(match.group(1)) == len(text) - match.start()
+    head, omitted = _notice(out)
+    assert len(head) > 900
+    assert text.startswith(head.removesuffix("\n"))
+    assert omitted == len(text) - len(head.removesuffix("\n"))
 
 
-@given(st.text(max_size=3000), st.integers(min_value=60, max_value=2000))
+@given(st.text(alphabet="ab\n ", max_size=3000), st.integers(min_value=60, max_value=2000))
 def test_truncation_keeps_a_prefix_within_the_cap(text: str, max_chars: int) -> None:
     out = truncate_result(text, max_chars)
 
@@ -403,7 +462,6 @@ def test_truncation_keeps_a_prefix_within_the_cap(text: str, max_chars: int) -> 
     if len(text) <= max_chars:
         assert out == text
     else:
-        match = NOTICE.search(out)
-        assert match is not None
-        assert text.startswith(out[: match.start()])
-        assert int(match.group(1)) == len(text) - match.start()
+        head, omitted = _notice(out)
+        assert text.startswith(head)
+        assert omitted == len(text) - len(head)

@@ -1,0 +1,299 @@
+"""Compaction: fold the old part of a session into a summary plus a deterministic ledger.
+
+A compaction appends one ``compaction`` entry to the transcript (never rewrites it):
+the model's view then starts with the summary, followed by the kept entries from
+``first_kept_entry_id`` on. What makes ours safe where peers lost work:
+
+- the cut keeps about ``keep_recent_tokens`` of the newest history and at least the
+  last ``keep_recent_turns`` user turns verbatim, and only ever cuts at a user turn or
+  at an assistant message, so a tool call is never separated from its result;
+- the ledger (``core.ledger``) is extracted by code from what is being summarised,
+  merged with the previous one and stored beside the summary, so exact identifiers,
+  open asks, "remember ..." statements and decisions survive however the model writes;
+- a summariser failure writes nothing: the history is kept and the caller trims the
+  view instead; a stretch with nothing real in it (tool noise, silent replies) writes
+  no entry at all, never an empty skeleton;
+- before each compaction the transcript file is copied to a checkpoint (the newest
+  ``checkpoints_kept`` per session are kept), so even the pre-compaction bytes can be
+  inspected later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from core.context_config import CompactionConfig
+from core.errors import SummaryError, TranscriptError
+from core.history import summary_message
+from core.ledger import Ledger, extract_ledger
+from core.messages import Message, TextBlock, ToolResultBlock, Usage
+from core.prompt import SILENT_REPLY
+from core.summarizer import Summarizer
+from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry, Transcript
+
+log = logging.getLogger("parley.core.compaction")
+
+TRIGGER_THRESHOLD = "threshold"
+TRIGGER_OVERFLOW = "overflow"
+TRIGGER_MANUAL = "manual"
+CHECKPOINTS_DIR_NAME = "checkpoints"
+# The kept part never takes more than this share of the compaction threshold: a
+# compaction that keeps nearly everything would only have to run again.
+MAX_KEEP_SHARE = 0.5
+
+OutcomeStatus = Literal["compacted", "skipped", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOutcome:
+    status: OutcomeStatus
+    trigger: str
+    reason: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summarized_messages: int = 0
+    entry: Entry | None = None
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def compacted(self) -> bool:
+        return self.status == "compacted"
+
+    def describe(self) -> str:
+        """The one line ``/compact`` answers with (and the log records)."""
+        if self.status == "compacted":
+            return f"Compacted ({self.tokens_before:,} → {self.tokens_after:,} tokens)"
+        if self.status == "skipped":
+            return f"Skipped: {self.reason}"
+        return f"Compaction failed: {self.reason}. Nothing was lost: the history is kept."
+
+
+@dataclass(frozen=True, slots=True)
+class CutPlan:
+    summarize: tuple[Entry, ...]  # message entries folded into the summary
+    kept: tuple[Entry, ...]  # message entries kept verbatim, first_kept first
+
+    @property
+    def first_kept(self) -> Entry:
+        return self.kept[0]
+
+
+def _is_turn_start(message: Message) -> bool:
+    """A user message that says something (not only tool results)."""
+    return message.role == "user" and any(
+        not isinstance(b, ToolResultBlock) for b in message.content
+    )
+
+
+def plan_cut(
+    entries: Sequence[Entry],
+    *,
+    count: Callable[[Entry], int],
+    keep_recent_tokens: int,
+    keep_recent_turns: int,
+    max_keep_tokens: int,
+) -> CutPlan | None:
+    """Where to cut the live window, or None when nothing can be folded.
+
+    Walks back from the newest message entry. The preferred cut is at the start of a
+    user turn once both the token and the turn minimums are met; the kept part never
+    grows past ``max_keep_tokens``. When even the newest turn is larger than that (one
+    turn with a long tool loop), the cut falls on an assistant message inside it,
+    which still keeps every call with its result.
+    """
+    messages = [e for e in entries if e.type == ENTRY_MESSAGE]
+    if len(messages) < 2:
+        return None
+    best: int | None = None
+    suffix = turns = 0
+    for index in range(len(messages) - 1, 0, -1):
+        suffix += count(messages[index])
+        if suffix > max_keep_tokens:
+            break
+        if _is_turn_start(messages[index].message):
+            turns += 1
+            best = index
+            if turns >= keep_recent_turns and suffix >= keep_recent_tokens:
+                break
+    if best is None:
+        suffix = 0
+        for index in range(len(messages) - 1, 0, -1):
+            suffix += count(messages[index])
+            if suffix > max_keep_tokens:
+                break
+            if messages[index].message.role == "assistant":
+                best = index
+    if best is None:
+        return None
+    return CutPlan(tuple(messages[:best]), tuple(messages[best:]))
+
+
+def has_real_content(messages: Sequence[Message]) -> bool:
+    """Is there anything a summary should keep? Tool noise and silent replies are not."""
+    for message in messages:
+        if message.role == "tool_result":
+            continue
+        for block in message.content:
+            if not isinstance(block, TextBlock):
+                continue
+            text = block.text.strip()
+            if text and text != SILENT_REPLY and not text.startswith("<turn-context>"):
+                return True
+    return False
+
+
+def compose_summary(summary: str, ledger: Ledger) -> str:
+    """What the model sees: the summary, then the ledger verbatim."""
+    ledger_text = ledger.render()
+    return f"{summary.strip()}\n\n{ledger_text}" if ledger_text else summary.strip()
+
+
+def previous_state(entries: Sequence[Entry]) -> tuple[str | None, Ledger]:
+    """The latest compaction's own summary (without the ledger) and its ledger."""
+    for entry in reversed(entries):
+        if entry.type != ENTRY_COMPACTION:
+            continue
+        details = entry.payload.get("details") or {}
+        summary = details.get("summary_only")
+        if not isinstance(summary, str):
+            summary = entry.payload.get("summary")
+        raw = details.get("ledger")
+        ledger = Ledger.from_dict(raw) if isinstance(raw, dict) else extract_ledger(())
+        return summary, ledger
+    return None, extract_ledger(())
+
+
+class Compactor:
+    """Plans, summarises and records one compaction; the caller decides when."""
+
+    def __init__(
+        self,
+        *,
+        summarizer: Summarizer,
+        count: Callable[[Entry], int],
+        count_message: Callable[[Message], int],
+        config: CompactionConfig,
+        checkpoints_dir: Path | None = None,
+    ) -> None:
+        self.summarizer = summarizer
+        self.count = count
+        self.count_message = count_message
+        self.config = config
+        self.checkpoints_dir = checkpoints_dir
+
+    async def compact(
+        self,
+        transcript: Transcript,
+        *,
+        trigger: str,
+        window: int,
+        threshold: int,
+        base_tokens: int,
+        tokens_before: int,
+        focus: str = "",
+    ) -> CompactionOutcome:
+        entries = transcript.live_entries()
+        if entries and entries[-1].type == ENTRY_COMPACTION:
+            return CompactionOutcome("skipped", trigger, "already compacted; nothing new since")
+        plan = plan_cut(
+            entries,
+            count=self.count,
+            keep_recent_tokens=self.config.keep_recent_tokens,
+            keep_recent_turns=self.config.keep_recent_turns,
+            max_keep_tokens=max(1, int(threshold * MAX_KEEP_SHARE)),
+        )
+        if plan is None:
+            return CompactionOutcome("skipped", trigger, "nothing compactable in this session yet")
+        messages = [e.message for e in plan.summarize]
+        if not has_real_content(messages):
+            return CompactionOutcome("skipped", trigger, "no real conversation to summarise yet")
+        previous_summary, previous_ledger = previous_state(entries)
+        fresh = extract_ledger(messages)
+        ledger = previous_ledger.merge(fresh)
+        try:
+            result = await self.summarizer.summarize(
+                messages,
+                window=window,
+                previous_summary=previous_summary,
+                focus=focus,
+                required_identifiers=fresh.identifiers,
+            )
+        except SummaryError as exc:
+            log.warning("compaction (%s) failed: %s; history kept", trigger, exc)
+            return CompactionOutcome("failed", trigger, f"the summary failed ({exc.message})")
+        text = compose_summary(result.text, ledger)
+        tokens_after = (
+            base_tokens
+            + self.count_message(summary_message(text))
+            + sum(self.count(e) for e in plan.kept)
+        )
+        details: dict[str, Any] = {
+            "summary_only": result.text,
+            "ledger": ledger.to_dict(),
+            "summarized_messages": len(messages),
+            "summary_calls": result.calls,
+            "summary_stages": result.stages,
+            "oversized_omitted": result.oversized,
+            "regenerated": result.regenerated,
+        }
+        if focus:
+            details["focus"] = focus[:4000]
+        if self.checkpoints_dir is not None and self.config.checkpoints_kept > 0:
+            try:
+                checkpoint = await asyncio.to_thread(self._checkpoint, transcript, trigger)
+                details["checkpoint"] = checkpoint.name
+            except OSError:
+                log.warning("compaction checkpoint of %s failed", transcript.path, exc_info=True)
+        try:
+            entry = await asyncio.to_thread(
+                transcript.append_compaction,
+                text,
+                first_kept_entry_id=plan.first_kept.id,
+                tokens_before=tokens_before,
+                tokens_after=tokens_after,
+                trigger=trigger,
+                details=details,
+            )
+        except TranscriptError as exc:
+            return CompactionOutcome(
+                "failed", trigger, f"the transcript could not be written: {exc}"
+            )
+        log.info(
+            "compacted session %s (%s): %d messages summarised, %d → %d tokens",
+            transcript.header.key,
+            trigger,
+            len(messages),
+            tokens_before,
+            tokens_after,
+        )
+        return CompactionOutcome(
+            "compacted",
+            trigger,
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            summarized_messages=len(messages),
+            entry=entry,
+            usage=result.usage,
+        )
+
+    def _checkpoint(self, transcript: Transcript, trigger: str) -> Path:
+        """Copy the transcript as it is before the compaction; keep the newest N copies."""
+        assert self.checkpoints_dir is not None
+        folder = self.checkpoints_dir / transcript.header.id
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        target = folder / f"{stamp}-{trigger}.jsonl"
+        shutil.copyfile(transcript.path, target)
+        os.chmod(target, 0o600)
+        copies = sorted(folder.glob("*.jsonl"))
+        for old in copies[: max(0, len(copies) - self.config.checkpoints_kept)]:
+            old.unlink(missing_ok=True)
+        return target

@@ -1,0 +1,582 @@
+"""The context engine: what the model sees on each call, and keeping it inside the window.
+
+``prepare`` runs before every provider call of a turn:
+
+1. the view: ``build_history`` over the live window (summary first, repaired, turn
+   limits for the chat type), then every recorded pruning decision re-applied, so the
+   view is byte-identical to the previous call's up to its newest entry;
+2. cache-TTL pruning: when the provider's cache has expired, or (beyond OpenClaw) the
+   view's share of the window passes ``hard_clear_ratio``, a new decision is made and
+   recorded as a custom entry, which keeps the pruned view sticky;
+3. accounting: the session's ``ContextAccountant`` gives the context size (the last
+   call's reported input plus a calibrated, margined estimate of what came after);
+4. the guard, against ONE threshold (``window − reserve − max_output``) shared by all
+   three steps: the memory flush when within ``soft_threshold_tokens`` of it (once per
+   compaction cycle), a compaction when past it, and a deterministic trim of the view
+   when the request would still not fit the window. A request whose estimate exceeds
+   the window is never sent; when nothing can make it fit, ``ContextBudgetError`` says
+   how many tokens were needed and how many fit.
+
+``recover_overflow`` is the reactive path when the provider still says "too long":
+calibrate from the numbers in the error, flush if this cycle has not, compact, and
+shrink the trim budget, so each of the runner's bounded attempts sends less.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
+from pathlib import Path
+
+from core.compaction import (
+    TRIGGER_MANUAL,
+    TRIGGER_OVERFLOW,
+    TRIGGER_THRESHOLD,
+    CompactionOutcome,
+    Compactor,
+)
+from core.config import RetryConfig
+from core.context_config import ContextConfig
+from core.errors import ContextBudgetError, ContextOverflowError
+from core.flush import FlushOutcome, MemoryFlusher, flush_due, flushed_this_cycle
+from core.history import build_history, repair_history
+from core.messages import Message, ToolResultBlock, ToolSpec, Usage
+from core.providers.base import Provider
+from core.pruning import PRUNE_CUSTOM_TYPE, apply_decisions, decide, recorded_decisions
+from core.summarizer import Summarizer
+from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
+from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
+from core.window import WindowInfo, check_window, compaction_threshold, resolve_window
+
+log = logging.getLogger("parley.core.context")
+
+TRIMMED_RESULT = "[tool result removed from this request to fit the context window]"
+MAX_SESSION_STATES = 4096
+# After an overflow the trim budget shrinks at least this much per attempt.
+OVERFLOW_SHRINK = 0.85
+
+
+@dataclass(slots=True)
+class _SessionState:
+    model: str
+    accountant: ContextAccountant
+    # A compaction that failed or was skipped is not retried until the window changes.
+    compaction_blocked_at: str | None = None
+    budget_scale: float = 1.0  # < 1 after an overflow: trim below the window by this much
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedView:
+    messages: tuple[Message, ...]
+    size: ContextSize
+    view_key: str
+    window: int
+    threshold: int
+    trimmed: int = 0  # tool results emptied plus messages dropped to make it fit
+
+
+@dataclass(slots=True)
+class TurnEvents:
+    """What the engine did during one turn (for the turn result, /status and logs)."""
+
+    compactions: list[CompactionOutcome] = field(default_factory=list)
+    flushes: list[FlushOutcome] = field(default_factory=list)
+    prunes: int = 0
+    trims: int = 0
+    usage: Usage = field(default_factory=Usage)  # summariser and flush calls
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRequest:
+    """The parts of a request that do not come from the transcript."""
+
+    session_key: str
+    system: str
+    tools: tuple[ToolSpec, ...]
+    model: str
+    chat_type: str = "direct"
+
+
+def _parse_ts(raw: str) -> datetime | None:
+    try:
+        stamp = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+def last_call_at(entries: Sequence[Entry]) -> datetime | None:
+    """When the provider last answered in this window: the newest assistant entry."""
+    for entry in reversed(entries):
+        if entry.type == ENTRY_MESSAGE and entry.message.role == "assistant":
+            return _parse_ts(entry.ts)
+    return None
+
+
+def _latest_id(entries: Sequence[Entry], kind: str, custom_type: str | None = None) -> str:
+    for entry in reversed(entries):
+        if entry.type != kind:
+            continue
+        if custom_type is None or entry.payload.get("custom_type") == custom_type:
+            return entry.id
+    return "-"
+
+
+class ContextEngine:
+    def __init__(
+        self,
+        *,
+        config: ContextConfig,
+        provider: Provider,
+        retry: RetryConfig,
+        max_output: int,
+        workspace: Path,
+        checkpoints_dir: Path | None = None,
+        counter: TokenCounter | None = None,
+        calibration: Calibration | None = None,
+        summary_provider: Provider | None = None,
+        zone: Callable[[], tzinfo] = lambda: UTC,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.provider = provider
+        self.max_output = max_output
+        self.counter = counter or default_counter()
+        self.calibration = calibration or Calibration()
+        self.now = now
+        self._states: OrderedDict[str, _SessionState] = OrderedDict()
+        summarizer = Summarizer(
+            summary_provider or provider,
+            model=config.compaction.model,
+            counter=self.counter,
+            retry=retry.model_copy(update={"max_attempts": config.compaction.summary_retries}),
+            max_output_tokens=config.compaction.summary_max_tokens,
+            custom_instructions=config.compaction.custom_instructions,
+        )
+        self.compactor = Compactor(
+            summarizer=summarizer,
+            count=self.counter.entry,
+            count_message=self.counter.message,
+            config=config.compaction,
+            checkpoints_dir=checkpoints_dir,
+        )
+        self.flusher = MemoryFlusher(
+            provider=provider,
+            retry=retry,
+            config=config.flush,
+            workspace=workspace,
+            zone=zone,
+            now=now,
+        )
+
+    # -- window -------------------------------------------------------------------------
+
+    def window(self, model: str) -> WindowInfo:
+        return resolve_window(
+            model, self.config, provider_window=getattr(self.provider, "context_window", None)
+        )
+
+    def threshold(self, window: int) -> int:
+        return compaction_threshold(window, self.config.compaction, self.max_output)
+
+    def check(self, model: str) -> WindowInfo:
+        """Refuse a run on a window below the hard minimum, before any provider call."""
+        info = self.window(model)
+        minimum = self.config.min_window_tokens
+        own = getattr(self.provider, "context_window", None)
+        if own is not None and model == self.provider.model:
+            # The embedded model's window is fixed by its file; refusing it would make
+            # the out-of-the-box chat unusable, so its own size is the minimum.
+            minimum = min(minimum, own)
+        check_window(info, min_tokens=minimum, warn_below=self.config.warn_below_tokens)
+        return info
+
+    # -- per-session state --------------------------------------------------------------
+
+    def _state(self, key: str, model: str) -> _SessionState:
+        state = self._states.get(key)
+        if state is None or state.model != model:
+            state = _SessionState(
+                model,
+                ContextAccountant(
+                    self.counter,
+                    self.calibration,
+                    provider=self.provider.name,
+                    model=model,
+                    safety_margin=self.config.safety_margin,
+                ),
+            )
+            self._states[key] = state
+        self._states.move_to_end(key)
+        while len(self._states) > MAX_SESSION_STATES:
+            self._states.popitem(last=False)
+        return state
+
+    def forget(self, key: str) -> None:
+        self._states.pop(key, None)
+
+    # -- the view -----------------------------------------------------------------------
+
+    def _max_turns(self, chat_type: str) -> int:
+        if chat_type == "direct":
+            return self.config.dm_history_turns
+        return self.config.group_history_turns
+
+    def view(self, entries: Sequence[Entry], chat_type: str) -> tuple[list[Message], str]:
+        """The model's view of ``entries`` with recorded prunes applied, and its key."""
+        messages = build_history(entries, max_turns=self._max_turns(chat_type))
+        decisions = recorded_decisions(entries)
+        if decisions:
+            messages = apply_decisions(messages, decisions, self.config.pruning)
+        key = "|".join(
+            (
+                _latest_id(entries, ENTRY_COMPACTION),
+                _latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE),
+                str(len(messages)) if self._max_turns(chat_type) > 0 else "",
+            )
+        )
+        if self._max_turns(chat_type) > 0:
+            # A sliding turn limit changes the first message: key on it.
+            key += f"|{hash(messages[0].to_dict().__repr__()) if messages else 0}"
+        return messages, key
+
+    async def _prune(
+        self, transcript: Transcript, messages: list[Message], window: int, events: TurnEvents
+    ) -> bool:
+        settings = self.config.pruning
+        if settings.mode == "off":
+            return False
+        entries = transcript.live_entries()
+        decision = decide(
+            messages,
+            now=self.now(),
+            last_call_at=last_call_at(entries),
+            window_tokens=window,
+            settings=settings,
+            already=recorded_decisions(entries),
+        )
+        if decision is None:
+            return False
+        await asyncio.to_thread(transcript.append_custom, PRUNE_CUSTOM_TYPE, decision.to_dict())
+        events.prunes += 1
+        log.info(
+            "pruned session=%s reason=%s soft=%d hard=%d ratio %.2f→%.2f",
+            transcript.header.key,
+            decision.reason,
+            len(decision.soft),
+            len(decision.hard),
+            decision.ratio_before,
+            decision.ratio_after,
+        )
+        return True
+
+    # -- prepare ------------------------------------------------------------------------
+
+    async def prepare(
+        self, transcript: Transcript, request: ViewRequest, events: TurnEvents
+    ) -> PreparedView:
+        info = self.check(request.model)
+        window = info.tokens
+        threshold = self.threshold(window)
+        limit = window - self.max_output
+        state = self._state(request.session_key, request.model)
+
+        messages, key = self.view(transcript.live_entries(), request.chat_type)
+        if await self._prune(transcript, messages, window, events):
+            messages, key = self.view(transcript.live_entries(), request.chat_type)
+        size = self._measure(state, request, messages, key)
+
+        entries = transcript.live_entries()
+        if flush_due(
+            entries,
+            tokens=size.tokens,
+            threshold=threshold,
+            live_bytes=transcript.cycle_bytes,
+            config=self.config.flush,
+        ):
+            fitted, _ = self._fit(request, messages, limit)
+            await self._flush(transcript, request, fitted, TRIGGER_THRESHOLD, events)
+
+        if size.tokens > threshold and self._may_compact(state, transcript):
+            outcome = await self._compact(
+                transcript, request, window, threshold, size.tokens, TRIGGER_THRESHOLD, events
+            )
+            if outcome.compacted:
+                messages, key = self.view(transcript.live_entries(), request.chat_type)
+                size = self._measure(state, request, messages, key)
+            else:
+                state.compaction_blocked_at = _last_entry_id(transcript)
+
+        budget = int(limit * state.budget_scale)
+        trimmed = 0
+        if size.tokens > budget:
+            fitted, trimmed = self._fit(request, messages, budget)
+            events.trims += trimmed
+            messages = fitted
+            key = f"{key}|trim:{trimmed}"
+            size = self._measure(state, request, messages, key)
+            log.warning(
+                "session %s: view trimmed by %d item(s) to fit %d tokens",
+                request.session_key,
+                trimmed,
+                budget,
+            )
+        return PreparedView(tuple(messages), size, key, window, threshold, trimmed)
+
+    def _measure(
+        self, state: _SessionState, request: ViewRequest, messages: Sequence[Message], key: str
+    ) -> ContextSize:
+        return state.accountant.measure(
+            system=request.system, messages=messages, tools=request.tools, view_key=key
+        )
+
+    def _may_compact(self, state: _SessionState, transcript: Transcript) -> bool:
+        if not self.config.compaction.enabled:
+            return False
+        return state.compaction_blocked_at is None or state.compaction_blocked_at != _last_entry_id(
+            transcript
+        )
+
+    def record_call(
+        self,
+        request: ViewRequest,
+        view: PreparedView,
+        *,
+        usage: Usage,
+        response: Message,
+    ) -> None:
+        """Feed the provider's reported usage to the session's accountant."""
+        state = self._state(request.session_key, request.model)
+        state.accountant.record_call(
+            system=request.system,
+            messages=view.messages,
+            tools=request.tools,
+            usage=usage,
+            response=response,
+            view_key=view.view_key,
+        )
+        state.budget_scale = 1.0
+
+    # -- flush and compaction -----------------------------------------------------------
+
+    async def _flush(
+        self,
+        transcript: Transcript,
+        request: ViewRequest,
+        messages: Sequence[Message],
+        trigger: str,
+        events: TurnEvents,
+    ) -> None:
+        outcome = await self.flusher.run(
+            transcript,
+            system=request.system,
+            tools=request.tools,
+            messages=messages,
+            model=request.model,
+            max_output=min(self.max_output, 2048),
+            trigger=trigger,
+        )
+        events.flushes.append(outcome)
+        events.usage = events.usage + outcome.usage
+
+    async def _compact(
+        self,
+        transcript: Transcript,
+        request: ViewRequest,
+        window: int,
+        threshold: int,
+        tokens_before: int,
+        trigger: str,
+        events: TurnEvents,
+        focus: str = "",
+    ) -> CompactionOutcome:
+        base = self.counter.text(request.system) + self.counter.tools(request.tools)
+        outcome = await self.compactor.compact(
+            transcript,
+            trigger=trigger,
+            window=window,
+            threshold=threshold,
+            base_tokens=base,
+            tokens_before=tokens_before,
+            focus=focus,
+        )
+        events.compactions.append(outcome)
+        events.usage = events.usage + outcome.usage
+        if outcome.compacted:
+            state = self._state(request.session_key, request.model)
+            state.accountant.reset()
+            state.compaction_blocked_at = None
+        return outcome
+
+    async def compact_now(
+        self, transcript: Transcript, request: ViewRequest, *, focus: str = ""
+    ) -> tuple[CompactionOutcome, TurnEvents]:
+        """``/compact [focus]``: flush first (once per cycle), then compact regardless of size."""
+        events = TurnEvents()
+        info = self.check(request.model)
+        window = info.tokens
+        threshold = self.threshold(window)
+        state = self._state(request.session_key, request.model)
+        messages, key = self.view(transcript.live_entries(), request.chat_type)
+        size = self._measure(state, request, messages, key)
+        if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
+            fitted, _ = self._fit(request, messages, window - self.max_output)
+            await self._flush(transcript, request, fitted, TRIGGER_MANUAL, events)
+        outcome = await self._compact(
+            transcript, request, window, threshold, size.tokens, TRIGGER_MANUAL, events, focus
+        )
+        return outcome, events
+
+    async def recover_overflow(
+        self,
+        transcript: Transcript,
+        request: ViewRequest,
+        view: PreparedView,
+        exc: ContextOverflowError,
+        events: TurnEvents,
+    ) -> None:
+        """The provider refused the request as too long: make the next attempt smaller."""
+        state = self._state(request.session_key, request.model)
+        estimated = self.counter.request(request.system, view.messages, request.tools)
+        if exc.observed_tokens:
+            # The error's count is the truth about this request: calibrate on it.
+            self.calibration.observe(
+                self.provider.name,
+                request.model,
+                estimated=estimated,
+                reported=exc.observed_tokens,
+            )
+        entries = transcript.live_entries()
+        if self.config.flush.enabled and not flushed_this_cycle(entries):
+            fitted, _ = self._fit(request, list(view.messages), int(view.window * 0.5))
+            await self._flush(transcript, request, fitted, TRIGGER_OVERFLOW, events)
+        limit = exc.limit or view.window
+        observed = exc.observed_tokens or math.ceil(view.size.tokens * 1.25)
+        compacted = False
+        if self.config.compaction.enabled:
+            outcome = await self._compact(
+                transcript,
+                request,
+                view.window,
+                view.threshold,
+                observed,
+                TRIGGER_OVERFLOW,
+                events,
+            )
+            compacted = outcome.compacted
+        state.accountant.reset()
+        if not compacted:
+            scale = min(OVERFLOW_SHRINK, (limit - self.max_output) / max(observed, 1))
+            state.budget_scale = max(0.05, state.budget_scale * scale)
+        log.warning(
+            "context overflow in session %s (%s / %s tokens): %s",
+            request.session_key,
+            exc.observed_tokens,
+            exc.limit,
+            "compacted" if compacted else f"trimming to {state.budget_scale:.2f} of the window",
+        )
+
+    # -- deterministic trim -------------------------------------------------------------
+
+    def _fit(
+        self, request: ViewRequest, messages: Sequence[Message], budget: int
+    ) -> tuple[list[Message], int]:
+        """Make the view fit ``budget`` tokens without a model: oldest tool results
+        emptied first, then oldest turns dropped; the newest turn always stays."""
+        fitted = list(messages)
+        trimmed = 0
+        base = self.counter.text(request.system) + self.counter.tools(request.tools)
+        margin = self.config.safety_margin * self.calibration.ratio(
+            self.provider.name, request.model
+        )
+
+        def total(ms: Sequence[Message]) -> int:
+            return math.ceil((base + self.counter.messages(ms)) * margin)
+
+        if total(fitted) <= budget:
+            return fitted, 0
+        # 1. Empty tool results, oldest first, sparing the newest user turn's own.
+        protect = _last_turn_start(fitted)
+        for index, message in enumerate(fitted):
+            if index >= protect or message.role != "tool_result":
+                continue
+            blocks = tuple(
+                ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
+                if isinstance(b, ToolResultBlock) and b.content != TRIMMED_RESULT
+                else b
+                for b in message.content
+            )
+            if blocks != message.content:
+                fitted[index] = Message("tool_result", blocks)
+                trimmed += 1
+                if total(fitted) <= budget:
+                    return fitted, trimmed
+        # 2. Drop whole turns from the front (after a leading summary), oldest first.
+        head = 1 if fitted and _is_summary(fitted[0]) else 0
+        while total(fitted) > budget:
+            start = _next_turn_start(fitted, head + 1)
+            if start is None or start >= _last_turn_start(fitted):
+                break
+            trimmed += start - head
+            fitted = fitted[:head] + fitted[start:]
+        fitted = repair_history(fitted)
+        # 3. Inside the newest turn: empty its older tool results too.
+        for index, message in enumerate(fitted):
+            if total(fitted) <= budget:
+                break
+            if message.role == "tool_result":
+                fitted[index] = Message(
+                    "tool_result",
+                    tuple(
+                        ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
+                        if isinstance(b, ToolResultBlock)
+                        else b
+                        for b in message.content
+                    ),
+                )
+                trimmed += 1
+        needed = total(fitted)
+        if needed > budget:
+            raise ContextBudgetError(
+                f"the request needs about {needed:,} tokens but only {budget:,} fit the "
+                f"model's window even after trimming the history",
+                used=needed,
+                limit=budget,
+            )
+        return fitted, trimmed
+
+
+def _last_entry_id(transcript: Transcript) -> str | None:
+    last = transcript.last_entry
+    return last.id if last is not None else None
+
+
+def _is_summary(message: Message) -> bool:
+    from core.history import COMPACTION_SUMMARY_PREFIX
+
+    return message.role == "user" and message.text.startswith(COMPACTION_SUMMARY_PREFIX)
+
+
+def _turn_starts(messages: Sequence[Message]) -> list[int]:
+    return [
+        i
+        for i, m in enumerate(messages)
+        if m.role == "user" and any(not isinstance(b, ToolResultBlock) for b in m.content)
+    ]
+
+
+def _last_turn_start(messages: Sequence[Message]) -> int:
+    starts = _turn_starts(messages)
+    return starts[-1] if starts else 0
+
+
+def _next_turn_start(messages: Sequence[Message], after: int) -> int | None:
+    for index in _turn_starts(messages):
+        if index >= after:
+            return index
+    return None

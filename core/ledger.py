@@ -1,0 +1,393 @@
+"""The compaction ledger: facts that must survive every summary word for word.
+
+A model-written summary can silently drop a ticket number, a path or an unanswered
+question (peer-lessons rows 1 and 8). The ledger is extracted by plain code, never by
+a model, so it cannot fail or hallucinate: exact identifiers, the user's open asks,
+explicit "remember ..." notes and stated decisions. It is stored beside each
+compaction summary, merged forward across compactions, and rendered verbatim into
+the prompt, so what it holds survives however lossy the summary is.
+
+Heuristics (deterministic, documented so their misses are predictable):
+
+* Identifiers come from user and assistant text, tool-call inputs, and tool results
+  shorter than ``SHORT_TOOL_RESULT_CHARS`` (bulk output is too noisy). Kinds: URLs,
+  emails, UUIDs, hex runs of 8+ characters with a digit (deduplicated
+  case-insensitively), absolute POSIX paths with at least two segments and ``~/`` paths,
+  Windows paths, host:port (localhost, an IPv4 address or a dotted host name), IPv4
+  addresses, numbers of 6+ digits, and ticket-like ids (``ABC-1234``, ``ORD_88123``).
+  When matches overlap, the one that starts first (then the longest) wins, so a URL
+  is kept whole rather than as its host and path.
+* Asks: sentences of a user message that end with ``?`` or start with please / can
+  you / could you / would you / remind me / make sure / don't forget. A burst of
+  consecutive user messages is one turn; its asks are answered when an assistant
+  text reply (non-empty, not an error notice) follows before the next user turn.
+  Deferred asks (remind me, later, tomorrow, next week, todo) stay open regardless.
+* Remember: user sentences starting with remember (that) / don't forget / note that /
+  keep in mind.
+* Decisions: sentences with we decided / decision: / let's go with / we'll use, a
+  user's "I'll use", or starting with "go with". An assistant's "I'll use" is left
+  out: it is how assistants announce tool calls, not decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+
+DEFAULT_MAX_IDENTIFIERS = 400
+DEFAULT_MAX_ASKS = 20
+DEFAULT_MAX_REMEMBER = 50
+DEFAULT_MAX_DECISIONS = 50
+MAX_SENTENCE_CHARS = 300
+# Tool results at least this long are bulk output: their identifiers are not collected.
+SHORT_TOOL_RESULT_CHARS = 500
+
+LEDGER_HEADING = "## Ledger (kept verbatim across compactions)"
+_SECTION_TITLES = (
+    ("identifiers", "### Exact identifiers"),
+    ("asks", "### Open asks"),
+    ("remember", "### Remember"),
+    ("decisions", "### Decisions"),
+)
+
+# --- identifiers -------------------------------------------------------------------
+
+_TRAILING_PUNCT = ".,;:!?'\"`"
+_CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
+
+_URL = re.compile(r"\b(?:https?|ftp|wss?|file)://[^\s<>\"'`]+", re.IGNORECASE)
+_EMAIL = re.compile(
+    r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+)
+_UUID = re.compile(
+    r"(?<![0-9A-Za-z])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"(?![0-9A-Za-z])"
+)
+_HEX = re.compile(r"(?<![0-9A-Za-z_])[0-9a-fA-F]{8,}(?![0-9A-Za-z_])")
+_WINDOWS_PATH = re.compile(r"(?<![\w])(?:[A-Za-z]:\\|\\\\[\w.-]+\\)[^\s<>\"'|?*]+")
+_POSIX_PATH = re.compile(
+    r"(?<![\w.~/:\\-])(?:~/[\w.+@%-]+(?:/[\w.+@%-]+)*/?|/[\w.+@%-]+(?:/[\w.+@%-]+)+/?|/[\w.+@%-]+/)"
+)
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4_TEXT = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_HOST_PORT = re.compile(
+    rf"(?<![\w.-])(?:localhost|{_IPV4_TEXT}|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z][A-Za-z0-9-]*)"
+    r":(\d{2,5})(?!\w|\.\w)",
+    re.IGNORECASE,
+)
+_IPV4 = re.compile(rf"(?<![\w.]){_IPV4_TEXT}(?![\w]|\.\d)")
+_LONG_NUMBER = re.compile(r"(?<![\w.])\d{6,}(?![\w]|\.\d)")
+_TICKET = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]*(?:[-_][A-Z][A-Z0-9]*)*[-_]\d{2,}(?![\w-])")
+
+_PATTERNS: tuple[re.Pattern[str], ...] = (
+    _URL,
+    _EMAIL,
+    _UUID,
+    _WINDOWS_PATH,
+    _POSIX_PATH,
+    _HOST_PORT,
+    _IPV4,
+    _TICKET,
+    _HEX,
+    _LONG_NUMBER,
+)
+_HEXLIKE = re.compile(r"[0-9a-fA-F-]+")
+
+
+def _strip_trailing(token: str) -> str:
+    """Drop sentence punctuation and unbalanced closing brackets glued to a match."""
+    while token:
+        last = token[-1]
+        unbalanced = last in _CLOSERS and token.count(_CLOSERS[last]) < token.count(last)
+        if last not in _TRAILING_PUNCT and not unbalanced:
+            break
+        token = token[:-1]
+    return token
+
+
+def _accept(pattern: re.Pattern[str], match: re.Match[str]) -> str | None:
+    token = match.group(0)
+    if pattern is _HEX and not any(c.isdigit() for c in token):
+        return None
+    if pattern is _HOST_PORT and int(match.group(1)) > 65_535:
+        return None
+    if pattern in (_URL, _WINDOWS_PATH, _POSIX_PATH, _EMAIL):
+        token = _strip_trailing(token)
+        if pattern is _POSIX_PATH and token.count("/") < 2 and not token.startswith("~/"):
+            return None
+    return token or None
+
+
+def identifier_key(identifier: str) -> str:
+    """The dedupe key: hex ids and UUIDs compare case-insensitively, the rest exactly."""
+    return identifier.lower() if _is_hexlike(identifier) else identifier
+
+
+def _is_hexlike(identifier: str) -> bool:
+    return bool(_HEXLIKE.fullmatch(identifier)) and any(c.isdigit() for c in identifier)
+
+
+def find_identifiers(text: str) -> list[str]:
+    """Identifiers in ``text`` in order of appearance (overlaps resolved, not deduplicated)."""
+    spans: list[tuple[int, int, str]] = []
+    for pattern in _PATTERNS:
+        for match in pattern.finditer(text):
+            token = _accept(pattern, match)
+            if token is not None:
+                spans.append((match.start(), -len(token), token))
+    spans.sort()
+    found: list[str] = []
+    covered_until = -1
+    for start, neg_len, token in spans:
+        if start < covered_until:
+            continue
+        found.append(token)
+        covered_until = start - neg_len
+    return found
+
+
+def absent_identifiers(identifiers: Iterable[str], text: str) -> list[str]:
+    """The identifiers not written verbatim in ``text`` (hex/UUID case-insensitively)."""
+    lowered = text.lower()
+    missing: list[str] = []
+    for ident in identifiers:
+        present = ident.lower() in lowered if _is_hexlike(ident) else ident in text
+        if not present:
+            missing.append(ident)
+    return missing
+
+
+# --- sentences ---------------------------------------------------------------------
+
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_LEAD = r"^(?:(?:please|also|and|oh|btw|but|just|ok|okay|so|then|hey)[,\s]+)*"
+_APOS = "['’]"
+_ASK_START = re.compile(
+    _LEAD + rf"(?:please|can you|could you|would you|remind me|make sure|don{_APOS}?t forget"
+    r"|do not forget)\b",
+    re.IGNORECASE,
+)
+_DEFERRED = re.compile(r"\b(?:remind me|later|tomorrow|next week|todo|to-do)\b", re.IGNORECASE)
+_REMEMBER = re.compile(
+    _LEAD + rf"(?:remember|don{_APOS}?t forget|do not forget|never forget|note that"
+    r"|keep in mind)\b",
+    re.IGNORECASE,
+)
+_DECISION_ANYWHERE = re.compile(
+    rf"\b(?:we(?:{_APOS}ve| have)? decided|decision:|let{_APOS}?s go with|let us go with"
+    rf"|we{_APOS}ll use|we will use)",
+    re.IGNORECASE,
+)
+_DECISION_START = re.compile(_LEAD + r"go with\b", re.IGNORECASE)
+_I_WILL_USE = re.compile(rf"\bI(?:{_APOS}ll| will) use\b", re.IGNORECASE)
+_ERROR_REPLY = re.compile(r"^\s*(?:\[?error\b|⚠|❌)", re.IGNORECASE)
+
+
+def _clip(sentence: str) -> str:
+    sentence = " ".join(sentence.split())
+    if len(sentence) <= MAX_SENTENCE_CHARS:
+        return sentence
+    return sentence[: MAX_SENTENCE_CHARS - 1].rstrip() + "…"
+
+
+def _sentences(text: str) -> Iterator[str]:
+    for raw in _SENTENCE_SPLIT.split(text):
+        sentence = raw.strip().lstrip("-*•> ").strip()
+        if sentence:
+            yield sentence
+
+
+def _is_ask(sentence: str) -> bool:
+    return sentence.rstrip().endswith(("?", "？")) or bool(_ASK_START.match(sentence))
+
+
+def _is_decision(sentence: str, *, from_user: bool) -> bool:
+    if _DECISION_ANYWHERE.search(sentence) or _DECISION_START.match(sentence):
+        return True
+    return from_user and bool(_I_WILL_USE.search(sentence))
+
+
+# --- the ledger --------------------------------------------------------------------
+
+
+def _dedupe(items: Iterable[str], key: Any) -> list[str]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for item in items:
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return out
+
+
+def _sentence_key(s: str) -> str:
+    return " ".join(s.split()).casefold()
+
+
+def _keep_newest(items: list[str], cap: int) -> tuple[str, ...]:
+    return tuple(items[-cap:]) if cap > 0 else ()
+
+
+@dataclass(frozen=True)
+class Ledger:
+    identifiers: tuple[str, ...] = ()
+    asks: tuple[str, ...] = ()
+    remember: tuple[str, ...] = ()
+    decisions: tuple[str, ...] = ()
+
+    def merge(self, newer: Ledger) -> Ledger:
+        """Union in order (older first). Identifiers keep the first-seen ones up to the
+        cap; the sentence lists keep their newest entries."""
+        identifiers = _dedupe((*self.identifiers, *newer.identifiers), identifier_key)
+        return Ledger(
+            identifiers=tuple(identifiers[:DEFAULT_MAX_IDENTIFIERS]),
+            asks=_keep_newest(_dedupe((*self.asks, *newer.asks), _sentence_key), DEFAULT_MAX_ASKS),
+            remember=_keep_newest(
+                _dedupe((*self.remember, *newer.remember), _sentence_key), DEFAULT_MAX_REMEMBER
+            ),
+            decisions=_keep_newest(
+                _dedupe((*self.decisions, *newer.decisions), _sentence_key),
+                DEFAULT_MAX_DECISIONS,
+            ),
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.identifiers or self.asks or self.remember or self.decisions)
+
+    def render(self) -> str:
+        """The prompt block; "" when empty. Same ledger, same bytes (cache-stable)."""
+        if self.is_empty():
+            return ""
+        lines = [LEDGER_HEADING]
+        for field_name, title in _SECTION_TITLES:
+            items: tuple[str, ...] = getattr(self, field_name)
+            if items:
+                lines.append(title)
+                lines.extend(f"- {item}" for item in items)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "identifiers": list(self.identifiers),
+            "asks": list(self.asks),
+            "remember": list(self.remember),
+            "decisions": list(self.decisions),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Ledger:
+        """Tolerant: a missing or malformed field reads as empty (old transcripts)."""
+        if not isinstance(raw, dict):
+            return cls()
+
+        def strings(name: str) -> list[str]:
+            value = raw.get(name)
+            if not isinstance(value, list):
+                return []
+            return [item for item in value if isinstance(item, str) and item.strip()]
+
+        return cls(
+            identifiers=tuple(
+                _dedupe(strings("identifiers"), identifier_key)[:DEFAULT_MAX_IDENTIFIERS]
+            ),
+            asks=_keep_newest(_dedupe(strings("asks"), _sentence_key), DEFAULT_MAX_ASKS),
+            remember=_keep_newest(
+                _dedupe(strings("remember"), _sentence_key), DEFAULT_MAX_REMEMBER
+            ),
+            decisions=_keep_newest(
+                _dedupe(strings("decisions"), _sentence_key), DEFAULT_MAX_DECISIONS
+            ),
+        )
+
+
+def _input_strings(value: Any) -> Iterator[str]:
+    """Every string (and integer) leaf of a tool-call input, in order."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        yield str(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _input_strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _input_strings(item)
+    elif not isinstance(value, float):
+        yield json.dumps(value, default=str)
+
+
+def _identifier_sources(message: Message) -> Iterator[str]:
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            yield block.text
+        elif isinstance(block, ToolUseBlock):
+            yield from _input_strings(block.input)
+        elif isinstance(block, ToolResultBlock) and len(block.content) < SHORT_TOOL_RESULT_CHARS:
+            yield block.content
+
+
+def _answers(message: Message) -> bool:
+    """An assistant message that replies in words: not empty, not an error notice, and
+    not a preamble to tool calls ("let me check...") whose real answer may never come."""
+    if message.role != "assistant" or message.tool_uses:
+        return False
+    text = message.text.strip()
+    return bool(text) and not _ERROR_REPLY.match(text)
+
+
+def extract_ledger(messages: Sequence[Message]) -> Ledger:
+    """Extract the ledger from ``messages`` (deterministic, no model)."""
+    identifiers: list[str] = []
+    asks: list[str] = []
+    remember: list[str] = []
+    decisions: list[str] = []
+    turn_asks: list[str] = []  # asks of the current user turn, not yet answered
+
+    def close_turn() -> None:
+        asks.extend(turn_asks)
+        turn_asks.clear()
+
+    previous_role: str | None = None
+    for message in messages:
+        for source in _identifier_sources(message):
+            identifiers.extend(find_identifiers(source))
+        if message.role == "user":
+            if previous_role not in (None, "user"):
+                close_turn()
+            for sentence in _sentences(message.text):
+                clipped = _clip(sentence)
+                if _is_ask(sentence):
+                    turn_asks.append(clipped)
+                if _REMEMBER.match(sentence):
+                    remember.append(clipped)
+                if _is_decision(sentence, from_user=True):
+                    decisions.append(clipped)
+        elif message.role == "assistant":
+            for sentence in _sentences(message.text):
+                if _is_decision(sentence, from_user=False):
+                    decisions.append(_clip(sentence))
+            if _answers(message):
+                # Answered asks drop out; deferred ones stay open until done later.
+                turn_asks[:] = [a for a in turn_asks if _DEFERRED.search(a)]
+        previous_role = message.role
+    close_turn()
+
+    return Ledger(
+        identifiers=tuple(_dedupe(identifiers, identifier_key)[:DEFAULT_MAX_IDENTIFIERS]),
+        asks=_keep_newest(_dedupe(asks, _sentence_key), DEFAULT_MAX_ASKS),
+        remember=_keep_newest(_dedupe(remember, _sentence_key), DEFAULT_MAX_REMEMBER),
+        decisions=_keep_newest(_dedupe(decisions, _sentence_key), DEFAULT_MAX_DECISIONS),
+    )
+
+
+def missing_identifiers(ledger: Ledger, summary: str) -> list[str]:
+    """The ledger's identifiers that ``summary`` does not contain verbatim."""
+    return absent_identifiers(ledger.identifiers, summary)
