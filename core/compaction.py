@@ -48,6 +48,10 @@ CHECKPOINTS_DIR_NAME = "checkpoints"
 # The kept part never takes more than this share of the compaction threshold: a
 # compaction that keeps nearly everything would only have to run again.
 MAX_KEEP_SHARE = 0.5
+# The summary is asked to reproduce only the newest identifiers (one regeneration when
+# it does not); the ledger carries all of them verbatim either way.
+REQUIRED_IDENTIFIERS = 24
+TURN_CONTEXT_PREFIX = "<turn-context>"
 
 OutcomeStatus = Literal["compacted", "skipped", "failed"]
 
@@ -145,9 +149,22 @@ def has_real_content(messages: Sequence[Message]) -> bool:
             if not isinstance(block, TextBlock):
                 continue
             text = block.text.strip()
-            if text and text != SILENT_REPLY and not text.startswith("<turn-context>"):
+            if text and text != SILENT_REPLY and not text.startswith(TURN_CONTEXT_PREFIX):
                 return True
     return False
+
+
+def _without_turn_context(message: Message) -> Message:
+    """The message without its volatile turn context (time, channel, sender id): those
+    would fill the ledger with one sender id and a timestamp per turn."""
+    if message.role != "user":
+        return message
+    blocks = tuple(
+        b
+        for b in message.content
+        if not (isinstance(b, TextBlock) and b.text.startswith(TURN_CONTEXT_PREFIX))
+    )
+    return message if len(blocks) == len(message.content) else Message("user", blocks)
 
 
 def compose_summary(summary: str, ledger: Ledger) -> str:
@@ -166,9 +183,9 @@ def previous_state(entries: Sequence[Entry]) -> tuple[str | None, Ledger]:
         if not isinstance(summary, str):
             summary = entry.payload.get("summary")
         raw = details.get("ledger")
-        ledger = Ledger.from_dict(raw) if isinstance(raw, dict) else extract_ledger(())
+        ledger = Ledger.from_dict(raw) if isinstance(raw, dict) else Ledger()
         return summary, ledger
-    return None, extract_ledger(())
+    return None, Ledger()
 
 
 class Compactor:
@@ -212,7 +229,7 @@ class Compactor:
         )
         if plan is None:
             return CompactionOutcome("skipped", trigger, "nothing compactable in this session yet")
-        messages = [e.message for e in plan.summarize]
+        messages = [_without_turn_context(e.message) for e in plan.summarize]
         if not has_real_content(messages):
             return CompactionOutcome("skipped", trigger, "no real conversation to summarise yet")
         previous_summary, previous_ledger = previous_state(entries)
@@ -224,7 +241,7 @@ class Compactor:
                 window=window,
                 previous_summary=previous_summary,
                 focus=focus,
-                required_identifiers=fresh.identifiers,
+                required_identifiers=fresh.identifiers[-REQUIRED_IDENTIFIERS:],
             )
         except SummaryError as exc:
             log.warning("compaction (%s) failed: %s; history kept", trigger, exc)

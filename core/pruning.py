@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,6 +55,10 @@ REASON_TTL = "ttl"
 REASON_SHARE = "share"
 REASONS = (REASON_TTL, REASON_SHARE)
 SOFT_TRIM_JOINER = "\n…\n"
+# The note soft_trim_text ends with; text ending so has been trimmed already.
+_TRIM_NOTE = re.compile(
+    r"\n\[Tool result trimmed: kept first \d+ chars and last \d+ chars of \d+ chars\.\]\Z"
+)
 
 
 @dataclass(frozen=True)
@@ -118,11 +123,14 @@ def soft_trim_text(text: str, settings: PruningConfig) -> str:
     """The first and last chars of ``text`` with a note saying what was kept.
 
     Text no longer than ``soft_trim_max_chars`` (or than head plus tail) is returned
-    unchanged; with the defaults a trimmed text is itself short enough, so trimming
-    twice changes nothing.
+    unchanged, and so is text that already ends with the note: trimming is idempotent
+    whatever the settings, so a view that already has the decisions applied can have
+    them applied again.
     """
     head_n, tail_n = settings.soft_trim_head_chars, settings.soft_trim_tail_chars
     if len(text) <= settings.soft_trim_max_chars or len(text) <= head_n + tail_n:
+        return text
+    if _TRIM_NOTE.search(text):
         return text
     head = text[:head_n]
     tail = text[len(text) - tail_n :] if tail_n else ""
@@ -167,7 +175,8 @@ def apply_decisions(
 
     Hard wins over soft. Only ``tool_result`` messages are rewritten; a message with
     nothing to change is returned as the same object, so callers (and caches keyed on
-    identity) see the untouched prefix as it was.
+    identity) see the untouched prefix as it was. Idempotent: applying the decisions to
+    a view that already has them gives that view back, message for message.
     """
     hard = frozenset(i for d in decisions for i in d.hard)
     soft = frozenset(i for d in decisions for i in d.soft) - hard
@@ -271,7 +280,8 @@ def decide(
 ) -> PruneDecision | None:
     """The next prune for this view, or None when none is due or nothing new would change.
 
-    Works on ``messages`` with ``already`` applied, and returns only new work: results
+    ``messages`` may be the raw view or one with ``already`` applied (applying is
+    idempotent). Works on the view with ``already`` applied, and returns only new work: results
     already soft-trimmed are not named again (one may be hard-cleared now), results
     already cleared are left alone. Soft trim first; hard clear only while the ratio is
     still at or above ``hard_clear_ratio`` and the eligible results hold at least

@@ -317,10 +317,36 @@ def test_extraction_of_an_empty_or_tool_only_history_is_empty() -> None:
     assert extract_ledger([call("t1", "ls"), result("t1", "ok")]).is_empty()
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=200), max_size=6))
+_FRAGMENTS = st.sampled_from(
+    [
+        "https://x.org/a(b)",
+        "ABCdef1234",
+        "/srv/a/b.",
+        "~/x",
+        r"C:\tmp\y",
+        "host.io:443",
+        "10.0.0.1",
+        "1234567",
+        "ORD_991",
+        "a@b.io",
+        "?",
+        ". ",
+        "\n",
+        "(",
+        ")",
+        ":",
+        "please ",
+    ]
+)
+_TEXTS = st.lists(st.one_of(st.text(max_size=20), _FRAGMENTS), max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TEXTS, max_size=6))
 def test_every_identifier_appears_verbatim_in_the_source(texts: list[str]) -> None:
-    messages = [Message.user(t) if i % 2 == 0 else Message.assistant(t) for i, t in enumerate(texts)]
+    messages = [
+        Message.user(t) if i % 2 == 0 else Message.assistant(t) for i, t in enumerate(texts)
+    ]
     ledger = extract_ledger(messages)
     joined = "\n".join(texts)
     for ident in ledger.identifiers:

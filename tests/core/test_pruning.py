@@ -364,6 +364,39 @@ def test_a_soft_trim_is_upgraded_to_a_hard_clear_later() -> None:
     assert view[2].content[0].content == PLACEHOLDER  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        _config(),
+        _config(soft_trim_max_chars=500, soft_trim_head_chars=1_500, soft_trim_tail_chars=1_500),
+        _config(soft_trim_max_chars=100, soft_trim_head_chars=0, soft_trim_tail_chars=50),
+    ],
+)
+def test_applying_twice_changes_nothing(config: PruningConfig) -> None:
+    messages = _conversation([20_000, 9_000, 30_000])
+    decisions = [PruneDecision(("c0", "c1"), ("c2",), "ttl", 0.6, 0.2)]
+
+    once = apply_decisions(messages, decisions, config)
+    twice = apply_decisions(once, decisions, config)
+
+    assert once[2] is not messages[2]
+    assert all(a is b for a, b in zip(twice, once, strict=True))
+
+
+def test_deciding_on_a_view_that_already_has_the_decisions_applied() -> None:
+    messages = _conversation([6_000] * 4) + _conversation([3_900] * 30, prefix="n")[1:]
+    config = _config(min_prunable_tool_chars=0, soft_trim_max_chars=1_000)
+    first = _decide(messages[:9], window=20_000, config=config)
+    assert first is not None and first.soft
+
+    raw = _decide(messages, window=40_000, config=config, already=(first,))
+    applied = apply_decisions(messages, [first], config)
+    pre = _decide(applied, window=40_000, config=config, already=(first,))
+
+    assert raw is not None
+    assert pre == raw
+
+
 def test_hard_wins_over_soft_whatever_the_order() -> None:
     messages = _conversation([10_000])
     soft = PruneDecision(("c0",), (), "ttl", 0.5, 0.4)

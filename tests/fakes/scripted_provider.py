@@ -1,8 +1,9 @@
 """A provider at the seam, for gateway tests that are not about a wire protocol.
 
 Each call pops the next scripted step: a ``ProviderResponse``, an exception to
-raise, or a function of the request. With the script empty it echoes the last user
-text, so tests can tell which message a reply answers.
+raise, or a function of the request. With the script empty it asks ``responder``
+(when set; it may return None) and otherwise echoes the last user text, so tests can
+tell which message a reply answers.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ScriptedProvider:
         self.requests: list[ProviderRequest] = []
         self.gate = gate  # when set, each call waits for it (to hold a turn open)
         self.closed = False
+        self.responder: Callable[[ProviderRequest], ProviderResponse | None] | None = None
 
     def push(self, *steps: Step) -> None:
         self.script.extend(steps)
@@ -53,6 +55,8 @@ class ScriptedProvider:
             raise step
         if callable(step):
             step = step(request)
+        if step is None and self.responder is not None:
+            step = self.responder(request)
         if step is None:
             text = echo_text(request)
             step = ProviderResponse((TextBlock(text),), STOP_END, Usage(10, 5), self.model)

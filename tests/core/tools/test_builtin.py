@@ -294,7 +294,7 @@ async def test_registry_cap_applies_to_file_reads(workspace: Path, context: Tool
     result = await call(registry, context, "read_file", path="big.txt")
 
     assert len(result.content) <= 1000
-    assert result.content.endswith("more characters truncated]")
+    assert result.content.endswith("lines) omitted ...]")
 
 
 # -- list_files ----------------------------------------------------------------------------
