@@ -114,7 +114,8 @@ def last_call_at(entries: Sequence[Entry]) -> datetime | None:
     """When the provider last answered in this window: the newest assistant entry."""
     for entry in reversed(entries):
         if entry.type == ENTRY_MESSAGE and entry.message.role == "assistant":
-            return _parse_ts(entry.ts)
+            stamp = entry.meta.get("called_at")
+            return _parse_ts(stamp if isinstance(stamp, str) else entry.ts)
     return None
 
 

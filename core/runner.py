@@ -172,7 +172,12 @@ class Runner:
             await append(
                 response.message,
                 usage=response.usage,
-                meta={"model": response.model or request.model, "stop_reason": stop_reason},
+                meta={
+                    "model": response.model or request.model,
+                    "stop_reason": stop_reason,
+                    # The runtime's clock (the TTL pruning compares against it).
+                    "called_at": self.now().isoformat(),
+                },
             )
             if response.message.text:
                 reply_parts.append(response.message.text)

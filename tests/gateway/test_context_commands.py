@@ -1,0 +1,418 @@
+"""/compact, /context, /status and the context guard, end to end through the gateway.
+
+The stack is the real one (state.db, transcripts, lanes, context engine, summariser);
+only the provider is scripted. Its ``responder`` routes summariser calls (recognised by
+their system prompt) to a fixed summary and answers turns with an echo that reports a
+realistic prompt size, so the engine's accounting works on believable numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import OverloadedError
+from core.history import COMPACTION_SUMMARY_PREFIX
+from core.messages import TextBlock, Usage
+from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from core.summarizer import SUMMARY_SYSTEM_PROMPT
+from core.tokens import default_counter
+from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from gateway.app import Gateway
+from gateway.config import LoadedConfig, load_config
+from gateway.registry import SessionRecord
+from tests.fakes.recording_channel import RecordingChannel
+from tests.fakes.scripted_provider import ScriptedProvider, echo_text
+
+KEY = "agent:main:test:direct:alice"
+MODEL = "scripted-model"
+WINDOW = 20_000
+# A 20k window for the scripted model; no automatic compaction or memory flush, so the
+# seeded turns pile up untouched until the test sends /compact itself.
+SMALL_WINDOW = {
+    "PARLEY_CONTEXT__MODELS": f'{{ "{MODEL}" = {{ context_tokens = {WINDOW} }} }}',
+    "PARLEY_CONTEXT__COMPACTION__ENABLED": "false",
+    "PARLEY_CONTEXT__FLUSH__ENABLED": "false",
+}
+SUMMARY = (
+    "## Decisions\n- Summary marker: the garden plan was agreed.\n"
+    "## Open TODOs\n- none\n"
+    "## Constraints/Rules\n- none\n"
+    "## Pending user asks\n- none\n"
+    "## Exact identifiers\n- ORD-10001 (first order)\n- ORD-10002 (second order)"
+)
+SEEDED_TURNS = 14
+COMPACTED = re.compile(r"^Compacted \(([\d,]+) → ([\d,]+) tokens\)$")
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Model:
+    """The scripted provider's responder: fixed summaries, echoed turns, believable usage."""
+
+    def __init__(self, *, cache_read_share: float = 0.0) -> None:
+        self.cache_read_share = cache_read_share
+        self.summary_requests: list[ProviderRequest] = []
+        self.counter = default_counter()
+
+    def __call__(self, request: ProviderRequest) -> ProviderResponse:
+        if request.system == SUMMARY_SYSTEM_PROMPT:
+            self.summary_requests.append(request)
+            return ProviderResponse((TextBlock(SUMMARY),), STOP_END, Usage(300, 120), MODEL)
+        text = echo_text(request)
+        prompt = self.counter.request(request.system, request.messages, request.tools)
+        cached = int(prompt * self.cache_read_share)
+        usage = Usage(prompt - cached, self.counter.text(text), cached)
+        return ProviderResponse((TextBlock(text),), STOP_END, usage, MODEL)
+
+
+def make_config(home: Path, **env: str) -> LoadedConfig:
+    base = {
+        "PARLEY_HOME": str(home),
+        "PARLEY_SESSION__TIMEZONE": "UTC",
+        "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
+    }
+    return load_config(env={**base, **env})
+
+
+Stack = tuple[Gateway, RecordingChannel, ScriptedProvider, Model]
+
+
+def open_stack(home: Path, *, env: dict[str, str], model: Model | None = None) -> Stack:
+    channel = RecordingChannel()
+    provider = ScriptedProvider(MODEL)
+    responder = model or Model()
+    provider.responder = responder
+    clock = Clock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+    gateway = Gateway(make_config(home, **env), channels=[channel], provider=provider, clock=clock)
+    return gateway, channel, provider, responder
+
+
+@pytest.fixture
+async def small(tmp_path: Path) -> AsyncIterator[Stack]:
+    gateway, channel, provider, model = open_stack(tmp_path, env=SMALL_WINDOW)
+    async with gateway:
+        yield gateway, channel, provider, model
+
+
+async def say(gateway: Gateway, channel: RecordingChannel, text: str, **kw: Any) -> str:
+    before = len(channel.sent)
+    await gateway.handle_inbound(channel.inbound(text, **kw))
+    await gateway.wait_idle()
+    sent = await channel.wait_sent(before + 1)
+    return sent[before].text
+
+
+def filler(turn: int) -> str:
+    """A turn of plain prose (~250 tokens) with no identifier-like tokens in it."""
+    words = "we talked about the garden the weather and the plan for the spring planting"
+    body = " ".join([words] * 16)
+    order = f" The order is ORD-1000{turn + 1}." if turn < 2 else ""
+    return f"Turn {turn}: {body}.{order}"
+
+
+async def seed(gateway: Gateway, channel: RecordingChannel, turns: int = SEEDED_TURNS) -> None:
+    for turn in range(turns):
+        assert (await say(gateway, channel, filler(turn))).startswith(f"echo: Turn {turn}:")
+
+
+async def active(gateway: Gateway) -> SessionRecord:
+    record = await gateway.registry.get_active(KEY)
+    assert record is not None
+    return record
+
+
+async def entries(gateway: Gateway) -> list[Entry]:
+    transcript = await gateway.transcript(await active(gateway))
+    return list(transcript.entries())
+
+
+def compaction_entries(found: list[Entry]) -> list[Entry]:
+    return [e for e in found if e.type == ENTRY_COMPACTION]
+
+
+def parse_compacted(reply: str) -> tuple[int, int]:
+    match = COMPACTED.match(reply)
+    assert match is not None, reply
+    before, after = (int(g.replace(",", "")) for g in match.groups())
+    return before, after
+
+
+# -- /compact ---------------------------------------------------------------------------
+
+
+async def test_compact_without_a_session_is_skipped(small: Stack) -> None:
+    gateway, channel, provider, _ = small
+    reply = await say(gateway, channel, "/compact")
+    assert reply.startswith("Skipped: ") and "no conversation" in reply
+    assert provider.requests == []
+    assert await gateway.registry.get_active(KEY) is None  # /compact creates no session
+
+
+async def test_compact_with_only_a_failed_turn_is_skipped(small: Stack) -> None:
+    gateway, channel, provider, _ = small
+    provider.push(OverloadedError("Overloaded", provider="scripted", status=529))
+    assert "overloaded" in (await say(gateway, channel, "are you there?")).lower()
+    calls = len(provider.requests)
+    reply = await say(gateway, channel, "/compact")
+    assert reply.startswith("Skipped: ")
+    assert len(provider.requests) == calls  # no summariser call for nothing
+    assert compaction_entries(await entries(gateway)) == []
+    assert (await active(gateway)).compaction_count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: plan_cut's assistant-cut fallback folds the only user message of a "
+    "one-turn chat into a summary, so the context grows (core/compaction.py plan_cut)",
+)
+async def test_compact_of_a_one_turn_chat_is_skipped(small: Stack) -> None:
+    gateway, channel, provider, model = small
+    await say(gateway, channel, "hi")
+    reply = await say(gateway, channel, "/compact")
+    assert reply.startswith("Skipped: "), reply
+    assert model.summary_requests == [] and len(provider.requests) == 1
+
+
+async def test_compact_folds_a_long_chat_and_the_next_turn_starts_with_the_summary(
+    small: Stack,
+) -> None:
+    gateway, channel, provider, model = small
+    await seed(gateway, channel)
+    before = await active(gateway)
+    turn_calls = len(provider.requests)
+
+    reply = await say(gateway, channel, "/compact keep the order numbers")
+
+    tokens_before, tokens_after = parse_compacted(reply)
+    assert tokens_before > tokens_after > 0
+    after = await active(gateway)
+    assert after.compaction_count == before.compaction_count + 1
+    assert after.context_tokens == tokens_after
+    assert after.turn_count == before.turn_count  # a command is not a turn
+    # Only summariser calls were made, each carrying the focus as untrusted data.
+    summary_calls = provider.requests[turn_calls:]
+    assert summary_calls and all(r.system == SUMMARY_SYSTEM_PROMPT for r in summary_calls)
+    assert len(model.summary_requests) == len(summary_calls)
+    for request in summary_calls:
+        prompt = request.messages[-1].text
+        assert "<untrusted-focus>\nkeep the order numbers\n</untrusted-focus>" in prompt
+    assert "Turn 0:" in summary_calls[0].messages[-1].text  # the oldest turn is folded
+    # The transcript gained one manual compaction entry recording the focus.
+    [entry] = compaction_entries(await entries(gateway))
+    assert entry.payload["trigger"] == "manual"
+    assert entry.payload["tokens_before"] == tokens_before
+    assert entry.payload["tokens_after"] == tokens_after
+    assert entry.payload["details"]["focus"] == "keep the order numbers"
+    assert "ORD-10001" in entry.payload["summary"]
+
+    # The next turn's request opens with the summary, then the kept recent turns.
+    assert await say(gateway, channel, "what next?") == "echo: what next?"
+    request = provider.requests[-1]
+    first = request.messages[0].text
+    assert first.startswith(COMPACTION_SUMMARY_PREFIX)
+    assert "Summary marker" in first and "ORD-10002" in first
+    sent = "\n".join(m.text for m in request.messages)
+    assert "Turn 0:" not in sent  # folded away
+    assert f"Turn {SEEDED_TURNS - 1}:" in sent  # the newest turn is kept verbatim
+    assert len(request.messages) < 2 * SEEDED_TURNS
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: Compactor.compact's 'nothing new since' check looks only at the last "
+    "entry, and the gateway appends a 'delivery' custom entry after /compact's own reply "
+    "(core/compaction.py Compactor.compact)",
+)
+async def test_second_compact_with_nothing_new_is_skipped(small: Stack) -> None:
+    gateway, channel, provider, _ = small
+    await seed(gateway, channel)
+    parse_compacted(await say(gateway, channel, "/compact"))
+    calls = len(provider.requests)
+    reply = await say(gateway, channel, "/compact")
+    assert reply.startswith("Skipped: ")
+    assert len(provider.requests) == calls
+    assert len(compaction_entries(await entries(gateway))) == 1
+    assert (await active(gateway)).compaction_count == 1
+
+
+async def test_compact_waits_for_the_turn_queued_before_it(small: Stack) -> None:
+    gateway, channel, provider, _ = small
+    await seed(gateway, channel)
+    gate = asyncio.Event()
+    provider.gate = gate  # hold the next turn at the provider
+    sent_before = len(channel.sent)
+    await gateway.handle_inbound(channel.inbound("the last word", message_id="last"))
+    await gateway.handle_inbound(channel.inbound("/compact", message_id="compact"))
+    assert len(channel.sent) == sent_before  # neither is answered while the turn is held
+    gate.set()
+    await gateway.wait_idle()
+    replies = [m.text for m in (await channel.wait_sent(sent_before + 2))[sent_before:]]
+    assert replies[0] == "echo: the last word"
+    parse_compacted(replies[1])
+    # The compaction saw the turn: its entry comes after that turn's reply.
+    found = await entries(gateway)
+    [compaction] = compaction_entries(found)
+    reply_index = next(
+        i
+        for i, e in enumerate(found)
+        if e.type == ENTRY_MESSAGE and e.message.text == "echo: the last word"
+    )
+    assert found.index(compaction) > reply_index
+    # The turn's model call came before every summariser call.
+    systems = [r.system == SUMMARY_SYSTEM_PROMPT for r in provider.requests]
+    last_turn = max(i for i, is_summary in enumerate(systems) if not is_summary)
+    assert systems.index(True) > last_turn
+
+
+# -- /context ---------------------------------------------------------------------------
+
+
+async def test_context_list_detail_json_and_usage_never_call_the_model(
+    small: Stack, tmp_path: Path
+) -> None:
+    gateway, channel, provider, _ = small
+    await say(gateway, channel, "hello there")
+    (tmp_path / "workspace" / "TOOLS.md").unlink()
+    calls = len(provider.requests)
+
+    listing = await say(gateway, channel, "/context")
+    assert "Workspace files:" in listing
+    assert re.search(r"MISSING\s+\| TOOLS\.md", listing)
+    assert re.search(r"OK\s+\| AGENTS\.md", listing)
+    assert "current_time" in listing and "History: 2 messages" in listing
+    assert f"{WINDOW:,} token window" in listing
+    assert await say(gateway, channel, "/context list") == listing
+
+    detail = await say(gateway, channel, "/context detail")
+    assert re.search(r"^  user: 1 messages", detail, re.M)
+    assert re.search(r"^  assistant: 1 messages", detail, re.M)
+    assert re.search(r"^  read_file: [\d,]+ chars", detail, re.M)
+
+    raw = await say(gateway, channel, "/context json")
+    report = json.loads(raw)
+    assert report["window"] == WINDOW
+    assert isinstance(report["total_tokens"], int) and 0 < report["total_tokens"] < WINDOW
+    statuses = {f["name"]: f["status"] for f in report["files"]}
+    assert statuses["TOOLS.md"] == "MISSING" and statuses["AGENTS.md"] == "OK"
+    tools = report["tools"]
+    assert tools["count"] == len(tools["items"]) >= 3
+    assert {"current_time", "read_file"} <= {t["name"] for t in tools["items"]}
+    assert report["history"]["messages"] == 2
+    parts = report["system_prompt"]["tokens"] + tools["tokens"] + report["history"]["tokens"]
+    assert report["total_tokens"] >= parts - 5  # the parts add up to (about) the total
+
+    assert await say(gateway, channel, "/context bogus") == "Usage: /context [list|detail|json]"
+    assert len(provider.requests) == calls  # none of them reached the model
+    assert (await active(gateway)).turn_count == 1
+
+
+async def test_context_without_a_session_shows_an_empty_history(small: Stack) -> None:
+    gateway, channel, provider, _ = small
+    report = json.loads(await say(gateway, channel, "/context json"))
+    assert report["history"]["messages"] == 0
+    assert report["window"] == WINDOW
+    assert provider.requests == []
+    assert await gateway.registry.get_active(KEY) is None
+
+
+async def test_context_detail_shows_the_summary_after_a_compaction(small: Stack) -> None:
+    gateway, channel, _, _ = small
+    await seed(gateway, channel)
+    parse_compacted(await say(gateway, channel, "/compact"))
+    detail = await say(gateway, channel, "/context detail")
+    assert re.search(r"^  compaction summary: ~[\d,]+ tok", detail, re.M)
+    report = json.loads(await say(gateway, channel, "/context json"))
+    assert report["history"]["summary_tokens"] > 0
+
+
+# -- /status ----------------------------------------------------------------------------
+
+
+async def test_status_shows_compactions_and_the_cache_read_share(tmp_path: Path) -> None:
+    gateway, channel, provider, _ = open_stack(
+        tmp_path, env=SMALL_WINDOW, model=Model(cache_read_share=0.75)
+    )
+    async with gateway:
+        await seed(gateway, channel)
+        status = await say(gateway, channel, "/status")
+        assert "compactions: 0" in status
+        parse_compacted(await say(gateway, channel, "/compact"))
+        calls = len(provider.requests)
+        status = await say(gateway, channel, "/status")
+        assert len(provider.requests) == calls
+        record = await active(gateway)
+        assert "compactions: 1" in status
+        usage = record.usage
+        assert usage.cache_read_tokens > 0
+        share = usage.cache_read_tokens / (
+            usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        )
+        assert 0.5 < share < 0.75  # turns read 75% from cache; summaries read none
+        assert f"Cache: {share:.0%} of prompt tokens read from cache" in status
+        assert f"Context: {record.context_tokens:,} / {WINDOW:,} tokens" in status
+
+
+# -- the guard --------------------------------------------------------------------------
+
+
+async def test_a_message_larger_than_the_window_is_refused_with_numbers(tmp_path: Path) -> None:
+    # Default compaction (on): the next message must still be answered.
+    env = {"PARLEY_CONTEXT__MODELS": SMALL_WINDOW["PARLEY_CONTEXT__MODELS"]}
+    env["PARLEY_CONTEXT__FLUSH__ENABLED"] = "false"
+    gateway, channel, provider, _ = open_stack(tmp_path, env=env)
+    async with gateway:
+        assert await say(gateway, channel, "hello") == "echo: hello"
+        calls = len(provider.requests)
+        reply = await say(gateway, channel, "word " * 30_000)
+        assert len(provider.requests) == calls  # never sent
+        match = re.search(r"\(([\d,]+) / ([\d,]+) tokens\)", reply)
+        assert match is not None, reply
+        used, limit = (int(g.replace(",", "")) for g in match.groups())
+        assert used > limit and limit < WINDOW
+        assert "/compact" in reply and "/new" in reply and "saved" in reply
+        assert await say(gateway, channel, "still there?") == "echo: still there?"
+        sent = provider.requests[-1]
+        assert default_counter().request(sent.system, sent.messages, sent.tools) < WINDOW
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: after a message larger than the window, /compact (which the error "
+    "text recommends) answers 'Skipped: nothing compactable' (core/compaction.py plan_cut)",
+)
+async def test_compact_after_an_oversized_message_makes_room(tmp_path: Path) -> None:
+    gateway, channel, _, _ = open_stack(tmp_path, env=SMALL_WINDOW)
+    async with gateway:
+        await say(gateway, channel, "hello")
+        await say(gateway, channel, "word " * 30_000)
+        reply = await say(gateway, channel, "/compact")
+        assert not reply.startswith("Skipped: "), reply
+        assert await say(gateway, channel, "still there?") == "echo: still there?"
+
+
+async def test_a_window_below_the_minimum_is_refused_before_any_call(tmp_path: Path) -> None:
+    env = {"PARLEY_CONTEXT__MODELS": f'{{ "{MODEL}" = {{ context_tokens = 8000 }} }}'}
+    gateway, channel, provider, _ = open_stack(tmp_path, env=env)
+    async with gateway:
+        reply = await say(gateway, channel, "hello")
+        assert "too small" in reply and "8,000" in reply
+        assert "[context.models]" in reply
+        assert provider.requests == []
+        # /compact refuses the same way, and the info commands still answer.
+        assert "too small" in await say(gateway, channel, "/compact")
+        assert "8,000" in await say(gateway, channel, "/status")
+        assert provider.requests == []
