@@ -39,21 +39,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import anthropic  # noqa: E402
+import anthropic
 
-from core.config import AgentConfig, RetryConfig  # noqa: E402
-from core.context_config import ContextConfig  # noqa: E402
-from core.context_engine import ContextEngine  # noqa: E402
-from core.errors import ToolError  # noqa: E402
-from core.flush import FLUSH_PROMPT  # noqa: E402
-from core.prompt import SystemPromptBuilder, render_turn_context  # noqa: E402
-from core.providers.anthropic import AnthropicProvider  # noqa: E402
-from core.runner import Runner, TurnRequest  # noqa: E402
-from core.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
-from core.tools.registry import Tool, ToolContext, ToolRegistry  # noqa: E402
-from core.transcript import ENTRY_COMPACTION, Transcript  # noqa: E402
-from tests.fakes.anthropic_api import FakeAnthropic  # noqa: E402
-from tests.fakes.llm_common import Reply, ToolCall  # noqa: E402
+from core.config import AgentConfig, RetryConfig
+from core.context_config import ContextConfig
+from core.context_engine import ContextEngine
+from core.errors import ToolError
+from core.flush import FLUSH_PROMPT
+from core.messages import ToolUseBlock
+from core.prompt import SystemPromptBuilder, render_turn_context
+from core.providers.anthropic import AnthropicProvider
+from core.runner import Runner, TurnRequest
+from core.summarizer import SUMMARY_SYSTEM_PROMPT
+from core.tools.registry import Tool, ToolContext, ToolRegistry
+from core.transcript import ENTRY_COMPACTION, Transcript
+from tests.fakes.anthropic_api import FakeAnthropic
+from tests.fakes.llm_common import Reply, ToolCall
 
 WINDOW = 200_000
 MODEL = "claude-sonnet-5-5"
@@ -70,10 +71,11 @@ PLANTED = (
 )
 FETCH_RE = re.compile(r"fetch dataset (\d+) \(size (\d+)(, failing)?\)")
 WORDS = (
-    "budget meeting schedule invoice garden recipe travel train ticket hotel report draft "
-    "review deadline weekend family dinner project release plan backup server upgrade "
-    "question answer idea note reminder list shopping book film music call email"
-).split()
+    *("budget", "meeting", "schedule", "invoice", "garden", "recipe", "travel", "train"),
+    *("ticket", "hotel", "report", "draft", "review", "deadline", "weekend", "family"),
+    *("dinner", "project", "release", "plan", "backup", "server", "upgrade", "question"),
+    *("answer", "idea", "note", "reminder", "list", "shopping", "book", "film", "music"),
+)
 
 
 class VirtualClock:
@@ -166,9 +168,11 @@ def _system_text(body: dict[str, Any]) -> str:
 def responder(body: dict[str, Any]) -> Reply:
     """The model: summaries, flush notes, tool calls on request, short answers."""
     last = body["messages"][-1]
-    blocks = last["content"] if isinstance(last["content"], list) else [
-        {"type": "text", "text": last["content"]}
-    ]
+    blocks = (
+        last["content"]
+        if isinstance(last["content"], list)
+        else [{"type": "text", "text": last["content"]}]
+    )
     said = " ".join(_text_of(b) for b in blocks)
     if _system_text(body) == SUMMARY_SYSTEM_PROMPT:
         # A skimming summariser: it keeps only the end of what it was shown.
@@ -273,9 +277,7 @@ async def run_parley(conversation: list[Turn], home: Path) -> RunStats:
                     transcript, TurnRequest("agent:main:bench", turn.text, context_text=context)
                 )
                 clock.seconds += turn.pause_seconds
-            stats.compactions = sum(
-                1 for e in transcript.entries() if e.type == ENTRY_COMPACTION
-            )
+            stats.compactions = sum(1 for e in transcript.entries() if e.type == ENTRY_COMPACTION)
             stats.extra["prunes"] = sum(
                 1 for e in transcript.entries() if e.payload.get("custom_type") == "context_prune"
             )
@@ -330,8 +332,6 @@ async def run_naive(conversation: list[Turn], system: str) -> RunStats:
                         break
                     results = []
                     for use in uses:
-                        from core.messages import ToolUseBlock
-
                         block = await tools.run(ToolUseBlock(use.id, use.name, use.input), context)
                         results.append(
                             {
@@ -374,9 +374,11 @@ async def main() -> None:
         home = Path(tmp)
         parley = await run_parley(conversation, home)
         parley_seconds = time.perf_counter() - started
-        system = SystemPromptBuilder(
-            home / "workspace", agent_name="Parley", tools=registry().specs()
-        ).build().text
+        system = (
+            SystemPromptBuilder(home / "workspace", agent_name="Parley", tools=registry().specs())
+            .build()
+            .text
+        )
         naive = await run_naive(conversation, system)
     recalled = sum(1 for ident in PLANTED if ident in parley.final_body)
     naive_recalled = sum(1 for ident in PLANTED if ident in naive.final_body)
@@ -402,7 +404,9 @@ async def main() -> None:
         "seed": args.seed,
         "parley_seconds": round(parley_seconds, 1),
         "total_seconds": round(time.perf_counter() - started, 1),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": (
+            f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+        ),
     }
     print(json.dumps(result))
 
