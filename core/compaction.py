@@ -83,11 +83,7 @@ class CompactionOutcome:
 @dataclass(frozen=True, slots=True)
 class CutPlan:
     summarize: tuple[Entry, ...]  # message entries folded into the summary
-    kept: tuple[Entry, ...]  # message entries kept verbatim, first_kept first
-
-    @property
-    def first_kept(self) -> Entry:
-        return self.kept[0]
+    kept: tuple[Entry, ...]  # message entries kept verbatim (may be empty: fold all)
 
 
 def _is_turn_start(message: Message) -> bool:
@@ -118,16 +114,20 @@ def plan_cut(
         return None
     best: int | None = None
     suffix = turns = 0
+    too_big = False
     for index in range(len(messages) - 1, 0, -1):
         suffix += count(messages[index])
         if suffix > max_keep_tokens:
+            too_big = True
             break
         if _is_turn_start(messages[index].message):
             turns += 1
             best = index
             if turns >= keep_recent_turns and suffix >= keep_recent_tokens:
                 break
-    if best is None:
+    if best is None and too_big:
+        # Only when the newest turn itself is too big to keep: a short session has
+        # nothing to fold, and folding the middle of its only turn would not help.
         suffix = 0
         for index in range(len(messages) - 1, 0, -1):
             suffix += count(messages[index])
@@ -138,6 +138,18 @@ def plan_cut(
     if best is None:
         return None
     return CutPlan(tuple(messages[:best]), tuple(messages[best:]))
+
+
+def _fold_everything(
+    entries: Sequence[Entry], count: Callable[[Entry], int], max_keep_tokens: int
+) -> CutPlan | None:
+    """``/compact`` when no cut can keep the newest turn (it is too big to keep, e.g. a
+    pasted document larger than the window): fold the whole window into the summary.
+    Only on request: an automatic compaction must never hide the user's newest words."""
+    messages = tuple(e for e in entries if e.type == ENTRY_MESSAGE)
+    if not messages or sum(count(e) for e in messages) <= max_keep_tokens:
+        return None
+    return CutPlan(messages, ())
 
 
 def has_real_content(messages: Sequence[Message]) -> bool:
@@ -218,15 +230,22 @@ class Compactor:
         focus: str = "",
     ) -> CompactionOutcome:
         entries = transcript.live_entries()
-        if entries and entries[-1].type == ENTRY_COMPACTION:
+        newest = next(
+            (e for e in reversed(entries) if e.type in (ENTRY_MESSAGE, ENTRY_COMPACTION)), None
+        )
+        if newest is not None and newest.type == ENTRY_COMPACTION:
+            # Custom entries (deliveries, flushes, prunes) do not count as new content.
             return CompactionOutcome("skipped", trigger, "already compacted; nothing new since")
+        max_keep = max(1, int(threshold * MAX_KEEP_SHARE))
         plan = plan_cut(
             entries,
             count=self.count,
             keep_recent_tokens=self.config.keep_recent_tokens,
             keep_recent_turns=self.config.keep_recent_turns,
-            max_keep_tokens=max(1, int(threshold * MAX_KEEP_SHARE)),
+            max_keep_tokens=max_keep,
         )
+        if plan is None and trigger == TRIGGER_MANUAL:
+            plan = _fold_everything(entries, self.count, max_keep)
         if plan is None:
             return CompactionOutcome("skipped", trigger, "nothing compactable in this session yet")
         messages = [_without_turn_context(e.message) for e in plan.summarize]
@@ -252,6 +271,13 @@ class Compactor:
             + self.count_message(summary_message(text))
             + sum(self.count(e) for e in plan.kept)
         )
+        if tokens_after >= tokens_before and trigger != TRIGGER_OVERFLOW:
+            return CompactionOutcome(
+                "skipped",
+                trigger,
+                f"a summary would not make it smaller ({tokens_before:,} → {tokens_after:,})",
+                usage=result.usage,
+            )
         details: dict[str, Any] = {
             "summary_only": result.text,
             "ledger": ledger.to_dict(),
@@ -273,7 +299,7 @@ class Compactor:
             entry = await asyncio.to_thread(
                 transcript.append_compaction,
                 text,
-                first_kept_entry_id=plan.first_kept.id,
+                first_kept_entry_id=plan.kept[0].id if plan.kept else None,
                 tokens_before=tokens_before,
                 tokens_after=tokens_after,
                 trigger=trigger,

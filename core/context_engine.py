@@ -45,7 +45,7 @@ from core.context_config import ContextConfig
 from core.errors import ContextBudgetError, ContextOverflowError
 from core.flush import FlushOutcome, MemoryFlusher, flush_due, flushed_this_cycle
 from core.history import build_history, repair_history
-from core.messages import Message, ToolResultBlock, ToolSpec, Usage
+from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
 from core.providers.base import Provider
 from core.pruning import PRUNE_CUSTOM_TYPE, apply_decisions, decide, recorded_decisions
 from core.summarizer import Summarizer
@@ -151,6 +151,7 @@ class ContextEngine:
         self.calibration = calibration or Calibration()
         self.now = now
         self._states: OrderedDict[str, _SessionState] = OrderedDict()
+        self._warned: set[str] = set()  # models already warned about a small window
         summarizer = Summarizer(
             summary_provider or provider,
             model=config.compaction.model,
@@ -194,7 +195,10 @@ class ContextEngine:
             # The embedded model's window is fixed by its file; refusing it would make
             # the out-of-the-box chat unusable, so its own size is the minimum.
             minimum = min(minimum, own)
-        check_window(info, min_tokens=minimum, warn_below=self.config.warn_below_tokens)
+        warn_below = 0 if model in self._warned else self.config.warn_below_tokens
+        check_window(info, min_tokens=minimum, warn_below=warn_below)
+        if info.tokens < self.config.warn_below_tokens:
+            self._warned.add(model)
         return info
 
     # -- per-session state --------------------------------------------------------------
@@ -541,6 +545,11 @@ class ContextEngine:
                     ),
                 )
                 trimmed += 1
+        # 4. An earlier message that never fit (it failed, and the next one merged into
+        # the same user turn) is left out of the request; the newest words never are.
+        if total(fitted) > budget:
+            fitted, dropped = self._drop_merged_text(fitted, budget, total)
+            trimmed += dropped
         needed = total(fitted)
         if needed > budget:
             raise ContextBudgetError(
@@ -550,6 +559,37 @@ class ContextEngine:
                 limit=budget,
             )
         return fitted, trimmed
+
+    def _drop_merged_text(
+        self, messages: list[Message], budget: int, total: Callable[[Sequence[Message]], int]
+    ) -> tuple[list[Message], int]:
+        index = _last_turn_start(messages)
+        if not messages or messages[index].role != "user":
+            return messages, 0
+        blocks = list(messages[index].content)
+        # Protect the newest message: its text and the turn context riding after it.
+        protect = 2 if blocks and _is_turn_context(blocks[-1]) else 1
+        dropped = 0
+        for position in range(max(0, len(blocks) - protect)):
+            block = blocks[position]
+            if not isinstance(block, TextBlock) or _is_turn_context(block):
+                continue
+            tokens = self.counter.text(block.text)
+            blocks[position] = TextBlock(
+                f"[an earlier message of ~{tokens:,} tokens did not fit the context window "
+                "and is left out of this request]"
+            )
+            dropped += 1
+            candidate = [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]]
+            if total(candidate) <= budget:
+                return candidate, dropped
+        if not dropped:
+            return messages, 0
+        return [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]], dropped
+
+
+def _is_turn_context(block: object) -> bool:
+    return isinstance(block, TextBlock) and block.text.startswith("<turn-context>")
 
 
 def _last_entry_id(transcript: Transcript) -> str | None:

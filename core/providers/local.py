@@ -227,6 +227,7 @@ class LocalProvider:
         self.model = file_name.removesuffix(".gguf")
         # The window is fixed by n_ctx: the context engine takes it from here.
         self.context_window = self.config.context_tokens
+        self.max_output_tokens = self.config.max_output_tokens
         self._server: Any = None
         self._load_lock = asyncio.Lock()
         self._call_lock = asyncio.Lock()

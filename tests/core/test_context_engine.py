@@ -17,7 +17,12 @@ import pytest
 from core.config import AgentConfig, RetryConfig
 from core.context_config import ContextConfig
 from core.context_engine import ContextEngine, TurnEvents, ViewRequest
-from core.errors import ContextOverflowError, InvalidRequestError, WindowTooSmallError
+from core.errors import (
+    ContextBudgetError,
+    ContextOverflowError,
+    InvalidRequestError,
+    WindowTooSmallError,
+)
 from core.flush import FLUSH_CUSTOM_TYPE, FLUSH_PROMPT
 from core.history import COMPACTION_SUMMARY_PREFIX
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
@@ -182,9 +187,7 @@ async def test_threshold_flushes_then_compacts_and_keeps_identifiers(
     # The flush wrote its note to today's memory file and recorded the outcome.
     notes = list((tmp_path / "ws" / "memory").glob("*.md"))
     assert len(notes) == 1 and "the user likes tea" in notes[0].read_text()
-    flushes = [
-        e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE
-    ]
+    flushes = [e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE]
     assert [f.payload["data"]["status"] for f in flushes] == ["written"]
     # A checkpoint of the pre-compaction transcript was kept.
     assert len(list((tmp_path / "checkpoints" / "sid").glob("*.jsonl"))) == 1
@@ -203,9 +206,7 @@ async def test_flush_runs_once_per_cycle_and_accepts_no_reply(
         await runner.run_turn(transcript, TurnRequest("k", f"again {n}"))
     assert router.calls["flush"] == 1
     assert not (tmp_path / "ws" / "memory").exists()
-    flushes = [
-        e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE
-    ]
+    flushes = [e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE]
     assert [f.payload["data"]["status"] for f in flushes] == ["nothing"]
 
 
@@ -407,3 +408,23 @@ async def test_manual_compact_with_focus_reaches_the_summariser(
     assert any("the order numbers" in prompt for prompt in seen)
     assert [f.trigger for f in events.flushes] == ["manual"]
     assert FLUSH_PROMPT.split("]")[0] + "]" == "[memory flush]"
+
+
+async def test_a_message_that_never_fit_does_not_block_the_next_one(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    router = Router()
+    runner, _ = make(tmp_path, router, small_window(enabled=False))
+    huge = "lorem ipsum dolor " * 20_000  # far beyond the 20,000-token window
+    with pytest.raises(ContextBudgetError) as caught:
+        await runner.run_turn(transcript, TurnRequest("k", huge))
+    assert caught.value.used is not None and caught.value.limit is not None
+    assert caught.value.used > caught.value.limit
+    assert router.calls["main"] == 0  # refused before sending
+    # The failed message merges into the next user turn; it is left out, not resent.
+    result = await runner.run_turn(transcript, TurnRequest("k", "a short question"))
+    assert result.reply == "echo: a short question"
+    sent = router.main_requests[-1].messages[-1].text
+    assert "did not fit the context window" in sent and "lorem ipsum" not in sent
+    # The transcript still holds the huge message: nothing was lost.
+    assert any(huge in e.message.text for e in transcript.entries() if e.type == "message")

