@@ -45,9 +45,10 @@ TRIGGER_THRESHOLD = "threshold"
 TRIGGER_OVERFLOW = "overflow"
 TRIGGER_MANUAL = "manual"
 CHECKPOINTS_DIR_NAME = "checkpoints"
-# The kept part never takes more than this share of the compaction threshold: a
+# The kept part never takes more than this share of the compaction threshold (the
+# summary, the system prompt and the 1.2 margin come on top of it): a
 # compaction that keeps nearly everything would only have to run again.
-MAX_KEEP_SHARE = 0.5
+MAX_KEEP_SHARE = 0.35
 # The summary is asked to reproduce only the newest identifiers (one regeneration when
 # it does not); the ledger carries all of them verbatim either way.
 REQUIRED_IDENTIFIERS = 24

@@ -68,6 +68,9 @@ class _SessionState:
     # A compaction that failed or was skipped is not retried until the window changes.
     compaction_blocked_at: str | None = None
     budget_scale: float = 1.0  # < 1 after an overflow: trim below the window by this much
+    # The window the provider itself reported in an overflow error, when it is smaller
+    # than the configured one: from then on the session plans against the real limit.
+    window_cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,10 +289,10 @@ class ContextEngine:
         self, transcript: Transcript, request: ViewRequest, events: TurnEvents
     ) -> PreparedView:
         info = self.check(request.model)
-        window = info.tokens
+        state = self._state(request.session_key, request.model)
+        window = min(info.tokens, state.window_cap or info.tokens)
         threshold = self.threshold(window)
         limit = window - self.max_output
-        state = self._state(request.session_key, request.model)
 
         messages, key = self.view(transcript.live_entries(), request.chat_type)
         if await self._prune(transcript, messages, window, events):
@@ -456,19 +459,24 @@ class ContextEngine:
                 estimated=estimated,
                 reported=exc.observed_tokens,
             )
+        window = view.window
+        if exc.limit and exc.limit < window:
+            # The provider's window is smaller than configured: believe the provider.
+            state.window_cap = window = exc.limit
+        threshold = self.threshold(window)
         entries = transcript.live_entries()
         if self.config.flush.enabled and not flushed_this_cycle(entries):
-            fitted, _ = self._fit(request, list(view.messages), int(view.window * 0.5))
+            fitted, _ = self._fit(request, list(view.messages), int(window * 0.5))
             await self._flush(transcript, request, fitted, TRIGGER_OVERFLOW, events)
-        limit = exc.limit or view.window
+        limit = window
         observed = exc.observed_tokens or math.ceil(view.size.tokens * 1.25)
         compacted = False
         if self.config.compaction.enabled:
             outcome = await self._compact(
                 transcript,
                 request,
-                view.window,
-                view.threshold,
+                window,
+                threshold,
                 observed,
                 TRIGGER_OVERFLOW,
                 events,

@@ -84,7 +84,10 @@ def flush_due(
 ) -> bool:
     if not config.enabled or flushed_this_cycle(entries):
         return False
-    near = tokens >= threshold - config.soft_threshold_tokens
+    # On a small window the soft zone would cover most of the threshold (a flush right
+    # after every compaction): it never takes more than a quarter of it.
+    soft = min(config.soft_threshold_tokens, threshold // 4)
+    near = tokens >= threshold - soft
     big = config.force_transcript_bytes > 0 and live_bytes >= config.force_transcript_bytes
     return near or big
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -177,7 +177,7 @@ class Stack:
 
 
 class VirtualClock:
-    """The fake's cache clock: advances only when a test says so."""
+    """The fake's cache clock, frozen: no cache entry expires however slow the machine."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -232,8 +232,9 @@ async def stack_factory(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[Ca
 
 
 @pytest.fixture
-def transcript(tmp_path: Path) -> Transcript:
-    return Transcript.create(tmp_path / "s.jsonl", "sid", "agent:main:x")
+def transcript(tmp_path: Path) -> Iterator[Transcript]:
+    with Transcript.create(tmp_path / "s.jsonl", "sid", "agent:main:x") as opened:
+        yield opened
 
 
 def said(n: int, *, plant: bool = True) -> str:
@@ -487,16 +488,17 @@ async def test_summariser_that_always_fails_still_answers_within_the_window(
 async def test_ten_compactions_keep_the_first_identifiers_in_the_request(
     fake: FakeAnthropic, stack_factory: Callable[..., Stack], transcript: Transcript
 ) -> None:
-    fake.context_window = 30_000
-    stack = stack_factory(window_config(30_000), summary=forgetful_summary)
+    # A roomy window: the only compactions are the ten asked for.
+    fake.context_window = 60_000
+    stack = stack_factory(window_config(60_000), summary=forgetful_summary)
     for n in range(8):
-        await stack.turn(transcript, f"turn {n}: please keep {IDS[n % len(IDS)]} in mind.")
+        await stack.turn(transcript, said(n))
     request = stack.view_request(await asyncio.to_thread(stack.runner.prompt.build))
     for round_ in range(10):
         outcome, _ = await stack.engine.compact_now(transcript, request)
         assert outcome.compacted, (round_, outcome.describe())
         for n in range(4):
-            await stack.turn(transcript, f"round {round_} chat {n}: nothing to keep here")
+            await stack.turn(transcript, f"round {round_} chat {n}: {FILLER}")
     entries = compactions(transcript)
     assert len(entries) == 10
     # The first fold saw the identifiers, asked again for them, and got nothing.
@@ -509,4 +511,4 @@ async def test_ten_compactions_keep_the_first_identifiers_in_the_request(
         assert identifier in sent
     # The kept turns no longer mention them: only the ledger carried them this far.
     assert not any(i in json.dumps(final["messages"][1:]) for i in IDS)
-    assert_all_fit(stack.bodies(), 30_000)
+    assert_all_fit(stack.bodies(), 60_000)
