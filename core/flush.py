@@ -34,7 +34,7 @@ from core.messages import Message, ToolSpec, Usage
 from core.prompt import SILENT_REPLY
 from core.providers.base import Provider, ProviderRequest
 from core.providers.retry import call_with_retry
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, Entry, Transcript
+from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
 
 log = logging.getLogger("parley.core.flush")
 
@@ -74,6 +74,17 @@ def flushed_this_cycle(entries: Sequence[Entry]) -> bool:
     return False
 
 
+def _nothing_new_since_flush(entries: Sequence[Entry]) -> bool:
+    """No message since the newest flush (e.g. a compaction right after it started a new
+    cycle): another flush would only repeat the last one."""
+    for entry in reversed(entries):
+        if entry.type == ENTRY_MESSAGE:
+            return False
+        if entry.type == ENTRY_CUSTOM and entry.payload.get("custom_type") == FLUSH_CUSTOM_TYPE:
+            return True
+    return False
+
+
 def flush_due(
     entries: Sequence[Entry],
     *,
@@ -82,7 +93,7 @@ def flush_due(
     live_bytes: int,
     config: FlushConfig,
 ) -> bool:
-    if not config.enabled or flushed_this_cycle(entries):
+    if not config.enabled or flushed_this_cycle(entries) or _nothing_new_since_flush(entries):
         return False
     # On a small window the soft zone would cover most of the threshold (a flush right
     # after every compaction): it never takes more than a quarter of it.

@@ -33,6 +33,7 @@ are left alone here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -204,9 +205,29 @@ def _block_chars(block: Block) -> int:
     return 0  # images: not text; see the module docstring
 
 
+# Per message object: the view reuses the same Message objects from call to call, and
+# this runs before every call. The message is kept beside its count (an id is never
+# reused while cached); eviction is first-in-first-out.
+_CHARS_CACHE: dict[int, tuple[Message, int]] = {}
+_CHARS_CACHE_MAX = 16_384
+
+
+def message_chars(message: Message) -> int:
+    cached = _CHARS_CACHE.get(id(message))
+    if cached is not None and cached[0] is message:
+        return cached[1]
+    chars = sum(_block_chars(b) for b in message.content)
+    if len(_CHARS_CACHE) >= _CHARS_CACHE_MAX:
+        # Evicted concurrently by another thread: the bound holds either way.
+        with contextlib.suppress(KeyError, StopIteration, RuntimeError):
+            del _CHARS_CACHE[next(iter(_CHARS_CACHE))]
+    _CHARS_CACHE[id(message)] = (message, chars)
+    return chars
+
+
 def view_chars(messages: Iterable[Message]) -> int:
     """Total characters of text in the view: text, tool results, tool names and input JSON."""
-    return sum(_block_chars(b) for m in messages for b in m.content)
+    return sum(message_chars(m) for m in messages)
 
 
 def _is_prunable(name: str, settings: PruningConfig) -> bool:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -245,6 +246,13 @@ class TokenCounter:
     ) -> None:
         self._texts: _LRU[str, int] = _LRU(text_cache_entries, text_cache_chars)
         self._entries: _LRU[str, tuple[Message, int]] = _LRU(entry_cache_entries)
+        # By object identity: the view reuses the same Message objects from call to call
+        # (entries parse theirs once), so a steady-state turn counts only what is new.
+        # The message is kept beside its count, so an id is never reused while cached.
+        # A plain dict, not the locked LRU: it is read once per message per call (the
+        # hot path); single dict operations are atomic, and eviction is first-in-first-out.
+        self._messages: dict[int, tuple[Message, int]] = {}
+        self._messages_max = entry_cache_entries
         self._min_cached = min_cached_chars
 
     def _encode_len(self, s: str) -> int:
@@ -279,7 +287,16 @@ class TokenCounter:
         raise TypeError(f"not a content block: {type(b).__name__}")
 
     def message(self, m: Message) -> int:
-        return MESSAGE_OVERHEAD_TOKENS + sum(self.block(b) for b in m.content)
+        cached = self._messages.get(id(m))
+        if cached is not None and cached[0] is m:
+            return cached[1]
+        count = MESSAGE_OVERHEAD_TOKENS + sum(self.block(b) for b in m.content)
+        if len(self._messages) >= self._messages_max:
+            # Another thread may evict first: the bound holds either way.
+            with contextlib.suppress(KeyError, StopIteration, RuntimeError):
+                del self._messages[next(iter(self._messages))]
+        self._messages[id(m)] = (m, count)
+        return count
 
     def messages(self, ms: Sequence[Message]) -> int:
         return sum(self.message(m) for m in ms)
@@ -323,6 +340,7 @@ class TokenCounter:
         """Drop both caches (tests, or memory pressure)."""
         self._texts.clear()
         self._entries.clear()
+        self._messages.clear()
 
 
 _default_counter: TokenCounter | None = None
