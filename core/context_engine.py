@@ -44,7 +44,7 @@ from core.config import RetryConfig
 from core.context_config import ContextConfig
 from core.errors import ContextBudgetError, ContextOverflowError
 from core.flush import FlushOutcome, MemoryFlusher, flush_due, flushed_this_cycle
-from core.history import build_history, repair_history
+from core.history import build_history, is_summary_block, repair_history
 from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
 from core.providers.base import Provider
 from core.pruning import PRUNE_CUSTOM_TYPE, apply_decisions, decide, recorded_decisions
@@ -241,16 +241,15 @@ class ContextEngine:
         decisions = recorded_decisions(entries)
         if decisions:
             messages = apply_decisions(messages, decisions, self.config.pruning)
-        key = "|".join(
-            (
-                _latest_id(entries, ENTRY_COMPACTION),
-                _latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE),
-                str(len(messages)) if self._max_turns(chat_type) > 0 else "",
-            )
+        # The key names what makes this view differ from a plain continuation of the
+        # previous one: a compaction, a prune, or (with a turn limit) a new first message.
+        key = (
+            f"{_latest_id(entries, ENTRY_COMPACTION)}|"
+            f"{_latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE)}"
         )
-        if self._max_turns(chat_type) > 0:
-            # A sliding turn limit changes the first message: key on it.
-            key += f"|{hash(messages[0].to_dict().__repr__()) if messages else 0}"
+        if self._max_turns(chat_type) > 0 and messages:
+            # In-process only (str hashes are salted per process), like the accountant.
+            key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"
         return messages, key
 
     async def _prune(
@@ -606,9 +605,7 @@ def _last_entry_id(transcript: Transcript) -> str | None:
 
 
 def _is_summary(message: Message) -> bool:
-    from core.history import COMPACTION_SUMMARY_PREFIX
-
-    return message.role == "user" and message.text.startswith(COMPACTION_SUMMARY_PREFIX)
+    return message.role == "user" and bool(message.content) and is_summary_block(message.content[0])
 
 
 def _turn_starts(messages: Sequence[Message]) -> list[int]:

@@ -37,8 +37,11 @@ def _parts(text: str, out: str) -> tuple[str, str, int, int | None]:
     chars = int(match.group(1).replace(",", ""))
     lines = int(match.group(2).replace(",", "")) if match.re is FULL else None
     before, after = out[: match.start()], out[match.end() :]
-    heads = {before, before.removesuffix("\n")}
-    tails = {after, after.removeprefix("\n")}
+    # Lists, not sets: two readings can both account for every character, and a set's
+    # order follows the per-process string hash. The framing newline after the marker
+    # is never part of the tail; the one before it only when the head lacks its own.
+    heads = [before, before.removesuffix("\n")]
+    tails = [after.removeprefix("\n"), after]
     for head in heads:
         for tail in tails:
             fits = text.startswith(head) and text.endswith(tail)
