@@ -219,6 +219,31 @@ class Compactor:
         self.config = config
         self.checkpoints_dir = checkpoints_dir
 
+    def plan(self, entries: Sequence[Entry], *, threshold: int, trigger: str) -> CutPlan | str:
+        """What a compaction would fold now, or the reason it would be skipped (no model
+        call is made to find out: the flush before a compaction asks this first)."""
+        newest = next(
+            (e for e in reversed(entries) if e.type in (ENTRY_MESSAGE, ENTRY_COMPACTION)), None
+        )
+        if newest is not None and newest.type == ENTRY_COMPACTION:
+            # Custom entries (deliveries, flushes, prunes) do not count as new content.
+            return "already compacted; nothing new since"
+        max_keep = max(1, int(threshold * MAX_KEEP_SHARE))
+        plan = plan_cut(
+            entries,
+            count=self.count,
+            keep_recent_tokens=self.config.keep_recent_tokens,
+            keep_recent_turns=self.config.keep_recent_turns,
+            max_keep_tokens=max_keep,
+        )
+        if plan is None and trigger == TRIGGER_MANUAL:
+            plan = _fold_everything(entries, self.count, max_keep)
+        if plan is None:
+            return "nothing compactable in this session yet"
+        if not has_real_content([_without_turn_context(e.message) for e in plan.summarize]):
+            return "no real conversation to summarise yet"
+        return plan
+
     async def compact(
         self,
         transcript: Transcript,
@@ -231,27 +256,10 @@ class Compactor:
         focus: str = "",
     ) -> CompactionOutcome:
         entries = transcript.live_entries()
-        newest = next(
-            (e for e in reversed(entries) if e.type in (ENTRY_MESSAGE, ENTRY_COMPACTION)), None
-        )
-        if newest is not None and newest.type == ENTRY_COMPACTION:
-            # Custom entries (deliveries, flushes, prunes) do not count as new content.
-            return CompactionOutcome("skipped", trigger, "already compacted; nothing new since")
-        max_keep = max(1, int(threshold * MAX_KEEP_SHARE))
-        plan = plan_cut(
-            entries,
-            count=self.count,
-            keep_recent_tokens=self.config.keep_recent_tokens,
-            keep_recent_turns=self.config.keep_recent_turns,
-            max_keep_tokens=max_keep,
-        )
-        if plan is None and trigger == TRIGGER_MANUAL:
-            plan = _fold_everything(entries, self.count, max_keep)
-        if plan is None:
-            return CompactionOutcome("skipped", trigger, "nothing compactable in this session yet")
+        plan = self.plan(entries, threshold=threshold, trigger=trigger)
+        if isinstance(plan, str):
+            return CompactionOutcome("skipped", trigger, plan)
         messages = [_without_turn_context(e.message) for e in plan.summarize]
-        if not has_real_content(messages):
-            return CompactionOutcome("skipped", trigger, "no real conversation to summarise yet")
         previous_summary, previous_ledger = previous_state(entries)
         fresh = extract_ledger(messages)
         ledger = previous_ledger.merge(fresh)

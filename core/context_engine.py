@@ -431,6 +431,11 @@ class ContextEngine:
         state = self._state(request.session_key, request.model)
         messages, key = self.view(transcript.live_entries(), request.chat_type)
         size = self._measure(state, request, messages, key)
+        skip = self.compactor.plan(
+            transcript.live_entries(), threshold=threshold, trigger=TRIGGER_MANUAL
+        )
+        if isinstance(skip, str):  # known without a model call: no flush for nothing
+            return CompactionOutcome("skipped", TRIGGER_MANUAL, skip), events
         if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
             fitted, _ = self._fit(request, messages, window - self.max_output)
             await self._flush(transcript, request, fitted, TRIGGER_MANUAL, events)

@@ -284,6 +284,8 @@ async def test_nothing_real_to_summarise_writes_no_entry(
         transcript.append_message(Message.assistant(f"a{n}"))
     assert not any(e.type == ENTRY_COMPACTION for e in transcript.entries())
     assert router.calls["summary"] == 0
+    # A compaction known to be skipped costs no model call at all, not even the flush.
+    assert router.calls["flush"] == 0
 
 
 async def test_overflow_on_the_first_call_of_a_restored_session(tmp_path: Path) -> None:
