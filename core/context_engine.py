@@ -194,11 +194,13 @@ class ContextEngine:
         info = self.window(model)
         minimum = self.config.min_window_tokens
         own = getattr(self.provider, "context_window", None)
+        warn_below = 0 if model in self._warned else self.config.warn_below_tokens
         if own is not None and model == self.provider.model:
             # The embedded model's window is fixed by its file; refusing it would make
-            # the out-of-the-box chat unusable, so its own size is the minimum.
+            # the out-of-the-box chat unusable, so its own size is the minimum, and a
+            # warning on every start would only tell the user what the banner says.
             minimum = min(minimum, own)
-        warn_below = 0 if model in self._warned else self.config.warn_below_tokens
+            warn_below = 0
         check_window(info, min_tokens=minimum, warn_below=warn_below)
         if info.tokens < self.config.warn_below_tokens:
             self._warned.add(model)
