@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from core.config import ProvidersConfig
 from core.providers.base import Provider
 
-DEFAULT_CONTEXT_WINDOW = 200_000
 # A dummy key for OpenAI-compatible local servers (Ollama, vLLM) that need none:
 # the SDK refuses to start without one.
 LOCAL_SERVER_DUMMY_KEY = "not-needed"
@@ -68,9 +67,3 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
 
     return LocalProvider(config.local), BANNER
 
-
-def context_window(config: ProvidersConfig, provider: Provider) -> int:
-    """The model's window; the context engine refines this with a per-model table."""
-    if provider.name == "local":
-        return config.local.context_tokens
-    return DEFAULT_CONTEXT_WINDOW
