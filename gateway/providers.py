@@ -66,4 +66,3 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
     from core.providers.local import BANNER, LocalProvider
 
     return LocalProvider(config.local), BANNER
-
