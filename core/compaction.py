@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 from core.context_config import CompactionConfig
 from core.errors import SummaryError, TranscriptError
-from core.history import summary_message
+from core.history import is_turn_start, summary_message
 from core.ledger import Ledger, extract_ledger
-from core.messages import Message, TextBlock, ToolResultBlock, Usage
-from core.prompt import SILENT_REPLY
+from core.messages import Message, TextBlock, Usage
+from core.prompt import SILENT_REPLY, is_turn_context
 from core.summarizer import Summarizer
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry, Transcript
 
@@ -52,7 +52,6 @@ MAX_KEEP_SHARE = 0.35
 # The summary is asked to reproduce only the newest identifiers (one regeneration when
 # it does not); the ledger carries all of them verbatim either way.
 REQUIRED_IDENTIFIERS = 24
-TURN_CONTEXT_PREFIX = "<turn-context>"
 
 OutcomeStatus = Literal["compacted", "skipped", "failed"]
 
@@ -64,7 +63,6 @@ class CompactionOutcome:
     reason: str = ""
     tokens_before: int = 0
     tokens_after: int = 0
-    summarized_messages: int = 0
     entry: Entry | None = None
     usage: Usage = field(default_factory=Usage)
 
@@ -85,13 +83,6 @@ class CompactionOutcome:
 class CutPlan:
     summarize: tuple[Entry, ...]  # message entries folded into the summary
     kept: tuple[Entry, ...]  # message entries kept verbatim (may be empty: fold all)
-
-
-def _is_turn_start(message: Message) -> bool:
-    """A user message that says something (not only tool results)."""
-    return message.role == "user" and any(
-        not isinstance(b, ToolResultBlock) for b in message.content
-    )
 
 
 def plan_cut(
@@ -121,7 +112,7 @@ def plan_cut(
         if suffix > max_keep_tokens:
             too_big = True
             break
-        if _is_turn_start(messages[index].message):
+        if is_turn_start(messages[index].message):
             turns += 1
             best = index
             if turns >= keep_recent_turns and suffix >= keep_recent_tokens:
@@ -159,10 +150,10 @@ def has_real_content(messages: Sequence[Message]) -> bool:
         if message.role == "tool_result":
             continue
         for block in message.content:
-            if not isinstance(block, TextBlock):
+            if not isinstance(block, TextBlock) or is_turn_context(block):
                 continue
             text = block.text.strip()
-            if text and text != SILENT_REPLY and not text.startswith(TURN_CONTEXT_PREFIX):
+            if text and text != SILENT_REPLY:
                 return True
     return False
 
@@ -172,11 +163,7 @@ def _without_turn_context(message: Message) -> Message:
     would fill the ledger with one sender id and a timestamp per turn."""
     if message.role != "user":
         return message
-    blocks = tuple(
-        b
-        for b in message.content
-        if not (isinstance(b, TextBlock) and b.text.startswith(TURN_CONTEXT_PREFIX))
-    )
+    blocks = tuple(b for b in message.content if not is_turn_context(b))
     return message if len(blocks) == len(message.content) else Message("user", blocks)
 
 
@@ -331,7 +318,6 @@ class Compactor:
             trigger,
             tokens_before=tokens_before,
             tokens_after=tokens_after,
-            summarized_messages=len(messages),
             entry=entry,
             usage=result.usage,
         )

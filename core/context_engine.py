@@ -44,10 +44,17 @@ from core.config import RetryConfig
 from core.context_config import ContextConfig
 from core.errors import ContextBudgetError, ContextOverflowError
 from core.flush import FlushOutcome, MemoryFlusher, flush_due, flushed_this_cycle
-from core.history import build_history, is_summary_block, repair_history
+from core.history import build_history, is_summary_block, is_turn_start, repair_history
 from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
+from core.prompt import is_turn_context
 from core.providers.base import Provider
-from core.pruning import PRUNE_CUSTOM_TYPE, apply_decisions, decide, recorded_decisions
+from core.pruning import (
+    PRUNE_CUSTOM_TYPE,
+    PruneDecision,
+    apply_decisions,
+    decide,
+    recorded_decisions,
+)
 from core.summarizer import Summarizer
 from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
 from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
@@ -80,7 +87,6 @@ class PreparedView:
     view_key: str
     window: int
     threshold: int
-    trimmed: int = 0  # tool results emptied plus messages dropped to make it fit
 
 
 @dataclass(slots=True)
@@ -189,6 +195,14 @@ class ContextEngine:
     def threshold(self, window: int) -> int:
         return compaction_threshold(window, self.config.compaction, self.max_output)
 
+    def _limits(self, request: ViewRequest) -> tuple[_SessionState, int, int]:
+        """The session's state, its window (the provider's reported one when smaller than
+        configured) and the threshold: one resolution for every path."""
+        info = self.check(request.model)
+        state = self._state(request.session_key, request.model)
+        window = min(info.tokens, state.window_cap or info.tokens)
+        return state, window, self.threshold(window)
+
     def check(self, model: str) -> WindowInfo:
         """Refuse a run on a window below the hard minimum, before any provider call."""
         info = self.window(model)
@@ -239,6 +253,12 @@ class ContextEngine:
 
     def view(self, entries: Sequence[Entry], chat_type: str) -> tuple[list[Message], str]:
         """The model's view of ``entries`` with recorded prunes applied, and its key."""
+        messages, key, _ = self._view(entries, chat_type)
+        return messages, key
+
+    def _view(
+        self, entries: Sequence[Entry], chat_type: str
+    ) -> tuple[list[Message], str, list[PruneDecision]]:
         messages = build_history(entries, max_turns=self._max_turns(chat_type))
         decisions = recorded_decisions(entries)
         if decisions:
@@ -252,22 +272,26 @@ class ContextEngine:
         if self._max_turns(chat_type) > 0 and messages:
             # In-process only (str hashes are salted per process), like the accountant.
             key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"
-        return messages, key
+        return messages, key, decisions
 
     async def _prune(
-        self, transcript: Transcript, messages: list[Message], window: int, events: TurnEvents
+        self,
+        transcript: Transcript,
+        messages: list[Message],
+        decisions: Sequence[PruneDecision],
+        window: int,
+        events: TurnEvents,
     ) -> bool:
         settings = self.config.pruning
         if settings.mode == "off":
             return False
-        entries = transcript.live_entries()
         decision = decide(
             messages,
             now=self.now(),
-            last_call_at=last_call_at(entries),
+            last_call_at=last_call_at(transcript.live_entries()),
             window_tokens=window,
             settings=settings,
-            already=recorded_decisions(entries),
+            already=decisions,
         )
         if decision is None:
             return False
@@ -289,27 +313,22 @@ class ContextEngine:
     async def prepare(
         self, transcript: Transcript, request: ViewRequest, events: TurnEvents
     ) -> PreparedView:
-        info = self.check(request.model)
-        state = self._state(request.session_key, request.model)
-        window = min(info.tokens, state.window_cap or info.tokens)
-        threshold = self.threshold(window)
+        state, window, threshold = self._limits(request)
         limit = window - self.max_output
 
-        messages, key = self.view(transcript.live_entries(), request.chat_type)
-        if await self._prune(transcript, messages, window, events):
+        messages, key, decisions = self._view(transcript.live_entries(), request.chat_type)
+        if await self._prune(transcript, messages, decisions, window, events):
             messages, key = self.view(transcript.live_entries(), request.chat_type)
         size = self._measure(state, request, messages, key)
 
-        entries = transcript.live_entries()
         if flush_due(
-            entries,
+            transcript.live_entries(),
             tokens=size.tokens,
             threshold=threshold,
             live_bytes=transcript.cycle_bytes,
             config=self.config.flush,
         ):
-            fitted, _ = self._fit(request, messages, limit)
-            await self._flush(transcript, request, fitted, TRIGGER_THRESHOLD, events)
+            await self._flush(transcript, request, messages, limit, TRIGGER_THRESHOLD, events)
 
         if size.tokens > threshold and self._may_compact(state, transcript):
             outcome = await self._compact(
@@ -322,11 +341,9 @@ class ContextEngine:
                 state.compaction_blocked_at = _last_entry_id(transcript)
 
         budget = int(limit * state.budget_scale)
-        trimmed = 0
         if size.tokens > budget:
-            fitted, trimmed = self._fit(request, messages, budget)
+            messages, trimmed = self._fit(state, request, messages, budget)
             events.trims += trimmed
-            messages = fitted
             key = f"{key}|trim:{trimmed}"
             size = self._measure(state, request, messages, key)
             log.warning(
@@ -335,7 +352,7 @@ class ContextEngine:
                 trimmed,
                 budget,
             )
-        return PreparedView(tuple(messages), size, key, window, threshold, trimmed)
+        return PreparedView(tuple(messages), size, key, window, threshold)
 
     def _measure(
         self, state: _SessionState, request: ViewRequest, messages: Sequence[Message], key: str
@@ -368,6 +385,7 @@ class ContextEngine:
             usage=usage,
             response=response,
             view_key=view.view_key,
+            request_estimate=view.size.request_estimate or None,
         )
         state.budget_scale = 1.0
 
@@ -378,14 +396,23 @@ class ContextEngine:
         transcript: Transcript,
         request: ViewRequest,
         messages: Sequence[Message],
+        budget: int,
         trigger: str,
         events: TurnEvents,
     ) -> None:
+        """The memory flush over the view trimmed to ``budget``. A view that cannot be
+        made to fit gets no flush: the compaction that follows must still run."""
+        state = self._state(request.session_key, request.model)
+        try:
+            fitted, _ = self._fit(state, request, messages, budget)
+        except ContextBudgetError:
+            log.warning("session %s: no memory flush, the view does not fit", request.session_key)
+            return
         outcome = await self.flusher.run(
             transcript,
             system=request.system,
             tools=request.tools,
-            messages=messages,
+            messages=fitted,
             model=request.model,
             max_output=min(self.max_output, 2048),
             trigger=trigger,
@@ -427,10 +454,7 @@ class ContextEngine:
     ) -> tuple[CompactionOutcome, TurnEvents]:
         """``/compact [focus]``: flush first (once per cycle), then compact regardless of size."""
         events = TurnEvents()
-        info = self.check(request.model)
-        window = info.tokens
-        threshold = self.threshold(window)
-        state = self._state(request.session_key, request.model)
+        state, window, threshold = self._limits(request)
         messages, key = self.view(transcript.live_entries(), request.chat_type)
         size = self._measure(state, request, messages, key)
         skip = self.compactor.plan(
@@ -439,8 +463,8 @@ class ContextEngine:
         if isinstance(skip, str):  # known without a model call: no flush for nothing
             return CompactionOutcome("skipped", TRIGGER_MANUAL, skip), events
         if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
-            fitted, _ = self._fit(request, messages, window - self.max_output)
-            await self._flush(transcript, request, fitted, TRIGGER_MANUAL, events)
+            limit = window - self.max_output
+            await self._flush(transcript, request, messages, limit, TRIGGER_MANUAL, events)
         outcome = await self._compact(
             transcript, request, window, threshold, size.tokens, TRIGGER_MANUAL, events, focus
         )
@@ -472,8 +496,8 @@ class ContextEngine:
         threshold = self.threshold(window)
         entries = transcript.live_entries()
         if self.config.flush.enabled and not flushed_this_cycle(entries):
-            fitted, _ = self._fit(request, list(view.messages), int(window * 0.5))
-            await self._flush(transcript, request, fitted, TRIGGER_OVERFLOW, events)
+            half = int(window * 0.5)
+            await self._flush(transcript, request, view.messages, half, TRIGGER_OVERFLOW, events)
         limit = window
         observed = exc.observed_tokens or math.ceil(view.size.tokens * 1.25)
         compacted = False
@@ -503,19 +527,21 @@ class ContextEngine:
     # -- deterministic trim -------------------------------------------------------------
 
     def _fit(
-        self, request: ViewRequest, messages: Sequence[Message], budget: int
+        self,
+        state: _SessionState,
+        request: ViewRequest,
+        messages: Sequence[Message],
+        budget: int,
     ) -> tuple[list[Message], int]:
         """Make the view fit ``budget`` tokens without a model: oldest tool results
         emptied first, then oldest turns dropped; the newest turn always stays."""
         fitted = list(messages)
         trimmed = 0
-        base = self.counter.text(request.system) + self.counter.tools(request.tools)
-        margin = self.config.safety_margin * self.calibration.ratio(
-            self.provider.name, request.model
-        )
 
         def total(ms: Sequence[Message]) -> int:
-            return math.ceil((base + self.counter.messages(ms)) * margin)
+            return state.accountant.estimate(
+                system=request.system, messages=ms, tools=request.tools
+            )
 
         if total(fitted) <= budget:
             return fitted, 0
@@ -524,14 +550,9 @@ class ContextEngine:
         for index, message in enumerate(fitted):
             if index >= protect or message.role != "tool_result":
                 continue
-            blocks = tuple(
-                ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
-                if isinstance(b, ToolResultBlock) and b.content != TRIMMED_RESULT
-                else b
-                for b in message.content
-            )
-            if blocks != message.content:
-                fitted[index] = Message("tool_result", blocks)
+            emptied = _emptied(message)
+            if emptied is not message:
+                fitted[index] = emptied
                 trimmed += 1
                 if total(fitted) <= budget:
                     return fitted, trimmed
@@ -548,16 +569,8 @@ class ContextEngine:
         for index, message in enumerate(fitted):
             if total(fitted) <= budget:
                 break
-            if message.role == "tool_result":
-                fitted[index] = Message(
-                    "tool_result",
-                    tuple(
-                        ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
-                        if isinstance(b, ToolResultBlock)
-                        else b
-                        for b in message.content
-                    ),
-                )
+            if message.role == "tool_result" and (emptied := _emptied(message)) is not message:
+                fitted[index] = emptied
                 trimmed += 1
         # 4. An earlier message that never fit (it failed, and the next one merged into
         # the same user turn) is left out of the request; the newest words never are.
@@ -582,11 +595,11 @@ class ContextEngine:
             return messages, 0
         blocks = list(messages[index].content)
         # Protect the newest message: its text and the turn context riding after it.
-        protect = 2 if blocks and _is_turn_context(blocks[-1]) else 1
+        protect = 2 if blocks and is_turn_context(blocks[-1]) else 1
         dropped = 0
         for position in range(max(0, len(blocks) - protect)):
             block = blocks[position]
-            if not isinstance(block, TextBlock) or _is_turn_context(block):
+            if not isinstance(block, TextBlock) or is_turn_context(block):
                 continue
             tokens = self.counter.text(block.text)
             blocks[position] = TextBlock(
@@ -602,8 +615,16 @@ class ContextEngine:
         return [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]], dropped
 
 
-def _is_turn_context(block: object) -> bool:
-    return isinstance(block, TextBlock) and block.text.startswith("<turn-context>")
+def _emptied(message: Message) -> Message:
+    """The tool-result message with every result's text replaced by ``TRIMMED_RESULT``
+    (the same object when there was nothing left to empty)."""
+    blocks = tuple(
+        ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
+        if isinstance(b, ToolResultBlock) and b.content != TRIMMED_RESULT
+        else b
+        for b in message.content
+    )
+    return message if blocks == message.content else Message("tool_result", blocks)
 
 
 def _last_entry_id(transcript: Transcript) -> str | None:
@@ -616,11 +637,7 @@ def _is_summary(message: Message) -> bool:
 
 
 def _turn_starts(messages: Sequence[Message]) -> list[int]:
-    return [
-        i
-        for i, m in enumerate(messages)
-        if m.role == "user" and any(not isinstance(b, ToolResultBlock) for b in m.content)
-    ]
+    return [i for i, m in enumerate(messages) if is_turn_start(m)]
 
 
 def _last_turn_start(messages: Sequence[Message]) -> int:

@@ -163,7 +163,7 @@ def build_context_report(
     )
     files = tuple(_file_usage(f, workspace) for f in prompt.files)
     tool_usage = sorted(
-        (ToolUsage(t.name, len(tool_schema_json(t)), counter.tools([t])) for t in tools),
+        (ToolUsage(t.name, len(t.schema_json()), counter.tools([t])) for t in tools),
         key=lambda t: (-t.tokens, -t.chars, t.name),
     )
     tool_tokens = counter.tools(tools) if tools else 0
@@ -191,16 +191,6 @@ def build_context_report(
         window=window,
         share=total / window if window > 0 else 0.0,
         session_tokens=session_tokens,
-    )
-
-
-def tool_schema_json(spec: ToolSpec) -> str:
-    """The tool as the model receives it, in a stable JSON form (for its size)."""
-    return json.dumps(
-        {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema},
-        ensure_ascii=False,
-        sort_keys=True,
-        separators=(",", ":"),
     )
 
 

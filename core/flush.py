@@ -74,15 +74,21 @@ def flushed_this_cycle(entries: Sequence[Entry]) -> bool:
     return False
 
 
-def _nothing_new_since_flush(entries: Sequence[Entry]) -> bool:
-    """No message since the newest flush (e.g. a compaction right after it started a new
-    cycle): another flush would only repeat the last one."""
+def _may_flush(entries: Sequence[Entry]) -> bool:
+    """False when a flush ran in this compaction cycle, or when no message came after the
+    newest flush (a compaction right after it starts a new cycle with nothing new in it:
+    another flush would only repeat the last one). One backward scan for both."""
+    seen_compaction = seen_message = False
     for entry in reversed(entries):
-        if entry.type == ENTRY_MESSAGE:
-            return False
-        if entry.type == ENTRY_CUSTOM and entry.payload.get("custom_type") == FLUSH_CUSTOM_TYPE:
+        if entry.type == ENTRY_COMPACTION:
+            seen_compaction = True
+        elif entry.type == ENTRY_MESSAGE:
+            seen_message = True
+        elif entry.type == ENTRY_CUSTOM and entry.payload.get("custom_type") == FLUSH_CUSTOM_TYPE:
+            return seen_compaction and seen_message
+        if seen_compaction and seen_message:
             return True
-    return False
+    return True
 
 
 def flush_due(
@@ -93,7 +99,7 @@ def flush_due(
     live_bytes: int,
     config: FlushConfig,
 ) -> bool:
-    if not config.enabled or flushed_this_cycle(entries) or _nothing_new_since_flush(entries):
+    if not config.enabled or not _may_flush(entries):
         return False
     # On a small window the soft zone would cover most of the threshold (a flush right
     # after every compaction): it never takes more than a quarter of it.

@@ -118,12 +118,18 @@ def _leading_summary(message: Message) -> TextBlock | None:
     return first if isinstance(first, TextBlock) and is_summary_block(first) else None
 
 
+def is_turn_start(message: Message) -> bool:
+    """A user message that says something: not one that only carries tool results."""
+    return message.role == "user" and any(
+        not isinstance(b, ToolResultBlock) for b in message.content
+    )
+
+
 def _starts_turn(message: Message, *, skip_first: bool) -> bool:
-    """A user message that says something (not only tool results, not only the summary)."""
-    if message.role != "user":
-        return False
-    blocks = message.content[1:] if skip_first else message.content
-    return any(not isinstance(b, ToolResultBlock) for b in blocks)
+    """``is_turn_start``, not counting a leading summary block (``skip_first``)."""
+    if skip_first:
+        message = Message(message.role, message.content[1:])
+    return is_turn_start(message)
 
 
 def view_messages(entries: Sequence[Entry]) -> list[Message]:

@@ -8,6 +8,7 @@ sit on the per-turn hot path.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -167,3 +168,13 @@ class ToolSpec:
     name: str
     description: str
     input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def schema_json(self) -> str:
+        """The tool as the model receives it (keys in the order they are sent), as compact
+        JSON: what its size is measured on, for token estimates and the /context report."""
+        return json.dumps(
+            {"name": self.name, "description": self.description, "input_schema": self.input_schema},
+            ensure_ascii=False,
+            separators=(",", ":"),
+            default=str,
+        )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from core.messages import ToolSpec
+from core.messages import TextBlock, ToolSpec
 
 PROJECT_FILES = ("AGENTS.md", "SOUL.md", "IDENTITY.md", "USER.md", "TOOLS.md", "MEMORY.md")
 # MEMORY.md falls back to memory.md only when MEMORY.md is absent, so a case-insensitive
@@ -280,12 +280,20 @@ class SystemPromptBuilder:
         return primary, None
 
 
+TURN_CONTEXT_PREFIX = "<turn-context>"
+
+
+def is_turn_context(block: object) -> bool:
+    """Is this the volatile turn context ``render_turn_context`` made (not user words)?"""
+    return isinstance(block, TextBlock) and block.text.startswith(TURN_CONTEXT_PREFIX)
+
+
 def render_turn_context(
     *, now: datetime, channel: str, chat_type: str, sender_name: str, sender_id: str
 ) -> str:
     """The volatile facts of one turn, stored with the user message (so history stays stable)."""
     stamp = now.strftime("%Y-%m-%d %H:%M %Z").strip()
     return (
-        f"<turn-context>time: {stamp} ({now.strftime('%A')}); channel: {channel} ({chat_type}); "
-        f"from: {sender_name} [{sender_id}]</turn-context>"
+        f"{TURN_CONTEXT_PREFIX}time: {stamp} ({now.strftime('%A')}); "
+        f"channel: {channel} ({chat_type}); from: {sender_name} [{sender_id}]</turn-context>"
     )

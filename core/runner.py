@@ -54,9 +54,12 @@ class TurnResult:
     stop_reason: str
     latency_ms: float
     entries: tuple[Entry, ...] = field(default=())
-    compactions: int = 0  # compactions made during the turn
-    window: int = 0
-    events: TurnEvents | None = None
+    events: TurnEvents = field(default_factory=TurnEvents)
+
+    @property
+    def compactions(self) -> int:
+        """Compactions made during the turn."""
+        return sum(1 for c in self.events.compactions if c.compacted)
 
 
 @dataclass(slots=True)
@@ -126,11 +129,9 @@ class Runner:
                 blocks.append(TextBlock(turn.context_text))
             await append(Message("user", tuple(blocks)), meta=turn.meta or None)
 
-        system = (await asyncio.to_thread(self.prompt.build)).text
-        specs = self.tools.specs() if self.offer_tools else ()
+        view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
+        system, specs, model = view_request.system, view_request.tools, view_request.model
         context = ToolContext(workspace=self.workspace, session_key=turn.session_key, now=self.now)
-        model = turn.model or self.provider.model
-        view_request = ViewRequest(turn.session_key, system, tuple(specs), model, turn.chat_type)
         events = TurnEvents()
         total = Usage()
         last_usage = Usage()
@@ -157,7 +158,11 @@ class Runner:
                 if view is None or overflows > self.engine.config.compaction.max_attempts:
                     await self._record_error(transcript, exc)
                     raise
-                await self.engine.recover_overflow(transcript, view_request, view, exc, events)
+                try:
+                    await self.engine.recover_overflow(transcript, view_request, view, exc, events)
+                except ContextError as failed:
+                    await self._record_error(transcript, failed)
+                    raise
                 continue
             except (ProviderError, ContextError) as exc:
                 await self._record_error(transcript, exc)
@@ -214,8 +219,6 @@ class Runner:
             stop_reason=stop_reason,
             latency_ms=(time.perf_counter() - started) * 1000,
             entries=tuple(appended),
-            compactions=sum(1 for c in events.compactions if c.compacted),
-            window=view.window if view is not None else 0,
             events=events,
         )
         log.info(
@@ -231,6 +234,17 @@ class Runner:
             result.latency_ms,
         )
         return result
+
+    async def view_request(
+        self, session_key: str, model: str | None = None, chat_type: str = "direct"
+    ) -> ViewRequest:
+        """What every request of a session shares: the stable system prompt (read from
+        the workspace in a thread), the tools on offer and the model."""
+        system = (await asyncio.to_thread(self.prompt.build)).text
+        specs = self.tools.specs() if self.offer_tools else ()
+        return ViewRequest(
+            session_key, system, tuple(specs), model or self.provider.model, chat_type
+        )
 
     async def _record_error(self, transcript: Transcript, exc: CoreError) -> None:
         status = getattr(exc, "status", None)

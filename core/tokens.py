@@ -48,7 +48,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -303,18 +303,7 @@ class TokenCounter:
 
     def tools(self, specs: Sequence[ToolSpec]) -> int:
         """Tool definitions, counted as the compact JSON of name, description and schema."""
-        return sum(
-            self.text(
-                _compact_json(
-                    {
-                        "name": spec.name,
-                        "description": spec.description,
-                        "input_schema": spec.input_schema,
-                    }
-                )
-            )
-            for spec in specs
-        )
+        return sum(self.text(spec.schema_json()) for spec in specs)
 
     def entry(self, e: Entry) -> int:
         """A transcript entry: its message's tokens, cached by entry id; 0 for non-messages.
@@ -406,6 +395,9 @@ class ContextSize:
     reported: int  # provider-reported part (0 if none usable)
     estimated: int  # raw (uncalibrated) estimate of the part not reported
     source: str  # "reported+estimate" | "estimate"
+    # The raw estimate of the whole request measured, so the call's record need not
+    # count the same view again (not part of equality: it only saves work).
+    request_estimate: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -449,9 +441,14 @@ class ContextAccountant:
         usage: Usage,
         response: Message,
         view_key: str,
+        request_estimate: int | None = None,
     ) -> None:
-        """Remember a finished call's usage for ``view_key`` and calibrate the estimator."""
-        request_estimate = self._counter.request(system, messages, tools)
+        """Remember a finished call's usage for ``view_key`` and calibrate the estimator.
+
+        ``request_estimate`` is the raw estimate of this very request when the caller has
+        it (``ContextSize.request_estimate``); otherwise it is counted here."""
+        if request_estimate is None:
+            request_estimate = self._counter.request(system, messages, tools)
         if usage.context_tokens > 0:
             self._calibration.observe(
                 self._provider,
@@ -489,10 +486,23 @@ class ContextAccountant:
                 reported=last.reported,
                 estimated=delta,
                 source="reported+estimate",
+                request_estimate=now,
             )
         return ContextSize(
-            tokens=_scaled(now, factor), reported=0, estimated=now, source="estimate"
+            tokens=_scaled(now, factor),
+            reported=0,
+            estimated=now,
+            source="estimate",
+            request_estimate=now,
         )
+
+    def estimate(
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> int:
+        """A whole request estimated from scratch, calibrated and with the safety margin
+        (for a view that was never sent, e.g. one being trimmed to fit)."""
+        factor = self._margin * self._calibration.ratio(self._provider, self._model)
+        return _scaled(self._counter.request(system, messages, tools), factor)
 
     def reset(self) -> None:
         """Forget the last report (after a compaction its view no longer exists)."""

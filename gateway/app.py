@@ -30,7 +30,7 @@ from channels.base import (
     OutboundMessage,
     RecipientBlocked,
 )
-from core.context_engine import ContextEngine, ViewRequest
+from core.context_engine import ContextEngine
 from core.context_report import build_context_report, render_context
 from core.errors import ContextError, ProviderError, TranscriptError
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
@@ -388,18 +388,13 @@ class Gateway:
 
     async def _compact(self, key: str, item: LaneItem) -> tuple[SessionRecord | None, str]:
         """``/compact [focus]``, run in the session's lane like a turn."""
-        assert self.engine is not None and self.prompt is not None and self.runner is not None
+        assert self.engine is not None and self.runner is not None
         record = await self.registry.get_active(key)
         if record is None:
             return None, "Skipped: there is no conversation in this chat yet."
         transcript = await self.transcript(record)
-        prompt = await asyncio.to_thread(self.prompt.build)
-        request = ViewRequest(
-            record.key,
-            prompt.text,
-            tuple(self.runner.tools.specs() if self.runner.offer_tools else ()),
-            record.settings.get("model") or self.provider.model,
-            item.route.chat_type,
+        request = await self.runner.view_request(
+            record.key, record.settings.get("model"), item.route.chat_type
         )
         try:
             outcome, events = await self.engine.compact_now(

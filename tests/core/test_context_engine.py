@@ -430,3 +430,30 @@ async def test_a_message_that_never_fit_does_not_block_the_next_one(
     assert "did not fit the context window" in sent and "lorem ipsum" not in sent
     # The transcript still holds the huge message: nothing was lost.
     assert any(huge in e.message.text for e in transcript.entries() if e.type == "message")
+
+
+async def test_overflow_whose_flush_cannot_fit_is_recorded_not_lost(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    seed(transcript, 4)
+    limit = 12_000
+
+    def strict(request: ProviderRequest) -> ProviderResponse:
+        size = default_counter().request(request.system, request.messages, request.tools)
+        raise ContextOverflowError(
+            f"prompt is too long: {size} tokens > {limit} maximum",
+            provider="scripted",
+            observed_tokens=size,
+            limit=limit,
+        )
+
+    router = Router(main=strict)
+    runner, _ = make(tmp_path, router, ContextConfig())
+    # Fits the configured 200,000 window, not the provider's real 12,000.
+    with pytest.raises(ContextBudgetError):
+        await runner.run_turn(transcript, TurnRequest("k", "lorem ipsum dolor " * 8_000))
+    entries = list(transcript.entries())
+    errors = [e for e in entries if e.payload.get("custom_type") == "turn_error"]
+    assert [e.payload["data"]["kind"] for e in errors] == ["ContextBudgetError"]
+    # The flush could not be given a view that fits: it was skipped, not sent oversized.
+    assert router.calls["flush"] == 0

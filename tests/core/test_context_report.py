@@ -14,7 +14,6 @@ from core.context_report import (
     ContextReport,
     build_context_report,
     render_context,
-    tool_schema_json,
 )
 from core.history import summary_message
 from core.messages import Message, ToolResultBlock, ToolSpec, ToolUseBlock
@@ -31,7 +30,7 @@ class FakeCounter:
         return 4 + sum(self.text(json.dumps(b.to_dict())) for b in m.content)
 
     def tools(self, specs: Sequence[ToolSpec]) -> int:
-        return sum(self.text(tool_schema_json(s)) for s in specs)
+        return sum(self.text(s.schema_json()) for s in specs)
 
 
 SMALL = ToolSpec("tiny", "t")
@@ -90,7 +89,7 @@ def test_numbers_add_up(tmp_path: Path) -> None:
     ]
     assert report.tool_count == 2
     assert report.tool_tokens == counter.tools([SMALL, BIG])
-    assert report.tool_chars == len(tool_schema_json(SMALL)) + len(tool_schema_json(BIG))
+    assert report.tool_chars == len(SMALL.schema_json()) + len(BIG.schema_json())
     assert [t.name for t in report.tools] == ["search_everything", "tiny"]  # largest first
     assert report.history_messages == 5
     assert report.history_tokens == sum(counter.message(m) for m in HISTORY)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.messages import TextBlock, Usage
+from core.prompt import is_turn_context
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
 
 Step = ProviderResponse | BaseException | Callable[[ProviderRequest], ProviderResponse]
@@ -22,11 +23,7 @@ Step = ProviderResponse | BaseException | Callable[[ProviderRequest], ProviderRe
 def echo_text(request: ProviderRequest) -> str:
     """The last thing the user said, without the turn context that rides at its tail."""
     last = request.messages[-1]
-    said = [
-        b.text
-        for b in last.content
-        if isinstance(b, TextBlock) and not b.text.startswith("<turn-context>")
-    ]
+    said = [b.text for b in last.content if isinstance(b, TextBlock) and not is_turn_context(b)]
     return f"echo: {said[-1] if said else '?'}"
 
 
