@@ -18,6 +18,9 @@ CoreError
 │       └── SummaryError           the summariser failed after its retries
 ├── TranscriptError                a transcript cannot be opened or written
 ├── ToolError                      a tool refused or failed (told to the model, not to users)
+├── MemoryIndexError               the long-term memory index cannot be read or written
+│   └── EmbedderError              an embedding provider failed (typed; retryable or not)
+│       └── EmbedderUnavailableError   not installed, not configured, or locked out
 └── ConfigError                    a core config value is unusable at run time
 """
 
@@ -130,4 +133,22 @@ class ToolError(CoreError):
 
 
 class ConfigError(CoreError):
+    pass
+
+
+class MemoryIndexError(CoreError):
+    pass
+
+
+class EmbedderError(MemoryIndexError):
+    """An embedding call failed; ``retryable`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, provider: str = "", retryable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.retryable = retryable
+
+
+class EmbedderUnavailableError(EmbedderError):
     pass

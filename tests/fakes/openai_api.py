@@ -15,15 +15,32 @@ Streams are ``data:`` lines only, ending with ``data: [DONE]``; with
 ``stream_options.include_usage`` a last chunk carries usage (``report_usage=False``
 imitates servers that never send it). Cached tokens: the longest prompt prefix (in
 whole messages) already seen, as OpenAI's automatic prefix caching reports it.
+
+Embeddings (``POST /v1/embeddings``) are as strict as the real endpoint: the same key
+check (none when the fake has ``api_key=None``, like a local Ollama), a known set of
+parameters, ``input`` a string or a list of 1 to 2,048 non-empty strings, each at most
+8,192 tokens and 300,000 in all (the usual ~4 characters a token), ``encoding_format``
+``float`` or ``base64``, ``dimensions`` between 1 and the model's width. Vectors are a
+hashed bag of words (``hashed_embedding``): deterministic, unit length, and texts that
+share words point the same way; ``dimensions`` shortens and renormalises them the way
+OpenAI's models do. Failures come from their own queue, ``enqueue_embeddings``, so a
+test of embeddings never eats a chat step: ``HttpError``, ``RawResponse``, ``Hang`` or
+``EditEmbeddings`` (the correct body, then changed: see ``wrong_count`` and friends).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import re
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from aiohttp import web
 
 from tests.fakes.llm_common import (
@@ -31,6 +48,7 @@ from tests.fakes.llm_common import (
     Hang,
     HttpError,
     RawResponse,
+    RecordedRequest,
     Reply,
     Step,
     StreamError,
@@ -43,6 +61,14 @@ from tests.fakes.llm_common import (
 
 Dialect = Literal["openai", "vllm", "llamacpp"]
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+EMBEDDINGS_PATH = "/v1/embeddings"
+EMBEDDING_PARAMS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+MAX_EMBEDDING_INPUTS = 2048
+MAX_EMBEDDING_INPUT_TOKENS = 8192
+MAX_EMBEDDING_REQUEST_TOKENS = 300_000
+DEFAULT_EMBEDDING_DIMENSIONS = 64
+MAX_BODY_BYTES = 32 * 1024 * 1024
+_WORDS_RE = re.compile(r"\w+")
 
 
 class InvalidRequest(Exception):
@@ -72,6 +98,128 @@ def overloaded() -> HttpError:
     return HttpError(
         503, "server_error", "The engine is currently overloaded, please try again later"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EditEmbeddings:
+    """A 200 whose body is the correct one passed through ``edit`` (to break it)."""
+
+    edit: Callable[[dict[str, Any]], Any]
+
+
+EmbeddingStep = HttpError | RawResponse | Hang | EditEmbeddings
+
+
+def wrong_count() -> EditEmbeddings:
+    """One embedding fewer than there were inputs."""
+    return EditEmbeddings(lambda body: {**body, "data": body["data"][:-1]})
+
+
+def missing_data() -> EditEmbeddings:
+    return EditEmbeddings(lambda body: {k: v for k, v in body.items() if k != "data"})
+
+
+def non_finite() -> EditEmbeddings:
+    """The first number of the first vector is NaN (``json`` writes it as ``NaN``)."""
+
+    def edit(body: dict[str, Any]) -> dict[str, Any]:
+        body["data"][0]["embedding"][0] = float("nan")
+        return body
+
+    return EditEmbeddings(edit)
+
+
+def wrong_width(width: int) -> EditEmbeddings:
+    """Every vector cut (or zero-padded) to ``width`` numbers."""
+
+    def edit(body: dict[str, Any]) -> dict[str, Any]:
+        for item in body["data"]:
+            vector = item["embedding"]
+            item["embedding"] = (vector + [0.0] * width)[:width]
+        return body
+
+    return EditEmbeddings(edit)
+
+
+def malformed_json() -> RawResponse:
+    return RawResponse(b'{"object": "list", "data": [', content_type="application/json")
+
+
+def hashed_embedding(text: str, dimensions: int) -> list[float]:
+    """A deterministic unit vector: each word adds +-1 in two hashed buckets."""
+    vector = np.zeros(dimensions)
+    for word in _WORDS_RE.findall(text.lower()) or [text]:
+        digest = hashlib.blake2b(word.encode(), digest_size=16).digest()
+        for k in range(2):
+            bucket = int.from_bytes(digest[4 * k : 4 * k + 4], "little") % dimensions
+            vector[bucket] += 1.0 if digest[8 + k] & 1 else -1.0
+    return _unit(vector)
+
+
+def _unit(vector: np.ndarray) -> list[float]:
+    norm = float(np.linalg.norm(vector))
+    if norm == 0.0:  # words that cancel out: any fixed direction beats a zero vector
+        vector = np.zeros(len(vector))
+        vector[0], norm = 1.0, 1.0
+    return [float(x) for x in vector / norm]
+
+
+def _validate_embeddings(body: Any, width: int) -> list[str]:
+    """The inputs of a valid embeddings request; ``InvalidRequest`` as OpenAI words it."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("We could not parse the JSON body of your request.")
+    unknown = sorted(set(body) - EMBEDDING_PARAMS)
+    if unknown:
+        raise InvalidRequest(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise InvalidRequest("you must provide a model parameter", "model")
+    raw = body.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise InvalidRequest(
+            "'$.input' is invalid. Please check the API reference: "
+            "https://platform.openai.com/docs/api-reference.",
+            "input",
+        )
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(
+            f"'$.input' is too long: {len(texts)} inputs, at most {MAX_EMBEDDING_INPUTS}", "input"
+        )
+    total = 0
+    for i, text in enumerate(texts):
+        if not text:
+            raise InvalidRequest(f"'$.input[{i}]' is invalid: it must not be empty", "input")
+        tokens = estimate_tokens(text)
+        if tokens > MAX_EMBEDDING_INPUT_TOKENS:
+            raise InvalidRequest(
+                f"This model's maximum context length is {MAX_EMBEDDING_INPUT_TOKENS} tokens, "
+                f"however you requested {tokens} tokens ({tokens} in your prompt; 0 for the "
+                "completion). Please reduce your prompt; or completion length.",
+                "input",
+            )
+        total += tokens
+    if total > MAX_EMBEDDING_REQUEST_TOKENS:
+        raise InvalidRequest(
+            f"Requested {total} tokens, max {MAX_EMBEDDING_REQUEST_TOKENS} tokens per request",
+            "input",
+        )
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        raise InvalidRequest(
+            f"Invalid value: '{body['encoding_format']}'. Supported values are: 'float' and "
+            "'base64'.",
+            "encoding_format",
+        )
+    dims = body.get("dimensions")
+    if dims is not None and (
+        not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= width
+    ):
+        raise InvalidRequest(
+            f"Invalid value for 'dimensions' = {dims}. Must be between 1 and {width}.",
+            "dimensions",
+        )
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise InvalidRequest("Invalid type for 'user': expected a string.", "user")
+    return texts
 
 
 def _validate(body: Any) -> None:
@@ -153,29 +301,47 @@ def _echo(body: Mapping[str, Any]) -> str:
 
 
 class FakeOpenAI(FakeLLMServer):
-    """The fake chat completions API; ``script`` steps are in ``tests.fakes.llm_common``."""
+    """The fake chat completions and embeddings API; ``script`` steps are in
+    ``tests.fakes.llm_common``, embedding steps in ``embedding_script``."""
 
     api_path_prefix = "/v1"
 
     def __init__(
         self,
         *,
-        api_key: str = "sk-test",
+        api_key: str | None = "sk-test",
         context_window: int | None = None,
         dialect: Dialect = "openai",
         report_usage: bool = True,
         min_cache_tokens: int = 0,
+        embedding_dimensions: int = DEFAULT_EMBEDDING_DIMENSIONS,
+        reverse_embeddings: bool = False,
     ) -> None:
-        super().__init__(api_key=api_key, context_window=context_window)
+        # None: no key is checked (a local server); the parent types it as a plain str.
+        super().__init__(api_key=api_key, context_window=context_window)  # type: ignore[arg-type]
         self.dialect = dialect
         self.report_usage = report_usage
         self.min_cache_tokens = min_cache_tokens
+        self.embedding_dimensions = embedding_dimensions
+        # Lists the vectors last to first (indexes still right): clients must use ``index``.
+        self.reverse_embeddings = reverse_embeddings
+        self.embedding_script: deque[EmbeddingStep] = deque()
 
     def make_app(self) -> web.Application:
-        app = web.Application()
+        # aiohttp's 1 MB default would answer 413 long before the API's own limits do.
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_post(EMBEDDINGS_PATH, self._embeddings)
         app.router.add_get("/v1/models", self._models)
         return app
+
+    def enqueue_embeddings(self, *steps: EmbeddingStep) -> None:
+        self.embedding_script.extend(steps)
+
+    @property
+    def embedding_requests(self) -> list[RecordedRequest]:
+        """The recorded embeddings requests, oldest first."""
+        return [r for r in self.requests if r.path == EMBEDDINGS_PATH]
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -194,7 +360,7 @@ class FakeOpenAI(FakeLLMServer):
 
     def _auth_failure(self, request: web.Request) -> web.Response | None:
         key = bearer_or_api_key(request)
-        if key == self.api_key:
+        if self.api_key is None or key == self.api_key:
             return None
         shown = "" if key is None else f"{key[:3]}***"
         message = (
@@ -295,6 +461,51 @@ class FakeOpenAI(FakeLLMServer):
                 "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}],
             },
         )
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        body = await self.record(request)
+        if (failure := self._auth_failure(request)) is not None:
+            return failure
+        try:
+            texts = _validate_embeddings(body, self.embedding_dimensions)
+        except InvalidRequest as exc:
+            return self._error(400, "invalid_request_error", str(exc), param=exc.param)
+        step = self.embedding_script.popleft() if self.embedding_script else None
+        if isinstance(step, HttpError):
+            if step.body is not None:
+                return json_response(step.status, step.body, step.headers)
+            return self._error(
+                step.status, step.error_type, step.message, code=step.code, headers=step.headers
+            )
+        if isinstance(step, RawResponse):
+            return web.Response(
+                status=step.status, body=step.body, headers={"Content-Type": step.content_type}
+            )
+        if isinstance(step, Hang):
+            return await self.hang_response(request)
+        answer = self._embedding_body(body, texts)
+        if isinstance(step, EditEmbeddings):
+            answer = step.edit(answer)
+        return json_response(200, answer)
+
+    def _embedding_body(self, body: Mapping[str, Any], texts: list[str]) -> dict[str, Any]:
+        width = body.get("dimensions") or self.embedding_dimensions
+        data: list[dict[str, Any]] = []
+        for index, text in enumerate(texts):
+            full = hashed_embedding(text, self.embedding_dimensions)
+            vector: Any = _unit(np.asarray(full[:width]))
+            if body.get("encoding_format") == "base64":
+                vector = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        if self.reverse_embeddings:
+            data.reverse()
+        tokens = sum(estimate_tokens(t) for t in texts)
+        return {
+            "object": "list",
+            "data": data,
+            "model": body["model"],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self.record(request)

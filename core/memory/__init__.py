@@ -1,0 +1,1 @@
+"""Long-term memory: store, chunking, sync, embedders and search (one memory.db per agent)."""

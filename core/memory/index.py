@@ -1,0 +1,783 @@
+"""MemoryIndex: one agent's long-term memory, kept in sync and searched.
+
+Lifecycle: ``await index.start()`` opens memory.db (two connections, each on its own
+thread: a writer for sync and a reader for search, so a long sync never stalls a
+search), starts the start-up sync and the file watcher; ``await index.close()`` stops
+them. Every SQLite call runs off the event loop.
+
+Sync is incremental: a file whose (mtime, size) and then content hash are unchanged is
+skipped; a changed file's chunks are replaced in one transaction, so a kill at any
+moment leaves every file either fully old or fully new and the next sync resumes.
+Embeddings come from the cache (by content hash) before the embedder is asked.
+
+When what the rows depend on changes (embedder, model, dimensions, chunking,
+tokenizer: ``IndexMeta``), the index is rebuilt into ``memory.db.reindex`` while the old
+one keeps answering (keyword-only, since its vectors belong to another model), then
+swapped in with one rename. A kill during the rebuild resumes it at the next start.
+
+Triggers: start-up, a search on a dirty index (an empty index waits for its first
+sync), the watcher on memory files (polling, debounced), transcript appends (debounced,
+or at once past a size/count threshold) and compactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from core.errors import EmbedderError, MemoryIndexError
+from core.memory.chunking import chunk_markdown, chunk_turns, transcript_turns
+from core.memory.embedders import Embedder, ResilientEmbedder
+from core.memory.query import cjk_index_text
+from core.memory.search import SearchHit, SearchParams, SearchTrace, run_search
+from core.memory.settings import MemorySettings
+from core.memory.sources import (
+    AGENT_SCOPE,
+    MEMORY_SOURCE,
+    SESSIONS_SOURCE,
+    ScopeResolver,
+    SourceFile,
+    memory_files,
+    read_header,
+    transcript_files,
+)
+from core.memory.store import FileRow, IndexMeta, MemoryStore, NewChunk, StoreCounts
+
+log = logging.getLogger("parley.core.memory")
+
+T = TypeVar("T")
+TOKENIZER = "cl100k_base"
+SHADOW_SUFFIX = ".reindex"
+# Where unrelated text lands in cosine similarity, per embedder: e5 models put almost
+# everything above 0.7, so their similarities are rescaled from there (min_score then
+# means the same thing whatever the embedder).
+SIMILARITY_FLOORS: Mapping[str, float] = {"e5": 0.7}
+# memory_get reads at most this much of a file.
+MAX_GET_LINES = 2000
+MAX_GET_CHARS = 200_000
+# Bounds a file the index will read: bigger memory files are indexed up to this size.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, path)
+
+
+@dataclass(slots=True)
+class SyncReport:
+    reason: str
+    files_seen: int = 0
+    files_indexed: int = 0
+    files_unchanged: int = 0
+    files_deleted: int = 0
+    chunks_written: int = 0
+    embedded: int = 0
+    cache_hits: int = 0
+    vectors_pending: int = 0
+    reindexed: bool = False
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    hits: list[SearchHit]
+    mode: str  # hybrid | keyword | vector
+    provider: str
+    model: str
+    fallback: str | None  # why vectors were not used, when they were not
+    search_ms: float
+    synced_first: bool
+    trace: SearchTrace
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "results": [h.to_dict() for h in self.hits],
+            "mode": self.mode,
+            "provider": self.provider,
+            "model": self.model,
+            "fallback": self.fallback,
+            "search_ms": round(self.search_ms, 1),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStatus:
+    db_path: str
+    workspace: str
+    driver: dict[str, Any]
+    requested_provider: str
+    provider: str
+    model: str
+    dimensions: int
+    vector_available: bool
+    vector_error: str | None
+    fts_available: bool
+    counts: StoreCounts
+    dirty_files: list[str]
+    reindexing: bool
+    syncing: bool
+    last_sync: dict[str, Any] | None
+    embedder: dict[str, Any] | None
+    cache_max_entries: int
+    fallback: str | None
+    sources: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "db_path": self.db_path,
+            "workspace": self.workspace,
+            "driver": self.driver,
+            "requested_provider": self.requested_provider,
+            "provider": self.provider,
+            "model": self.model,
+            "dimensions": self.dimensions,
+            "vector": {"available": self.vector_available, "error": self.vector_error},
+            "fts": {"available": self.fts_available},
+            "files": self.counts.files,
+            "chunks": self.counts.chunks,
+            "vectors": self.counts.vectors,
+            "files_awaiting_vectors": self.counts.pending_vector_files,
+            "by_source": [
+                {"source": s.source, "files": s.files, "chunks": s.chunks}
+                for s in self.counts.by_source
+            ],
+            "dirty": bool(self.dirty_files),
+            "dirty_files": self.dirty_files,
+            "reindexing": self.reindexing,
+            "syncing": self.syncing,
+            "last_sync": self.last_sync,
+            "embedder": self.embedder,
+            "cache": {"entries": self.counts.cache_entries, "max_entries": self.cache_max_entries},
+            "fallback": self.fallback,
+            "sources": list(self.sources),
+        }
+
+
+def default_scope_resolver(transcript_scope: str) -> ScopeResolver:
+    """Scope from a transcript header's ``meta.memory_scope`` (the gateway writes it)."""
+
+    def resolve(header: Mapping[str, Any]) -> str:
+        meta = header.get("meta")
+        scope = meta.get("memory_scope") if isinstance(meta, dict) else None
+        if transcript_scope == "agent" or not isinstance(scope, str) or not scope:
+            # Without a recorded scope the transcript cannot be attributed to one peer:
+            # it stays out of every peer's search rather than leak into one.
+            return AGENT_SCOPE if transcript_scope == "agent" else "unscoped"
+        return scope
+
+    return resolve
+
+
+class MemoryIndex:
+    def __init__(
+        self,
+        settings: MemorySettings,
+        *,
+        db_path: Path,
+        workspace: Path,
+        sessions_dir: Path,
+        embedder: ResilientEmbedder | None,
+        scope_for: ScopeResolver | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.db_path = db_path
+        self.workspace = workspace
+        self.sessions_dir = sessions_dir
+        self.embedder = embedder
+        self.scope_for = scope_for or default_scope_resolver(settings.transcript_scope)
+        self._now = now
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="parley-memory-write")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="parley-memory-read")
+        self._wstore: MemoryStore | None = None
+        self._rstore: MemoryStore | None = None
+        self._live_meta: IndexMeta | None = None
+        self._sync_lock = asyncio.Lock()
+        self._reader_lock = asyncio.Lock()
+        self._sync_task: asyncio.Task[SyncReport] | None = None
+        self._again = False
+        self._dirty = True  # nothing is known to be in sync until the first sync
+        self._synced_once = False
+        self._reindexing = False
+        self._last_sync: SyncReport | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._transcript_timer: asyncio.TimerHandle | None = None
+        self._pending_bytes = 0
+        self._pending_messages = 0
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.open()
+        if self.settings.sync.on_start:
+            self.request_sync("start")
+        if self.settings.sync.watch:
+            self._watch_task = asyncio.create_task(self._watch(), name="memory-watch")
+
+    async def open(self) -> None:
+        """Open memory.db without starting background work (the CLI uses this)."""
+        vector = self._wants_vectors()
+        driver = self.settings.driver
+        self._wstore = await self._w(MemoryStore.open, self.db_path, driver=driver, vector=vector)
+        self._rstore = await self._r(MemoryStore.open, self.db_path, driver=driver, vector=vector)
+        self._live_meta = await self._w(self._wstore.meta)
+        if self._live_meta is None:
+            # A new (or meta-less) index: adopt the wanted meta, unless rows exist that
+            # were built under an unknown one (then the first sync rebuilds).
+            counts = await self._w(self._wstore.counts)
+            if counts.files == 0:
+                await self._w(self._wstore.set_meta, self.wanted_meta())
+                self._live_meta = self.wanted_meta()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._transcript_timer is not None:
+            self._transcript_timer.cancel()
+        for task in (self._watch_task, self._sync_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._wstore is not None:
+            await self._w(self._wstore.close)
+        if self._rstore is not None:
+            await self._r(self._rstore.close)
+        self._wstore = self._rstore = None
+        if self.embedder is not None:
+            await self.embedder.close()
+        self._writer.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
+
+    async def _w(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, lambda: fn(*args, **kwargs))
+
+    async def _r(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, lambda: fn(*args, **kwargs))
+
+    def _store(self) -> MemoryStore:
+        if self._wstore is None:
+            raise MemoryIndexError("the memory index is not open")
+        return self._wstore
+
+    # -- meta ----------------------------------------------------------------------------
+
+    def _wants_vectors(self) -> bool:
+        return self.embedder is not None and self.embedder.primary.provider != "none"
+
+    @property
+    def _vectors_on(self) -> bool:
+        store = self._wstore
+        return self._wants_vectors() and store is not None and store.info.vector_available
+
+    def wanted_meta(self) -> IndexMeta:
+        chunking = self.settings.chunking.model_dump()
+        if not self._vectors_on or self.embedder is None:
+            return IndexMeta("none", "", "", 0, chunking, TOKENIZER)
+        primary: Embedder = self.embedder.primary
+        return IndexMeta(
+            primary.provider, primary.model, primary.provider_key, primary.dimensions,
+            chunking, TOKENIZER,
+        )  # fmt: skip
+
+    # -- sync ----------------------------------------------------------------------------
+
+    def request_sync(self, reason: str) -> asyncio.Task[SyncReport]:
+        """Start a background sync, or ask the running one to go round once more."""
+        self._dirty = True
+        if self._sync_task is not None and not self._sync_task.done():
+            self._again = True
+            return self._sync_task
+        self._sync_task = asyncio.create_task(self._sync_loop(reason), name="memory-sync")
+        return self._sync_task
+
+    async def _sync_loop(self, reason: str) -> SyncReport:
+        while True:
+            self._again = False
+            try:
+                report = await self.sync(reason=reason)
+            except Exception as exc:  # a background sync must not die silently
+                log.exception("memory sync failed")
+                report = SyncReport(reason=reason, errors=[str(exc)])
+            if not self._again or self._closed:
+                return report
+            reason = "follow-up"
+
+    async def sync(
+        self, *, reason: str = "manual", force: bool = False, progress: ProgressCallback | None = None
+    ) -> SyncReport:
+        async with self._sync_lock:
+            started = time.perf_counter()
+            self._dirty = False
+            store = self._store()
+            wanted = self.wanted_meta()
+            if force or self._live_meta != wanted:
+                report = await self._reindex(wanted, reason, progress)
+            else:
+                report = SyncReport(reason=reason)
+                await self._sync_into(store, wanted, report, progress)
+            report.seconds = round(time.perf_counter() - started, 3)
+            self._last_sync = report
+            self._synced_once = True
+            for error in report.errors:
+                log.warning("memory sync (%s): %s", reason, error)
+            return report
+
+    async def _sources(self) -> list[SourceFile]:
+        def discover() -> list[SourceFile]:
+            found: list[SourceFile] = []
+            if MEMORY_SOURCE in self.settings.sources:
+                found += memory_files(self.workspace, self.settings.extra_paths)
+            if SESSIONS_SOURCE in self.settings.sources:
+                found += transcript_files(self.sessions_dir)
+            return found
+
+        return await asyncio.to_thread(discover)
+
+    async def _sync_into(
+        self,
+        store: MemoryStore,
+        meta: IndexMeta,
+        report: SyncReport,
+        progress: ProgressCallback | None,
+    ) -> None:
+        sources = await self._sources()
+        rows = await self._w(store.files)
+        wanted = {s.path for s in sources}
+        for path in sorted(rows.keys() - wanted):
+            await self._w(store.delete_file, path)
+            report.files_deleted += 1
+        report.files_seen = len(sources)
+        for done, source in enumerate(sources, start=1):
+            if self._closed:
+                raise asyncio.CancelledError
+            try:
+                await self._sync_file(store, meta, source, rows.get(source.path), report)
+            except (OSError, MemoryIndexError) as exc:
+                report.errors.append(f"{source.path}: {exc}")
+            except store.info.module.Error as exc:  # the driver's own error classes
+                report.errors.append(f"{source.path}: {exc}")
+            if progress is not None:
+                progress(done, len(sources), source.path)
+
+    async def _sync_file(
+        self,
+        store: MemoryStore,
+        meta: IndexMeta,
+        source: SourceFile,
+        row: FileRow | None,
+        report: SyncReport,
+    ) -> None:
+        try:
+            stat = await asyncio.to_thread(os.stat, source.abs_path)
+        except FileNotFoundError:
+            if row is not None:
+                await self._w(store.delete_file, source.path)
+                report.files_deleted += 1
+            return
+        mtime, size = stat.st_mtime, stat.st_size
+        retry_vectors = row is not None and row.vectors_pending and meta.embedder != "none"
+        if row is not None and row.mtime == mtime and row.size == size and not retry_vectors:
+            report.files_unchanged += 1
+            return
+        data = await asyncio.to_thread(_read_prefix, source.abs_path, MAX_FILE_BYTES)
+        digest = hashlib.sha256(data).hexdigest()
+        if row is not None and row.hash == digest:
+            if retry_vectors:
+                await self._fill_vectors(store, meta, row, report)
+            await self._w(store.touch_file, source.path, mtime, size)
+            report.files_unchanged += 1
+            return
+        chunks, scope = await asyncio.to_thread(self._chunk, source, data)
+        vectors, pending = await self._vectors(store, meta, [c.text for c in chunks], report)
+        file = FileRow(source.path, source.source, scope, digest, mtime, size, len(chunks), pending)
+        await self._w(store.replace_file, file, chunks, vectors)
+        report.files_indexed += 1
+        report.chunks_written += len(chunks)
+        report.vectors_pending += int(pending)
+
+    def _chunk(self, source: SourceFile, data: bytes) -> tuple[list[NewChunk], str]:
+        """Chunks of one file and its scope (runs in a worker thread: CPU-bound)."""
+        text = data.decode("utf-8", errors="replace")
+        chunking = self.settings.chunking
+        if source.source == SESSIONS_SOURCE:
+            lines = text.split("\n")
+            header = read_header(lines[0].encode()) if lines else None
+            scope = self.scope_for(header or {})
+            turns = transcript_turns((i, line) for i, line in enumerate(lines, start=1))
+            raw = chunk_turns(
+                turns,
+                max_tokens=chunking.transcript_tokens,
+                overlap_turns=chunking.transcript_overlap_turns,
+            )
+        else:
+            scope = source.scope or AGENT_SCOPE
+            raw = chunk_markdown(
+                text,
+                max_tokens=chunking.file_tokens,
+                overlap_tokens=chunking.file_overlap_tokens,
+            )
+        chunks = [
+            NewChunk(
+                c.start_line, c.end_line, c.text, c.hash, c.ts, c.entry_ids, cjk_index_text(c.text)
+            )
+            for c in raw
+        ]
+        return chunks, scope
+
+    async def _vectors(
+        self, store: MemoryStore, meta: IndexMeta, texts: Sequence[str], report: SyncReport
+    ) -> tuple[np.ndarray | None, bool]:
+        """(vectors row for row, vectors_pending): None and True when the embedder failed."""
+        if meta.embedder == "none" or self.embedder is None or not texts:
+            return None, False
+        hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
+        key = (meta.embedder, meta.model, meta.provider_key)
+        cached = await self._w(store.cached_vectors, *key, hashes)
+        report.cache_hits += sum(1 for h in hashes if h in cached)
+        missing = list(dict.fromkeys(h for h in hashes if h not in cached))
+        if missing:
+            by_hash = dict(zip(hashes, texts, strict=True))
+            try:
+                result = await self.embedder.embed([by_hash[h] for h in missing], kind="passage")
+            except EmbedderError as exc:
+                report.errors.append(f"embedding failed, keyword-only for now: {exc}")
+                return None, True
+            made_by = result.embedder
+            if (made_by.provider, made_by.model, made_by.provider_key) != key:
+                # A fallback model answered: its vectors cannot share a table with these.
+                return None, True
+            fresh = list(zip(missing, result.vectors, strict=True))
+            report.embedded += len(fresh)
+            cached.update(fresh)
+            await self._w(
+                store.cache_vectors, *key, fresh, max_entries=self.settings.cache_max_entries
+            )
+        dims = len(next(iter(cached.values())))
+        await self._w(store.ensure_vectors, dims)
+        return np.stack([cached[h] for h in hashes]), False
+
+    async def _fill_vectors(
+        self, store: MemoryStore, meta: IndexMeta, row: FileRow, report: SyncReport
+    ) -> None:
+        existing = await self._w(store.chunk_texts, row.path)
+        vectors, pending = await self._vectors(store, meta, [t for _, _, t in existing], report)
+        if vectors is not None and not pending:
+            items = [(chunk_id, vectors[i]) for i, (chunk_id, _, _) in enumerate(existing)]
+            await self._w(store.add_vectors, row.path, row.scope, items)
+
+    async def _reindex(
+        self, wanted: IndexMeta, reason: str, progress: ProgressCallback | None
+    ) -> SyncReport:
+        """Build the whole index anew beside the live one, then swap it in."""
+        report = SyncReport(reason=reason, reindexed=True)
+        shadow_path = self.db_path.with_name(self.db_path.name + SHADOW_SUFFIX)
+        driver = self.settings.driver
+        vector = self._wants_vectors()
+        self._reindexing = True
+        try:
+            shadow = await self._w(MemoryStore.open, shadow_path, driver=driver, vector=vector)
+            try:
+                if await self._w(shadow.meta) != wanted:  # else: resume a killed rebuild
+                    await self._w(shadow.close)
+                    await asyncio.to_thread(_remove_db, shadow_path)
+                    shadow = await self._w(
+                        MemoryStore.open, shadow_path, driver=driver, vector=vector
+                    )
+                    await self._w(shadow.set_meta, wanted)
+                await self._sync_into(shadow, wanted, report, progress)
+                await self._w(shadow.checkpoint)
+            finally:
+                await self._w(shadow.close)
+            await self._swap_in(shadow_path, driver, vector)
+            self._live_meta = wanted
+        finally:
+            self._reindexing = False
+        return report
+
+    async def _swap_in(self, shadow_path: Path, driver: Any, vector: bool) -> None:
+        async with self._reader_lock:
+            if self._rstore is not None:
+                await self._r(self._rstore.close)
+            await self._w(self._store().close)
+            self._wstore = self._rstore = None
+            await asyncio.to_thread(_replace_db, shadow_path, self.db_path)
+            self._wstore = await self._w(
+                MemoryStore.open, self.db_path, driver=driver, vector=vector
+            )
+            self._rstore = await self._r(
+                MemoryStore.open, self.db_path, driver=driver, vector=vector
+            )
+
+    # -- triggers ------------------------------------------------------------------------
+
+    def notify_transcript(self, appended_bytes: int = 0, appended_messages: int = 1) -> None:
+        """A transcript grew: sync after the debounce, or now past the thresholds."""
+        sync = self.settings.sync
+        if self._closed or SESSIONS_SOURCE not in self.settings.sources:
+            return
+        self._dirty = True
+        self._pending_bytes += appended_bytes
+        self._pending_messages += appended_messages
+        if (
+            self._pending_bytes >= sync.transcript_delta_bytes
+            or self._pending_messages >= sync.transcript_delta_messages
+            or sync.transcript_debounce_seconds <= 0
+        ):
+            self._flush_transcripts()
+            return
+        if self._transcript_timer is not None:
+            self._transcript_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._transcript_timer = loop.call_later(
+            sync.transcript_debounce_seconds, self._flush_transcripts
+        )
+
+    def _flush_transcripts(self) -> None:
+        if self._transcript_timer is not None:
+            self._transcript_timer.cancel()
+            self._transcript_timer = None
+        self._pending_bytes = self._pending_messages = 0
+        if not self._closed:
+            self.request_sync("transcript")
+
+    def notify_compaction(self) -> None:
+        if not self._closed and self.settings.sync.after_compaction:
+            self._flush_transcripts()
+
+    async def _watch(self) -> None:
+        """Poll the memory files' (mtime, size); sync once they have been still a while."""
+        sync = self.settings.sync
+        last = await asyncio.to_thread(self._memory_snapshot)
+        changed_at: float | None = None
+        while not self._closed:
+            await asyncio.sleep(sync.watch_poll_seconds)
+            try:
+                snapshot = await asyncio.to_thread(self._memory_snapshot)
+            except OSError:
+                continue
+            now = time.monotonic()
+            if snapshot != last:
+                last, changed_at = snapshot, now
+                self._dirty = True
+            elif changed_at is not None and now - changed_at >= sync.watch_debounce_seconds:
+                changed_at = None
+                self.request_sync("watch")
+
+    def _memory_snapshot(self) -> dict[str, tuple[float, int]]:
+        snapshot: dict[str, tuple[float, int]] = {}
+        for source in memory_files(self.workspace, self.settings.extra_paths):
+            with contextlib.suppress(OSError):
+                stat = source.abs_path.stat()
+                snapshot[source.path] = (stat.st_mtime, stat.st_size)
+        return snapshot
+
+    # -- search --------------------------------------------------------------------------
+
+    async def search(
+        self,
+        query: str,
+        *,
+        scopes: Sequence[str],
+        max_results: int | None = None,
+        min_score: float | None = None,
+    ) -> SearchResult:
+        started = time.perf_counter()
+        synced_first = await self._catch_up()
+        meta = self._live_meta
+        fallback: str | None = None
+        query_vector: np.ndarray | None = None
+        provider = meta.embedder if meta else "none"
+        model = meta.model if meta else ""
+        if meta is None or meta.embedder == "none" or self.embedder is None:
+            fallback = self._keyword_only_reason()
+        elif self._reindexing:
+            fallback = "reindexing: keyword search until the new index is ready"
+        else:
+            try:
+                result = await self.embedder.embed([query], kind="query")
+                made_by = result.embedder
+                if (made_by.provider, made_by.model, made_by.provider_key) == (
+                    meta.embedder, meta.model, meta.provider_key,
+                ):  # fmt: skip
+                    query_vector = result.vectors[0]
+                else:
+                    fallback = f"{meta.embedder} unavailable; {made_by.provider} cannot search it"
+            except EmbedderError as exc:
+                fallback = f"embedder failed, keyword-only: {exc}"
+        params = SearchParams.from_settings(
+            self.settings.search,
+            max_results=max_results,
+            min_score=min_score,
+            similarity_floor=SIMILARITY_FLOORS.get(provider, 0.0),
+        )
+        async with self._reader_lock:
+            store = self._rstore
+            if store is None:
+                raise MemoryIndexError("the memory index is not open")
+            hits, trace = await self._r(
+                run_search, store, query, query_vector, list(scopes), params, now=self._now()
+            )
+        return SearchResult(
+            hits=hits,
+            mode=trace.mode,
+            provider=provider,
+            model=model,
+            fallback=fallback,
+            search_ms=(time.perf_counter() - started) * 1000,
+            synced_first=synced_first,
+            trace=trace,
+        )
+
+    async def _catch_up(self) -> bool:
+        """Sync before a search when the index is dirty; wait for an empty one."""
+        if not self.settings.sync.on_search:
+            return False
+        if not self._dirty and self._synced_once:
+            return False
+        task = self.request_sync("search")
+        wait: float | None = self.settings.sync.search_wait_seconds
+        if not self._synced_once:
+            wait = None  # an empty index answers nothing useful: wait for it
+        try:
+            await asyncio.wait_for(asyncio.shield(task), wait)
+        except TimeoutError:
+            return False
+        return True
+
+    def _keyword_only_reason(self) -> str:
+        store = self._wstore
+        if store is not None and not store.info.vector_available:
+            return f"vector search unavailable: {store.info.vector_error}"
+        if self.embedder is None or self.embedder.primary.provider == "none":
+            return "no embedder configured: keyword search only"
+        return "the index holds no vectors yet"
+
+    # -- memory_get ----------------------------------------------------------------------
+
+    async def read(self, path: str, from_line: int = 1, lines: int | None = None) -> str:
+        """Lines of a memory file (memory files and extra paths only)."""
+        sources = await asyncio.to_thread(
+            memory_files, self.workspace, self.settings.extra_paths
+        )
+        match = next((s for s in sources if s.path == path), None)
+        if match is None:
+            raise MemoryIndexError(
+                f"{path!r} is not a memory file (MEMORY.md, memory/**/*.md or an extra path)"
+            )
+        count = min(lines or MAX_GET_LINES, MAX_GET_LINES)
+        return await asyncio.to_thread(_read_lines, match.abs_path, max(1, from_line), count)
+
+    # -- status --------------------------------------------------------------------------
+
+    async def status(self) -> MemoryStatus:
+        store = self._store()
+        counts = await self._w(store.counts)
+        fts = await self._w(store.fts_available)
+        dirty = await self._dirty_files(store)
+        meta = self._live_meta or self.wanted_meta()
+        embedder = self.embedder.status().as_dict() if self.embedder else None
+        fallback = None
+        if meta.embedder == "none":
+            fallback = self._keyword_only_reason()
+        elif embedder and embedder.get("fallback"):
+            fallback = "{from}: {reason}".format(**embedder["fallback"])
+        return MemoryStatus(
+            db_path=str(self.db_path),
+            workspace=str(self.workspace),
+            driver=store.info.describe(),
+            requested_provider=(
+                self.embedder.requested_provider if self.embedder is not None else "none"
+            ),
+            provider=meta.embedder,
+            model=meta.model,
+            dimensions=meta.dimensions,
+            vector_available=store.info.vector_available and meta.embedder != "none",
+            vector_error=store.info.vector_error,
+            fts_available=fts,
+            counts=counts,
+            dirty_files=dirty,
+            reindexing=self._reindexing,
+            syncing=self._sync_task is not None and not self._sync_task.done(),
+            last_sync=self._last_sync.to_dict() if self._last_sync else None,
+            embedder=embedder,
+            cache_max_entries=self.settings.cache_max_entries,
+            fallback=fallback,
+            sources=tuple(self.settings.sources),
+        )
+
+    async def _dirty_files(self, store: MemoryStore) -> list[str]:
+        sources = await self._sources()
+        rows = await self._w(store.files)
+
+        def changed() -> list[str]:
+            out: list[str] = []
+            for source in sources:
+                row = rows.get(source.path)
+                try:
+                    stat = source.abs_path.stat()
+                except OSError:
+                    continue
+                if row is None or row.mtime != stat.st_mtime or row.size != stat.st_size:
+                    out.append(source.path)
+            present = {s.path for s in sources}
+            out += sorted(p for p in rows if p not in present)
+            return out
+
+        return await asyncio.to_thread(changed)
+
+
+def _read_prefix(path: Path, limit: int) -> bytes:
+    with path.open("rb") as handle:
+        return handle.read(limit)
+
+
+def _read_lines(path: Path, start: int, count: int) -> str:
+    try:
+        handle = path.open(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    out: list[str] = []
+    size = 0
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if number < start:
+                continue
+            if len(out) >= count or size + len(line) > MAX_GET_CHARS:
+                break
+            out.append(line)
+            size += len(line)
+    return "".join(out)
+
+
+def _remove_db(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{suffix}")
+
+
+def _replace_db(shadow: Path, target: Path) -> None:
+    """Swap the rebuilt index in with one rename (the old one's WAL files go first)."""
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{target}{suffix}")
+    os.replace(shadow, target)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{shadow}{suffix}")

@@ -1,0 +1,87 @@
+"""The ``[memory]`` config section: sources, chunking, sync triggers, search defaults.
+
+Search defaults were tuned on the LoCoMo dev split (``parley bench locomo``, see
+docs/benchmarks.md); OpenClaw's own numbers are noted where ours differ and why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.memory.driver import DriverChoice
+from core.memory.embedders import EmbedderSettings
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ChunkingSettings(_Strict):
+    # Memory files: OpenClaw's 400/80 token line chunks.
+    file_tokens: int = Field(400, ge=32, le=4000)
+    file_overlap_tokens: int = Field(80, ge=0, le=1000)
+    # Transcripts: small turn-aware chunks, so that several distinct moments fit the
+    # budget a model reads (measured: 4-turn windows beat 1,600-char chunks by far).
+    transcript_tokens: int = Field(160, ge=32, le=2000)
+    transcript_overlap_turns: int = Field(1, ge=0, le=8)
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkingSettings:
+        if self.file_overlap_tokens >= self.file_tokens:
+            raise ValueError("file_overlap_tokens must be smaller than file_tokens")
+        return self
+
+
+class SyncSettings(_Strict):
+    on_start: bool = True
+    on_search: bool = True
+    # How long a search waits for a dirty index to catch up before answering from what
+    # is there (an empty index always waits for its first sync).
+    search_wait_seconds: float = Field(5.0, ge=0, le=600)
+    watch: bool = True
+    watch_debounce_seconds: float = Field(1.5, ge=0.05, le=60)
+    watch_poll_seconds: float = Field(1.0, ge=0.05, le=60)
+    transcript_debounce_seconds: float = Field(5.0, ge=0, le=600)
+    # Sync at once (no debounce) when this much transcript has piled up.
+    transcript_delta_bytes: int = Field(100_000, ge=0)
+    transcript_delta_messages: int = Field(50, ge=0)
+    after_compaction: bool = True
+
+
+class SearchSettings(_Strict):
+    max_results: int = Field(8, ge=1, le=50)
+    min_score: float = Field(0.2, ge=0, le=1)
+    vector_weight: float = Field(0.7, ge=0, le=1)
+    text_weight: float = Field(0.3, ge=0, le=1)
+    candidate_multiplier: int = Field(4, ge=1, le=20)
+    snippet_chars: int = Field(700, ge=100, le=4000)
+    mmr: bool = False
+    mmr_lambda: float = Field(0.7, ge=0, le=1)
+    temporal_decay: bool = False
+    half_life_days: float = Field(30.0, gt=0, le=3650)
+
+    @model_validator(mode="after")
+    def _weights(self) -> SearchSettings:
+        if self.vector_weight + self.text_weight <= 0:
+            raise ValueError("vector_weight + text_weight must be positive")
+        return self
+
+
+class MemorySettings(_Strict):
+    enabled: bool = True
+    # Default: $PARLEY_HOME/memory/<agent id>/memory.db
+    db_path: Path | None = None
+    driver: DriverChoice = "auto"
+    sources: tuple[Literal["memory", "sessions"], ...] = ("memory", "sessions")
+    extra_paths: tuple[Path, ...] = ()
+    # Transcripts of direct chats are searchable by that peer only ("peer"), or by
+    # everyone who talks to the agent ("agent"). Groups are always their own scope.
+    transcript_scope: Literal["peer", "agent"] = "peer"
+    cache_max_entries: int = Field(100_000, ge=0)
+    embedder: EmbedderSettings = EmbedderSettings()
+    chunking: ChunkingSettings = ChunkingSettings()
+    sync: SyncSettings = SyncSettings()
+    search: SearchSettings = SearchSettings()

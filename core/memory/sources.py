@@ -1,0 +1,114 @@
+"""Which files the memory index reads, and under which path, source and scope.
+
+- ``memory`` source: ``MEMORY.md`` (or ``memory.md``), ``memory/**/*.md`` and the
+  configured extra paths (files, or directories searched for ``*.md``). Symlinks are
+  skipped (a link could point anywhere) and entries are deduplicated by real path.
+  Workspace files are stored by their workspace-relative path (``memory/2026-11-23.md``),
+  extra paths outside the workspace by their absolute path. Scope: ``agent``.
+- ``sessions`` source: every transcript ``sessions/<id>.jsonl`` (archived ones too),
+  stored as ``sessions/<id>.jsonl``; its scope comes from its header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+AGENT_SCOPE = "agent"
+MEMORY_SOURCE = "memory"
+SESSIONS_SOURCE = "sessions"
+ROOT_MEMORY_FILES = ("MEMORY.md", "memory.md")
+_SKIP_DIRS = frozenset({".git", "node_modules", ".venv", "venv", ".tox", "__pycache__"})
+# A transcript header is one line; anything longer is not one we wrote.
+_MAX_HEADER_BYTES = 64 * 1024
+
+# Maps a transcript header (its JSON object) to the scope its chunks belong to.
+ScopeResolver = Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    path: str  # the key in the index and in citations
+    abs_path: Path
+    source: str
+    scope: str | None  # None: read it from the transcript header
+
+
+def _walk_markdown(root: Path) -> Iterator[Path]:
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        for name in sorted(files):
+            if name.lower().endswith(".md"):
+                yield Path(directory) / name
+
+
+def _display(path: Path, workspace: Path) -> str:
+    try:
+        return path.relative_to(workspace).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def memory_files(workspace: Path, extra_paths: Sequence[Path] = ()) -> list[SourceFile]:
+    """The memory source's files, in a stable order (no symlinks, no duplicates)."""
+    found: list[SourceFile] = []
+    seen: set[Path] = set()
+    workspace = workspace.resolve() if workspace.exists() else workspace.absolute()
+
+    def add(path: Path) -> None:
+        if path.is_symlink() or not path.is_file():
+            return
+        real = path.resolve()
+        if real in seen:
+            return
+        seen.add(real)
+        found.append(SourceFile(_display(path, workspace), path, MEMORY_SOURCE, AGENT_SCOPE))
+
+    for name in ROOT_MEMORY_FILES:
+        add(workspace / name)
+    memory_dir = workspace / "memory"
+    if memory_dir.is_dir() and not memory_dir.is_symlink():
+        for path in _walk_markdown(memory_dir):
+            add(path)
+    for extra in extra_paths:
+        extra = extra if extra.is_absolute() else workspace / extra
+        if extra.is_symlink():
+            continue
+        if extra.is_dir():
+            for path in _walk_markdown(extra):
+                add(path)
+        elif extra.suffix.lower() == ".md":
+            add(extra)
+    return found
+
+
+def transcript_files(sessions_dir: Path) -> list[SourceFile]:
+    if not sessions_dir.is_dir():
+        return []
+    return [
+        SourceFile(f"{SESSIONS_SOURCE}/{path.name}", path, SESSIONS_SOURCE, None)
+        for path in sorted(sessions_dir.glob("*.jsonl"))
+        if path.is_file() and not path.is_symlink()
+    ]
+
+
+def read_header(first_line: bytes) -> dict[str, Any] | None:
+    """The transcript header object, or None when the first line is not one."""
+    if len(first_line) > _MAX_HEADER_BYTES:
+        return None
+    try:
+        header = json.loads(first_line)
+    except ValueError:
+        return None
+    if not isinstance(header, dict) or header.get("type") != "session":
+        return None
+    return header
+
+
+def is_memory_path(path: str, extra_paths: Sequence[Path], workspace: Path) -> bool:
+    """May ``memory_get`` read this path? Memory files and extra paths only."""
+    return any(f.path == path for f in memory_files(workspace, extra_paths))

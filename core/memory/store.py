@@ -1,0 +1,551 @@
+"""memory.db: the tables of one agent's long-term memory index, and nothing else.
+
+Tables (one SQLite file per agent, WAL):
+
+- ``meta(key, value)``: ``index`` holds the JSON ``IndexMeta`` the rows were built with
+  (embedder, model, dimensions, chunking, tokenizer). A mismatch means a full reindex.
+- ``files(path, source, scope, hash, mtime, size, chunks, vectors_pending, indexed_at)``.
+- ``chunks(id, path, source, scope, start_line, end_line, hash, text, ts, entry_ids,
+  created_at, updated_at)``.
+- ``chunks_fts`` (FTS5, ``porter unicode61``) and ``chunks_cjk`` (FTS5 over CJK bigrams,
+  which ``unicode61`` would otherwise keep as one token per run), rowid = chunk id.
+- ``chunks_vec`` (sqlite-vec ``vec0``, cosine, ``scope`` partition key), rowid = chunk id;
+  created once the embedder's width is known, absent in FTS-only mode.
+- ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``,
+  bounded by ``prune_cache``.
+
+Every method is synchronous and meant for one thread (see ``MemoryDB``); a file's
+chunks change in one transaction, so a kill leaves each file either old or new.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import MemoryIndexError
+from core.memory.driver import DriverChoice, DriverInfo, open_connection
+
+SCHEMA_VERSION = 1
+META_KEY = "index"
+# SQLite's default limit on host parameters is 32766 in new builds, 999 in old ones.
+_IN_BATCH = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    path TEXT PRIMARY KEY,
+    source TEXT NOT NULL DEFAULT 'memory',
+    scope TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    mtime REAL NOT NULL,
+    size INTEGER NOT NULL,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    vectors_pending INTEGER NOT NULL DEFAULT 0,
+    indexed_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    source TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    hash TEXT NOT NULL,
+    text TEXT NOT NULL,
+    ts TEXT,
+    entry_ids TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_path ON chunks(path);
+CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source);
+CREATE INDEX IF NOT EXISTS chunks_scope ON chunks(scope);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    text, tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_cjk USING fts5(text, tokenize = 'unicode61');
+CREATE TABLE IF NOT EXISTS embedding_cache (
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    provider_key TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    embedding BLOB NOT NULL,
+    dims INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (provider, model, provider_key, hash)
+);
+CREATE INDEX IF NOT EXISTS embedding_cache_age ON embedding_cache(updated_at);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMeta:
+    """What the rows of an index depend on; any difference means rebuilding them."""
+
+    embedder: str  # provider name, "none" in FTS-only mode
+    model: str
+    provider_key: str
+    dimensions: int
+    chunking: dict[str, Any]
+    tokenizer: str
+    schema: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "embedder": self.embedder,
+                "model": self.model,
+                "provider_key": self.provider_key,
+                "dimensions": self.dimensions,
+                "chunking": self.chunking,
+                "tokenizer": self.tokenizer,
+                "schema": self.schema,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, raw: str) -> IndexMeta | None:
+        try:
+            data = json.loads(raw)
+            return cls(
+                embedder=str(data["embedder"]),
+                model=str(data["model"]),
+                provider_key=str(data["provider_key"]),
+                dimensions=int(data["dimensions"]),
+                chunking=dict(data["chunking"]),
+                tokenizer=str(data["tokenizer"]),
+                schema=int(data["schema"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None  # an unreadable meta row is a mismatch: rebuild
+
+
+@dataclass(frozen=True, slots=True)
+class FileRow:
+    path: str
+    source: str
+    scope: str
+    hash: str
+    mtime: float
+    size: int
+    chunks: int = 0
+    vectors_pending: bool = False
+    indexed_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NewChunk:
+    start_line: int
+    end_line: int
+    text: str
+    hash: str
+    ts: str | None = None
+    entry_ids: tuple[str, ...] = ()
+    cjk_text: str = ""  # the bigrams for chunks_cjk; empty when the text has no CJK
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRow:
+    id: int
+    path: str
+    source: str
+    scope: str
+    start_line: int
+    end_line: int
+    hash: str
+    text: str
+    ts: str | None
+    entry_ids: tuple[str, ...]
+    updated_at: float
+
+
+@dataclass(slots=True)
+class SourceCount:
+    source: str
+    files: int = 0
+    chunks: int = 0
+
+
+@dataclass(slots=True)
+class StoreCounts:
+    files: int = 0
+    chunks: int = 0
+    vectors: int = 0
+    pending_vector_files: int = 0
+    cache_entries: int = 0
+    by_source: list[SourceCount] = field(default_factory=list)
+
+
+def vector_blob(vector: np.ndarray) -> bytes:
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+
+
+def blob_vector(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype=np.float32)
+
+
+def _chunked(items: Sequence[Any], size: int = _IN_BATCH) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class MemoryStore:
+    """One connection to one memory.db. Not thread-safe: give each thread its own."""
+
+    def __init__(self, conn: Any, info: DriverInfo, path: Path) -> None:
+        self._conn = conn
+        self.info = info
+        self.path = path
+        self._errors: tuple[type[BaseException], ...] = (info.module.Error,)
+        self._vec_dims = self._existing_vec_dims()
+
+    @classmethod
+    def open(
+        cls, path: Path, *, driver: DriverChoice = "auto", vector: bool = True
+    ) -> MemoryStore:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn, info = open_connection(path, choice=driver, vector=vector)
+        except Exception as exc:
+            raise MemoryIndexError(f"cannot open the memory index {path}: {exc}") from exc
+        try:
+            conn.executescript(_SCHEMA)
+        except info.module.Error as exc:
+            conn.close()
+            raise MemoryIndexError(f"memory index {path} is unusable: {exc}") from exc
+        return cls(conn, info, path)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def checkpoint(self) -> None:
+        """Move the WAL into the main file (before the file is renamed into place)."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # -- meta -------------------------------------------------------------------------
+
+    def meta(self) -> IndexMeta | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)).fetchone()
+        return IndexMeta.from_json(row[0]) if row else None
+
+    def set_meta(self, meta: IndexMeta) -> None:
+        self._conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (META_KEY, meta.to_json()),
+        )
+
+    # -- vectors table ------------------------------------------------------------------
+
+    @property
+    def vector_dims(self) -> int | None:
+        """The width of ``chunks_vec``, or None when it does not exist (yet)."""
+        if self._vec_dims is None:  # another connection may have created it since
+            self._vec_dims = self._existing_vec_dims()
+        return self._vec_dims
+
+    def _existing_vec_dims(self) -> int | None:
+        row = self._conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'chunks_vec'"
+        ).fetchone()
+        if not row:
+            return None
+        marker = "float["
+        sql = str(row[0])
+        start = sql.find(marker)
+        return int(sql[start + len(marker) : sql.index("]", start)]) if start >= 0 else None
+
+    def ensure_vectors(self, dims: int) -> None:
+        if not self.info.vector_available:
+            raise MemoryIndexError(f"vector search unavailable: {self.info.vector_error}")
+        if self._vec_dims == dims:
+            return
+        if self._vec_dims is not None:
+            raise MemoryIndexError(
+                f"chunks_vec holds {self._vec_dims}-dim vectors, not {dims}: reindex"
+            )
+        self._conn.execute(
+            "CREATE VIRTUAL TABLE chunks_vec USING vec0("
+            f"scope TEXT PARTITION KEY, embedding float[{int(dims)}] distance_metric=cosine)"
+        )
+        self._vec_dims = dims
+
+    # -- files --------------------------------------------------------------------------
+
+    def files(self) -> dict[str, FileRow]:
+        rows = self._conn.execute(
+            "SELECT path, source, scope, hash, mtime, size, chunks, vectors_pending, indexed_at"
+            " FROM files"
+        ).fetchall()
+        return {row[0]: FileRow(*row[:7], bool(row[7]), row[8]) for row in rows}
+
+    def touch_file(self, path: str, mtime: float, size: int) -> None:
+        """The content is unchanged (same hash): remember the new stat only."""
+        self._conn.execute("UPDATE files SET mtime = ?, size = ? WHERE path = ?", (mtime, size, path))
+
+    def replace_file(
+        self,
+        file: FileRow,
+        chunks: Sequence[NewChunk],
+        vectors: np.ndarray | None,
+    ) -> None:
+        """Swap a file's chunks for ``chunks`` (with ``vectors`` row for row, or None)."""
+        if vectors is not None and len(vectors) != len(chunks):
+            raise MemoryIndexError("one vector per chunk is required")
+        now = time.time()
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._delete_chunks(file.path)
+            for index, chunk in enumerate(chunks):
+                cursor = conn.execute(
+                    "INSERT INTO chunks(path, source, scope, start_line, end_line, hash, text,"
+                    " ts, entry_ids, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        file.path,
+                        file.source,
+                        file.scope,
+                        chunk.start_line,
+                        chunk.end_line,
+                        chunk.hash,
+                        chunk.text,
+                        chunk.ts,
+                        json.dumps(list(chunk.entry_ids)),
+                        now,
+                        now,
+                    ),
+                )
+                chunk_id = cursor.lastrowid
+                conn.execute(
+                    "INSERT INTO chunks_fts(rowid, text) VALUES (?, ?)", (chunk_id, chunk.text)
+                )
+                if chunk.cjk_text:
+                    conn.execute(
+                        "INSERT INTO chunks_cjk(rowid, text) VALUES (?, ?)",
+                        (chunk_id, chunk.cjk_text),
+                    )
+                if vectors is not None:
+                    conn.execute(
+                        "INSERT INTO chunks_vec(rowid, scope, embedding) VALUES (?, ?, ?)",
+                        (chunk_id, file.scope, vector_blob(vectors[index])),
+                    )
+            conn.execute(
+                "INSERT INTO files(path, source, scope, hash, mtime, size, chunks,"
+                " vectors_pending, indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(path) DO UPDATE SET source = excluded.source,"
+                " scope = excluded.scope, hash = excluded.hash, mtime = excluded.mtime,"
+                " size = excluded.size, chunks = excluded.chunks,"
+                " vectors_pending = excluded.vectors_pending, indexed_at = excluded.indexed_at",
+                (
+                    file.path,
+                    file.source,
+                    file.scope,
+                    file.hash,
+                    file.mtime,
+                    file.size,
+                    len(chunks),
+                    int(file.vectors_pending),
+                    now,
+                ),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def delete_file(self, path: str) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._delete_chunks(path)
+            conn.execute("DELETE FROM files WHERE path = ?", (path,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _delete_chunks(self, path: str) -> None:
+        ids = [r[0] for r in self._conn.execute("SELECT id FROM chunks WHERE path = ?", (path,))]
+        for batch in _chunked(ids):
+            marks = ",".join("?" * len(batch))
+            self._conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({marks})", batch)
+            self._conn.execute(f"DELETE FROM chunks_cjk WHERE rowid IN ({marks})", batch)
+            if self._vec_dims is not None:
+                self._conn.execute(f"DELETE FROM chunks_vec WHERE rowid IN ({marks})", batch)
+        self._conn.execute("DELETE FROM chunks WHERE path = ?", (path,))
+
+    # -- embedding cache ----------------------------------------------------------------
+
+    def cached_vectors(
+        self, provider: str, model: str, provider_key: str, hashes: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
+        unique = list(dict.fromkeys(hashes))
+        for batch in _chunked(unique):
+            marks = ",".join("?" * len(batch))
+            rows = self._conn.execute(
+                "SELECT hash, embedding FROM embedding_cache WHERE provider = ? AND model = ?"
+                f" AND provider_key = ? AND hash IN ({marks})",
+                (provider, model, provider_key, *batch),
+            )
+            found.update((h, blob_vector(blob)) for h, blob in rows)
+        return found
+
+    def cache_vectors(
+        self,
+        provider: str,
+        model: str,
+        provider_key: str,
+        items: Sequence[tuple[str, np.ndarray]],
+        *,
+        max_entries: int,
+    ) -> None:
+        if not items or max_entries <= 0:
+            return
+        now = time.time()
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT INTO embedding_cache(provider, model, provider_key, hash, embedding,"
+                " dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO UPDATE SET embedding = excluded.embedding,"
+                " dims = excluded.dims, updated_at = excluded.updated_at",
+                [
+                    (provider, model, provider_key, h, vector_blob(v), len(v), now)
+                    for h, v in items
+                ],
+            )
+            excess = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
+            excess -= max_entries
+            if excess > 0:  # least recently written first
+                conn.execute(
+                    "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM"
+                    " embedding_cache ORDER BY updated_at LIMIT ?)",
+                    (excess,),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # -- search primitives --------------------------------------------------------------
+
+    def keyword_hits(
+        self, table: str, match: str, scopes: Sequence[str], limit: int
+    ) -> list[tuple[int, float]]:
+        """(chunk id, bm25 rank) best first; ``table`` is chunks_fts or chunks_cjk."""
+        if table not in ("chunks_fts", "chunks_cjk"):
+            raise ValueError(f"not a keyword table: {table}")
+        marks = ",".join("?" * len(scopes))
+        rows = self._conn.execute(
+            f"SELECT f.rowid, bm25({table}) AS rank FROM {table} AS f"
+            f" JOIN chunks AS c ON c.id = f.rowid"
+            f" WHERE {table} MATCH ? AND c.scope IN ({marks}) ORDER BY rank LIMIT ?",
+            (match, *scopes, limit),
+        ).fetchall()
+        return [(int(i), float(r)) for i, r in rows]
+
+    def vector_hits(
+        self, query: np.ndarray, scopes: Sequence[str], k: int
+    ) -> list[tuple[int, float]]:
+        """(chunk id, cosine distance) nearest first, within ``scopes``."""
+        if self.vector_dims is None or k <= 0:
+            return []
+        marks = ",".join("?" * len(scopes))
+        rows = self._conn.execute(
+            "SELECT rowid, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ?"
+            f" AND scope IN ({marks}) ORDER BY distance",
+            (vector_blob(query), int(k), *scopes),
+        ).fetchall()
+        return [(int(i), float(d)) for i, d in rows]
+
+    def vectors_for(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        if self.vector_dims is None or not ids:
+            return {}
+        found: dict[int, np.ndarray] = {}
+        for batch in _chunked(list(ids)):
+            marks = ",".join("?" * len(batch))
+            rows = self._conn.execute(
+                f"SELECT rowid, embedding FROM chunks_vec WHERE rowid IN ({marks})", batch
+            )
+            found.update((int(i), blob_vector(b)) for i, b in rows)
+        return found
+
+    def chunks_by_id(self, ids: Sequence[int]) -> dict[int, ChunkRow]:
+        found: dict[int, ChunkRow] = {}
+        for batch in _chunked(list(ids)):
+            marks = ",".join("?" * len(batch))
+            rows = self._conn.execute(
+                "SELECT id, path, source, scope, start_line, end_line, hash, text, ts,"
+                f" entry_ids, updated_at FROM chunks WHERE id IN ({marks})",
+                batch,
+            )
+            for row in rows:
+                found[int(row[0])] = ChunkRow(
+                    *row[:9], tuple(json.loads(row[9] or "[]")), float(row[10])
+                )
+        return found
+
+    def chunk_texts(self, path: str) -> list[tuple[int, str, str]]:
+        """(id, hash, text) of a file's chunks, in order (for filling in vectors later)."""
+        rows = self._conn.execute(
+            "SELECT id, hash, text FROM chunks WHERE path = ? ORDER BY id", (path,)
+        )
+        return [(int(i), str(h), str(t)) for i, h, t in rows]
+
+    def add_vectors(self, path: str, scope: str, items: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Fill in the vectors of a file indexed while the embedder was down."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for chunk_id, vector in items:
+                conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (chunk_id,))
+                conn.execute(
+                    "INSERT INTO chunks_vec(rowid, scope, embedding) VALUES (?, ?, ?)",
+                    (chunk_id, scope, vector_blob(vector)),
+                )
+            conn.execute("UPDATE files SET vectors_pending = 0 WHERE path = ?", (path,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # -- status -------------------------------------------------------------------------
+
+    def counts(self) -> StoreCounts:
+        conn = self._conn
+        counts = StoreCounts()
+        by_source: dict[str, SourceCount] = {}
+        for source, files, pending in conn.execute(
+            "SELECT source, COUNT(*), SUM(vectors_pending) FROM files GROUP BY source"
+        ):
+            by_source[source] = SourceCount(source, files=int(files))
+            counts.files += int(files)
+            counts.pending_vector_files += int(pending or 0)
+        for source, chunks in conn.execute("SELECT source, COUNT(*) FROM chunks GROUP BY source"):
+            by_source.setdefault(source, SourceCount(source)).chunks = int(chunks)
+            counts.chunks += int(chunks)
+        counts.by_source = [by_source[k] for k in sorted(by_source)]
+        if self._vec_dims is not None:
+            counts.vectors = int(conn.execute("SELECT COUNT(*) FROM chunks_vec").fetchone()[0])
+        counts.cache_entries = int(
+            conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
+        )
+        return counts
+
+    def fts_available(self) -> bool:
+        try:
+            self._conn.execute("SELECT rowid FROM chunks_fts LIMIT 0").fetchall()
+            return True
+        except self._errors:
+            return False
