@@ -71,6 +71,7 @@ class TurnRequest:
     resume: bool = False  # the user message is already in the transcript (crash recovery)
     model: str | None = None  # per-session override
     chat_type: str = "direct"  # picks the history turn limit
+    memory_scopes: tuple[str, ...] = ()  # what memory_search may see in this conversation
 
 
 RetryHook = Callable[[int, ProviderError, float], None]
@@ -131,7 +132,12 @@ class Runner:
 
         view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
         system, specs, model = view_request.system, view_request.tools, view_request.model
-        context = ToolContext(workspace=self.workspace, session_key=turn.session_key, now=self.now)
+        context = ToolContext(
+            workspace=self.workspace,
+            session_key=turn.session_key,
+            now=self.now,
+            extra={"memory_scopes": turn.memory_scopes},
+        )
         events = TurnEvents()
         total = Usage()
         last_usage = Usage()

@@ -261,6 +261,18 @@ class TokenCounter:
             return len(encoder.encode_ordinary(s))
         return sum(len(encoder.encode_ordinary(part)) for part in _chunks(s))
 
+    def prefix(self, s: str, tokens: int) -> str:
+        """The longest start of ``s`` within ``tokens`` tokens (what a reader cut there sees)."""
+        if tokens <= 0 or not s:
+            return ""
+        encoder = _get_encoder()
+        decode = getattr(encoder, "decode", None)
+        if decode is None:  # the approximate encoder: about 4 characters per token
+            return s[: tokens * FALLBACK_CHARS_PER_TOKEN]
+        ids = encoder.encode_ordinary(s)
+        # A cut inside a multi-byte character decodes to U+FFFD: drop that partial tail.
+        return str(decode(ids[:tokens])).rstrip("\ufffd") if len(ids) > tokens else s
+
     def text(self, s: str) -> int:
         """Tokens of a plain string (no message overhead)."""
         if not s:

@@ -54,8 +54,14 @@ _COMPACTION_RE = re.compile(rb'"type"\s*:\s*"compaction"')
 TailAction = Literal["none", "truncated", "completed", "ignored"]
 
 
+def _iso(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return _iso(datetime.now(UTC))
 
 
 def _encode(record: Mapping[str, Any]) -> bytes:
@@ -477,13 +483,15 @@ class Transcript:
         *,
         usage: Usage | None = None,
         meta: Mapping[str, Any] | None = None,
+        ts: datetime | None = None,
     ) -> Entry:
+        """Append a message; ``ts`` (default: now) is for imports that keep their own times."""
         payload: dict[str, Any] = {"message": message.to_dict()}
         if usage is not None:
             payload["usage"] = usage.to_dict()
         if meta:
             payload["meta"] = dict(meta)
-        return self._append(ENTRY_MESSAGE, payload)
+        return self._append(ENTRY_MESSAGE, payload, ts=ts)
 
     def append_compaction(
         self,
@@ -528,7 +536,7 @@ class Transcript:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _append(self, kind: str, payload: dict[str, Any]) -> Entry:
+    def _append(self, kind: str, payload: dict[str, Any], *, ts: datetime | None = None) -> Entry:
         with self._lock:
             fd = self._check_open()
             if self._read_only:
@@ -539,7 +547,7 @@ class Transcript:
             record = {
                 "id": secrets.token_hex(8),
                 "parent_id": self._last.id if self._last else None,
-                "ts": _now_iso(),
+                "ts": _now_iso() if ts is None else _iso(ts),
                 "type": kind,
                 **payload,
             }

@@ -32,14 +32,17 @@ from channels.base import (
 )
 from core.context_engine import ContextEngine
 from core.context_report import build_context_report, render_context
-from core.errors import ContextError, ProviderError, TranscriptError
+from core.errors import ContextError, CoreError, ProviderError, TranscriptError
+from core.memory.index import MemoryIndex
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
 from core.providers.base import Provider
 from core.runner import Runner, TurnRequest
 from core.tools.builtin import default_registry
+from core.tools.memory import memory_tools
 from core.transcript import Transcript
 from gateway.commands import (
     HELP_TEXT,
+    MEMORY_USAGE,
     format_status,
     parse_compact_command,
     parse_info_command,
@@ -48,6 +51,13 @@ from gateway.config import LoadedConfig
 from gateway.db import Database
 from gateway.inbox import Inbox, InboxItem
 from gateway.lanes import LaneManager
+from gateway.memory import (
+    build_memory_index,
+    format_memory_status,
+    format_search,
+    scope_for_key,
+    search_scopes,
+)
 from gateway.providers import build_provider
 from gateway.registry import SessionOrigin, SessionRecord, SessionRegistry, utcnow
 from gateway.resets import (
@@ -116,6 +126,7 @@ class Gateway:
         self.runner: Runner | None = None
         self.engine: ContextEngine | None = None
         self.prompt: SystemPromptBuilder | None = None
+        self.memory: MemoryIndex | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -158,12 +169,18 @@ class Gateway:
         context = self.config.context
         tools = default_registry(agent.tool_result_max_chars)
         offer_tools = getattr(self._provider, "supports_tools", True)
+        if self.config.memory.enabled:
+            self.memory = build_memory_index(self.loaded)
+            await self.memory.start()  # the first sync runs in the background
+            for tool in memory_tools(self.memory):
+                tools.register(tool)
         self.prompt = SystemPromptBuilder(
             workspace,
             agent_name=agent.name,
             tools=tools.specs() if offer_tools else (),
             file_max_chars=context.file_max_chars,
             total_max_chars=context.total_max_chars,
+            memory_enabled=self.memory is not None and offer_tools,
         )
         # The engine's threshold needs the output the provider will really allow.
         max_output = min(
@@ -221,6 +238,12 @@ class Gateway:
             )
         if self._provider is not None and self._owns_provider:
             await self._provider.aclose()
+        if self.memory is not None:
+            try:
+                await self.memory.close()
+            except Exception:
+                log.exception("closing the memory index failed")
+            self.memory = None
         for transcript in self._transcripts.values():
             transcript.close()
         self._transcripts.clear()
@@ -253,6 +276,8 @@ class Gateway:
                 text = HELP_TEXT
             elif info.name == "context":
                 text = await self._context_text(route, info.argument)
+            elif info.name == "memory":
+                text = await self._memory_text(route, info.argument)
             else:
                 text = await self._status_text(route.key)
             await self._deliver([item_id], message, None, text)
@@ -323,6 +348,22 @@ class Gateway:
             session_tokens=record.context_tokens if record else None,
         )
         return render_context(report, mode or "list")
+
+    async def _memory_text(self, route: SessionRoute, argument: str) -> str:
+        """``/memory status`` and ``/memory search <query>`` (this conversation's scopes)."""
+        if self.memory is None:
+            return "Long-term memory is turned off ([memory] enabled = false)."
+        action, _, query = argument.partition(" ")
+        try:
+            if action in ("", "status"):
+                return format_memory_status(await self.memory.status())
+            if action == "search" and query.strip():
+                scopes = search_scopes(route, self.config.memory)
+                result = await self.memory.search(query.strip(), scopes=scopes)
+                return format_search(query.strip(), result)
+        except CoreError as exc:
+            return f"Memory is unavailable: {exc}"
+        return MEMORY_USAGE
 
     async def _recover(self) -> None:
         items = await self.inbox.open_items()
@@ -410,6 +451,8 @@ class Gateway:
             entry_count=transcript.entry_count,
             last_entry_id=_last_id(transcript),
         )
+        if outcome.compacted and self.memory is not None:
+            self.memory.notify_compaction()
         return record, outcome.describe()
 
     async def _session_for(self, key: str, item: LaneItem) -> SessionRecord:
@@ -478,7 +521,11 @@ class Gateway:
             self._transcript_path(record.session_id),
             record.session_id,
             record.key,
-            {"agent": record.agent_id},
+            {
+                "agent": record.agent_id,
+                "agent_name": self.config.agent.name,
+                "memory_scope": scope_for_key(record.key, self.config.memory),
+            },
             fsync=self.config.storage.fsync,
         )
 
@@ -559,7 +606,9 @@ class Gateway:
             resume=resume,
             model=record.settings.get("model"),
             chat_type=first.route.chat_type,
+            memory_scopes=search_scopes(first.route, self.config.memory) if self.memory else (),
         )
+        entries_before = transcript.entry_count
         try:
             result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
         except (ProviderError, ContextError) as exc:
@@ -569,6 +618,10 @@ class Gateway:
             if isinstance(exc, ContextError):
                 return describe_context_error(exc)
             return describe_provider_error(exc, attempts)
+        if self.memory is not None:
+            self.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
+            if result.compactions:
+                self.memory.notify_compaction()
         await self.registry.record_turn(
             record.session_id,
             usage=result.usage,

@@ -2,9 +2,9 @@
 
 ``/new`` and ``/reset`` (the configured reset triggers) start a new session; the text
 after the trigger becomes its first message. ``/compact [focus]`` runs in the session's
-lane like a turn (it writes the transcript). ``/status``, ``/context [list|detail|json]``
-and ``/help`` answer at once, without touching the model. Any other ``/word`` is
-ordinary text for the model.
+lane like a turn (it writes the transcript). ``/status``, ``/context [list|detail|json]``,
+``/memory status|search <q>`` and ``/help`` answer at once, without touching the model.
+Any other ``/word`` is ordinary text for the model.
 """
 
 from __future__ import annotations
@@ -25,15 +25,20 @@ HELP_TEXT = """Commands:
               what the model is sent, part by part, in characters and tokens
 /status       this session: key and id, model, context used / window, compactions,
               cache-read share, last update
+/memory status
+              the long-term memory index: embedder, files and chunks, dirty files
+/memory search <query>
+              what memory_search finds for this conversation
 /help         this list"""
 
 CONTEXT_MODES = ("list", "detail", "json")
+MEMORY_USAGE = "Usage: /memory status | /memory search <query>"
 
 
 @dataclass(frozen=True, slots=True)
 class InfoCommand:
-    name: str  # "status" | "help" | "context"
-    argument: str = ""  # /context's mode
+    name: str  # "status" | "help" | "context" | "memory"
+    argument: str = ""  # /context's mode, /memory's action and query
 
 
 def _command_word(text: str) -> tuple[str, str] | None:
@@ -55,6 +60,9 @@ def parse_info_command(text: str) -> InfoCommand | None:
         return InfoCommand(name)
     if name == "context" and (not rest or rest.lower() in CONTEXT_MODES or " " not in rest):
         return InfoCommand(name, rest.lower())
+    if name == "memory":
+        action, _, query = rest.partition(" ")
+        return InfoCommand(name, f"{action.lower()} {query.strip()}".strip())
     return None
 
 

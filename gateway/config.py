@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from channels.config import ChannelsConfig
 from core.config import AgentConfig, ProvidersConfig
 from core.context_config import ContextConfig
+from core.memory.settings import MemorySettings
 from gateway.errors import ConfigFileError
 from gateway.lanes import LanesConfig
 from gateway.session_config import SessionConfig
@@ -66,6 +67,7 @@ class ParleyConfig(_Strict):
     agent: AgentConfig = AgentConfig()
     providers: ProvidersConfig = ProvidersConfig()
     context: ContextConfig = ContextConfig()
+    memory: MemorySettings = MemorySettings()
     session: SessionConfig = SessionConfig()
     lanes: LanesConfig = LanesConfig()
     channels: ChannelsConfig = ChannelsConfig()

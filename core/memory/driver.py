@@ -9,6 +9,7 @@ next choice. When neither can load sqlite-vec the index still works, on FTS5 alo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sqlite3
 from dataclasses import dataclass
@@ -64,10 +65,8 @@ def _candidates(choice: DriverChoice) -> list[ModuleType]:
     if choice in ("auto", "sqlite3"):
         modules.append(sqlite3)
     if choice in ("auto", "pysqlite3"):
-        try:
+        with contextlib.suppress(ImportError):
             modules.append(importlib.import_module("pysqlite3.dbapi2"))
-        except ImportError:
-            pass
     return modules
 
 
@@ -78,30 +77,40 @@ def open_connection(
 
     ``vector=False`` skips sqlite-vec on purpose (keyword-only configurations).
     Raises the driver's own error when the file cannot be opened at all.
+
+    Candidates are probed on ``:memory:``, never on ``path``: two SQLite libraries must
+    not open the same file in one process. POSIX locks belong to the process, so when
+    the library that only probed closes its connection it believes it was the last one,
+    checkpoints and unlinks the -wal and -shm files under the other library's live
+    connections (https://sqlite.org/howtocorrupt.html, section 2.2.1).
     """
     modules = _candidates(choice)
     if not modules:
         raise ImportError(f"SQLite driver {choice!r} is not installed")
+    if not vector:
+        conn = _connect(modules[0], path)
+        return conn, _info(modules[0], conn, None, "vector search is turned off (keyword-only)")
     reasons: list[str] = []
-    fallback: tuple[Any, DriverInfo] | None = None
     for module in modules:
-        conn = _connect(module, path)
-        if not vector:
-            info = _info(module, conn, None, "vector search is turned off (keyword-only)")
-            return conn, info
-        version, error = _load_vec(conn)
-        if version is not None:
-            if fallback is not None:
-                fallback[0].close()
-            return conn, _info(module, conn, version, None)
-        reasons.append(f"{module.__name__}: {error}")
-        if fallback is None:
-            fallback = (conn, _info(module, conn, None, "; ".join(reasons)))
-        else:
+        _, error = _probe_vec(module)
+        if error is None:
+            conn = _connect(module, path)
+            version, error = _load_vec(conn)
+            if version is not None:
+                return conn, _info(module, conn, version, None)
             conn.close()
-    assert fallback is not None
-    conn, info = fallback
-    return conn, _info(info.module, conn, None, "; ".join(reasons))
+        reasons.append(f"{module.__name__}: {error}")
+    conn = _connect(modules[0], path)
+    return conn, _info(modules[0], conn, None, "; ".join(reasons))
+
+
+def _probe_vec(module: ModuleType) -> tuple[str | None, str | None]:
+    """Whether ``module`` can load sqlite-vec, tried on a throwaway in-memory database."""
+    conn = module.connect(":memory:", check_same_thread=False)
+    try:
+        return _load_vec(conn)
+    finally:
+        conn.close()
 
 
 def _connect(module: ModuleType, path: Path | str) -> Any:

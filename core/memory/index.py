@@ -320,7 +320,11 @@ class MemoryIndex:
             reason = "follow-up"
 
     async def sync(
-        self, *, reason: str = "manual", force: bool = False, progress: ProgressCallback | None = None
+        self,
+        *,
+        reason: str = "manual",
+        force: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> SyncReport:
         async with self._sync_lock:
             started = time.perf_counter()
@@ -673,9 +677,7 @@ class MemoryIndex:
 
     async def read(self, path: str, from_line: int = 1, lines: int | None = None) -> str:
         """Lines of a memory file (memory files and extra paths only)."""
-        sources = await asyncio.to_thread(
-            memory_files, self.workspace, self.settings.extra_paths
-        )
+        sources = await asyncio.to_thread(memory_files, self.workspace, self.settings.extra_paths)
         match = next((s for s in sources if s.path == path), None)
         if match is None:
             raise MemoryIndexError(

@@ -75,7 +75,8 @@ def memory_files(workspace: Path, extra_paths: Sequence[Path] = ()) -> list[Sour
         for path in _walk_markdown(memory_dir):
             add(path)
     for extra in extra_paths:
-        extra = extra if extra.is_absolute() else workspace / extra
+        # normpath: "../notes.md" must not stay "../notes.md" relative to the workspace.
+        extra = Path(os.path.normpath(extra if extra.is_absolute() else workspace / extra))
         if extra.is_symlink():
             continue
         if extra.is_dir():

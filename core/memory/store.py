@@ -208,9 +208,7 @@ class MemoryStore:
         self._vec_dims = self._existing_vec_dims()
 
     @classmethod
-    def open(
-        cls, path: Path, *, driver: DriverChoice = "auto", vector: bool = True
-    ) -> MemoryStore:
+    def open(cls, path: Path, *, driver: DriverChoice = "auto", vector: bool = True) -> MemoryStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn, info = open_connection(path, choice=driver, vector=vector)
@@ -266,17 +264,16 @@ class MemoryStore:
     def ensure_vectors(self, dims: int) -> None:
         if not self.info.vector_available:
             raise MemoryIndexError(f"vector search unavailable: {self.info.vector_error}")
-        if self._vec_dims == dims:
-            return
-        if self._vec_dims is not None:
-            raise MemoryIndexError(
-                f"chunks_vec holds {self._vec_dims}-dim vectors, not {dims}: reindex"
+        current = self.vector_dims  # another connection may have created it already
+        if current is None:
+            # IF NOT EXISTS: another connection may create it between the check and here.
+            self._conn.execute(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_vec USING vec0("
+                f"scope TEXT PARTITION KEY, embedding float[{int(dims)}] distance_metric=cosine)"
             )
-        self._conn.execute(
-            "CREATE VIRTUAL TABLE chunks_vec USING vec0("
-            f"scope TEXT PARTITION KEY, embedding float[{int(dims)}] distance_metric=cosine)"
-        )
-        self._vec_dims = dims
+            current = self._vec_dims = self._existing_vec_dims()
+        if current != dims:
+            raise MemoryIndexError(f"chunks_vec holds {current}-dim vectors, not {dims}: reindex")
 
     # -- files --------------------------------------------------------------------------
 
@@ -289,7 +286,9 @@ class MemoryStore:
 
     def touch_file(self, path: str, mtime: float, size: int) -> None:
         """The content is unchanged (same hash): remember the new stat only."""
-        self._conn.execute("UPDATE files SET mtime = ?, size = ? WHERE path = ?", (mtime, size, path))
+        self._conn.execute(
+            "UPDATE files SET mtime = ?, size = ? WHERE path = ?", (mtime, size, path)
+        )
 
     def replace_file(
         self,
@@ -379,7 +378,7 @@ class MemoryStore:
             marks = ",".join("?" * len(batch))
             self._conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({marks})", batch)
             self._conn.execute(f"DELETE FROM chunks_cjk WHERE rowid IN ({marks})", batch)
-            if self._vec_dims is not None:
+            if self.vector_dims is not None:
                 self._conn.execute(f"DELETE FROM chunks_vec WHERE rowid IN ({marks})", batch)
         self._conn.execute("DELETE FROM chunks WHERE path = ?", (path,))
 
@@ -420,10 +419,7 @@ class MemoryStore:
                 " dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT DO UPDATE SET embedding = excluded.embedding,"
                 " dims = excluded.dims, updated_at = excluded.updated_at",
-                [
-                    (provider, model, provider_key, h, vector_blob(v), len(v), now)
-                    for h, v in items
-                ],
+                [(provider, model, provider_key, h, vector_blob(v), len(v), now) for h, v in items],
             )
             excess = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
             excess -= max_entries
@@ -458,16 +454,18 @@ class MemoryStore:
     def vector_hits(
         self, query: np.ndarray, scopes: Sequence[str], k: int
     ) -> list[tuple[int, float]]:
-        """(chunk id, cosine distance) nearest first, within ``scopes``."""
+        """The ``k`` (chunk id, cosine distance) nearest first, within ``scopes``."""
         if self.vector_dims is None or k <= 0:
             return []
         marks = ",".join("?" * len(scopes))
+        # sqlite-vec runs the KNN once per partition value of the IN list: up to k rows
+        # for each scope, whose union holds the k nearest overall.
         rows = self._conn.execute(
             "SELECT rowid, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ?"
             f" AND scope IN ({marks}) ORDER BY distance",
             (vector_blob(query), int(k), *scopes),
         ).fetchall()
-        return [(int(i), float(d)) for i, d in rows]
+        return [(int(i), float(d)) for i, d in rows[:k]]
 
     def vectors_for(self, ids: Sequence[int]) -> dict[int, np.ndarray]:
         if self.vector_dims is None or not ids:
@@ -536,7 +534,7 @@ class MemoryStore:
             by_source.setdefault(source, SourceCount(source)).chunks = int(chunks)
             counts.chunks += int(chunks)
         counts.by_source = [by_source[k] for k in sorted(by_source)]
-        if self._vec_dims is not None:
+        if self.vector_dims is not None:
             counts.vectors = int(conn.execute("SELECT COUNT(*) FROM chunks_vec").fetchone()[0])
         counts.cache_entries = int(
             conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]

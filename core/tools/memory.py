@@ -1,0 +1,106 @@
+"""``memory_search`` and ``memory_get``: the agent's way into its long-term memory.
+
+``memory_search`` searches only the scopes the turn may see (``ToolContext.extra
+["memory_scopes"]``: the agent-wide files and this conversation's transcripts), so one
+person's memories never surface in another's chat. ``memory_get`` reads lines of memory
+files only (MEMORY.md, memory/**/*.md, configured extra paths); any other path is
+refused, transcripts included (their words come back through search, redacted).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core.errors import MemoryIndexError, ToolError
+from core.memory.index import MemoryIndex
+from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
+from core.tools.registry import Tool, ToolContext
+
+SCOPES_KEY = "memory_scopes"
+MAX_QUERY_CHARS = 2000
+MAX_RESULTS_LIMIT = 50
+# A search may have to wait for a sync of a dirty index first.
+SEARCH_TIMEOUT_SECONDS = 120.0
+
+
+def _scopes(context: ToolContext) -> list[str]:
+    scopes = context.extra.get(SCOPES_KEY)
+    if not scopes:
+        raise ToolError("memory search is not available in this conversation")
+    return list(scopes)
+
+
+def render_results(result: Any) -> str:
+    """What the model reads: one JSON object (results, then how the search ran)."""
+    payload = result.to_dict()
+    if not payload["results"]:
+        payload["note"] = "no memory matched; say so rather than guess"
+    return json.dumps(payload, ensure_ascii=False, indent=1)
+
+
+def memory_tools(index: MemoryIndex) -> list[Tool]:
+    async def memory_search(arguments: dict[str, Any], context: ToolContext) -> str:
+        query = str(arguments["query"]).strip()
+        if not query:
+            raise ToolError("query is empty")
+        try:
+            result = await index.search(
+                query,
+                scopes=_scopes(context),
+                max_results=arguments.get("max_results"),
+                min_score=arguments.get("min_score"),
+            )
+        except MemoryIndexError as exc:
+            raise ToolError(f"memory search is unavailable: {exc}") from exc
+        return render_results(result)
+
+    async def memory_get(arguments: dict[str, Any], context: ToolContext) -> str:
+        path = str(arguments["path"])
+        try:
+            text = await index.read(path, int(arguments.get("from", 1)), arguments.get("lines"))
+        except MemoryIndexError as exc:
+            raise ToolError(str(exc)) from exc
+        return text if text else f"({path} is empty or has no such lines)"
+
+    search = Tool(
+        name=MEMORY_SEARCH_TOOL,
+        description=(
+            "Search long-term memory (MEMORY.md, memory/*.md notes and past conversations "
+            "with this person) by meaning and keywords. Returns the best passages with a "
+            "citation path#Lx-Ly. Use before answering about past events, decisions, dates, "
+            "people, preferences or todos."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS},
+                "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS_LIMIT},
+                "min_score": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        handler=memory_search,
+        timeout_seconds=SEARCH_TIMEOUT_SECONDS,
+    )
+    get = Tool(
+        name=MEMORY_GET_TOOL,
+        description=(
+            "Read lines of a memory file (MEMORY.md, memory/**/*.md or a configured extra "
+            "path), e.g. around a memory_search citation. 'from' is 1-based; 'lines' is a "
+            "count."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "minLength": 1, "maxLength": 1024},
+                "from": {"type": "integer", "minimum": 1},
+                "lines": {"type": "integer", "minimum": 1, "maximum": 2000},
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        handler=memory_get,
+    )
+    return [search, get]

@@ -1,0 +1,349 @@
+"""``parley bench locomo``: memory retrieval under a context budget, on LoCoMo.
+
+For each conversation, in its own scope: every LoCoMo session is written as a parley
+transcript through the real transcript store (``speaker_a`` as the user, with the
+gateway's turn-context block naming them; ``speaker_b`` as the assistant, named in the
+header; entry times from the session date), the transcripts are indexed through the
+real sync path, and each question goes to ``MemoryIndex.search`` (what ``memory_search``
+calls) with its defaults.
+
+Recall of evidence turns within a budget: results are read in rank order until the
+budget (cl100k tokens of snippet text) is spent, the last one cut at the budget; an
+evidence turn counts when its whole text is inside what was read. The baseline, scored
+the same way in the same run: FTS5 BM25 over single turns (``speaker: text``,
+``porter unicode61``, the question's tokens OR-ed).
+
+Writes RESULTS.jsonl (one line per question, all categories) and prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from core.memory.embedders import EmbedderSettings, build_embedder
+from core.memory.index import MemoryIndex
+from core.memory.settings import MemorySettings
+from core.messages import Message, TextBlock
+from core.prompt import render_turn_context
+from core.tokens import default_counter
+from core.transcript import Transcript
+
+BUDGETS = (250, 500, 1000, 2000)
+SCORED_CATEGORIES = (1, 2, 3, 4)
+_EVIDENCE = re.compile(r"D\d+:\d+")
+_WORD = re.compile(r"\w+")
+_SPACE = re.compile(r"\s+")
+_DATE_FORMAT = "%I:%M %p on %d %B, %Y"
+
+
+class LocomoError(ValueError):
+    """The data file is not in LoCoMo's format."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocomoTurn:
+    dia_id: str
+    speaker: str
+    text: str
+    session: int
+    when: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LocomoQuestion:
+    index: int
+    question: str
+    category: int
+    evidence: frozenset[str]
+
+
+@dataclass(slots=True)
+class Conversation:
+    sample_id: str
+    speaker_a: str
+    speaker_b: str
+    turns: list[LocomoTurn] = field(default_factory=list)
+    questions: list[LocomoQuestion] = field(default_factory=list)
+
+
+def _collapse(text: str) -> str:
+    return _SPACE.sub(" ", text).strip()
+
+
+def load_locomo(path: Path) -> list[Conversation]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LocomoError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(raw, list):
+        raise LocomoError("expected a list of samples")
+    out: list[Conversation] = []
+    for sample in raw:
+        try:
+            conv = sample["conversation"]
+            item = Conversation(str(sample["sample_id"]), conv["speaker_a"], conv["speaker_b"])
+            number = 1
+            # Iterate over the sessions themselves: some samples have spare date keys.
+            while f"session_{number}" in conv or f"session_{number}_date_time" in conv:
+                turns = conv.get(f"session_{number}")
+                if turns:
+                    when = datetime.strptime(conv[f"session_{number}_date_time"], _DATE_FORMAT)
+                    for turn in turns:
+                        item.turns.append(
+                            LocomoTurn(
+                                turn["dia_id"], turn["speaker"], turn["text"], number,
+                                when.replace(tzinfo=UTC),
+                            )
+                        )  # fmt: skip
+                number += 1
+            for index, qa in enumerate(sample["qa"]):
+                evidence: set[str] = set()
+                for ref in qa.get("evidence") or []:
+                    # Tolerate 'D8:6; D9:17' and 'D:11:26'.
+                    evidence.update(_EVIDENCE.findall(str(ref).replace("D:", "D")))
+                item.questions.append(
+                    LocomoQuestion(index, str(qa["question"]), int(qa["category"]),
+                                   frozenset(evidence))
+                )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LocomoError(f"sample {sample.get('sample_id', '?')}: {exc}") from exc
+        out.append(item)
+    return out
+
+
+def write_transcripts(conv: Conversation, sessions_dir: Path, scope: str) -> int:
+    """One transcript per LoCoMo session; returns the number of messages written."""
+    written = 0
+    by_session: dict[int, list[LocomoTurn]] = {}
+    for turn in conv.turns:
+        by_session.setdefault(turn.session, []).append(turn)
+    for number, turns in by_session.items():
+        session_id = f"{conv.sample_id}-s{number:02d}"
+        meta = {"agent": "locomo", "agent_name": conv.speaker_b, "memory_scope": scope}
+        key = f"agent:locomo:bench:direct:{conv.sample_id}"
+        with Transcript.create(sessions_dir / f"{session_id}.jsonl", session_id, key, meta) as t:
+            for offset, turn in enumerate(turns):
+                when = turn.when + timedelta(seconds=offset)  # keep the order within a session
+                if turn.speaker == conv.speaker_a:
+                    context = render_turn_context(
+                        now=when, channel="locomo", chat_type="direct",
+                        sender_name=conv.speaker_a, sender_id=conv.sample_id,
+                    )  # fmt: skip
+                    message = Message("user", (TextBlock(turn.text), TextBlock(context)))
+                else:
+                    message = Message.assistant(turn.text)
+                t.append_message(message, ts=when)
+                written += 1
+    return written
+
+
+# -- scoring ---------------------------------------------------------------------------
+
+
+def found_dia_ids(snippet: str, turns: dict[str, str]) -> list[str]:
+    """Every dia_id whose (whitespace-collapsed) turn text is whole inside ``snippet``."""
+    flat = _collapse(snippet)
+    return [dia for dia, text in turns.items() if text and text in flat]
+
+
+def recall_within(
+    results: Sequence[tuple[str, Sequence[str]]],
+    evidence: Iterable[str],
+    turns: dict[str, str],
+    budgets: Sequence[int] = BUDGETS,
+) -> list[float] | None:
+    """Per budget: the share of evidence turns whose text is read within the budget."""
+    wanted = {e for e in evidence if e in turns}
+    if not wanted:
+        return None
+    counter = default_counter()
+    sizes = [counter.text(text) for text, _ in results]
+    out: list[float] = []
+    for budget in budgets:
+        spent = 0
+        found: set[str] = set()
+        for (text, dias), size in zip(results, sizes, strict=True):
+            if spent + size <= budget:
+                found.update(dias)
+                spent += size
+                continue
+            remaining = budget - spent
+            if remaining > 0:
+                part = counter.prefix(text, remaining)
+                found.update(d for d in dias if turns[d] in _collapse(part))
+            break
+        out.append(len(found & wanted) / len(wanted))
+    return out
+
+
+@dataclass(slots=True)
+class RecallTable:
+    per_category: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def add(self, category: int, recall: list[float] | None) -> None:
+        if recall is not None and category in SCORED_CATEGORIES:
+            self.per_category.setdefault(category, []).append(recall)
+
+    def summary(self) -> dict[str, Any]:
+        def mean(rows: list[list[float]]) -> dict[str, float]:
+            return {
+                str(b): round(statistics.fmean(r[i] for r in rows), 4) if rows else 0.0
+                for i, b in enumerate(BUDGETS)
+            }
+
+        every = [r for rows in self.per_category.values() for r in rows]
+        return {
+            "n": len(every),
+            "all": mean(every),
+            "by_category": {
+                str(c): {
+                    "n": len(self.per_category.get(c, [])),
+                    **mean(self.per_category.get(c, [])),
+                }
+                for c in SCORED_CATEGORIES
+            },
+        }
+
+
+class Bm25Baseline:
+    """FTS5 BM25 over single turns, the question's tokens OR-ed (stdlib sqlite3)."""
+
+    def __init__(self, conv: Conversation) -> None:
+        self._db = sqlite3.connect(":memory:")
+        self._db.execute(
+            "CREATE VIRTUAL TABLE t USING fts5(text, dia UNINDEXED, tokenize='porter unicode61')"
+        )
+        self._db.executemany(
+            "INSERT INTO t VALUES (?, ?)",
+            [(f"{t.speaker}: {t.text}", t.dia_id) for t in conv.turns],
+        )
+
+    def search(self, question: str, limit: int = 200) -> list[tuple[str, list[str]]]:
+        words = _WORD.findall(question.lower())
+        if not words:
+            return []
+        match = " OR ".join('"' + w.replace('"', '""') + '"' for w in dict.fromkeys(words))
+        rows = self._db.execute(
+            "SELECT text, dia FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT ?", (match, limit)
+        ).fetchall()
+        return [(text, [dia]) for text, dia in rows]
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def run_locomo(
+    data: Path,
+    out: Path,
+    *,
+    settings: MemorySettings | None = None,
+    work_dir: Path | None = None,
+    limit_conversations: int | None = None,
+) -> dict[str, Any]:
+    conversations = load_locomo(data)[:limit_conversations]
+    base = settings or MemorySettings()
+    memory = base.model_copy(
+        update={
+            "sources": ("sessions",),
+            "sync": base.sync.model_copy(update={"watch": False, "on_start": False}),
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix="parley-locomo-", dir=work_dir) as tmp:
+        home = Path(tmp)
+        sessions_dir = home / "sessions"
+        sessions_dir.mkdir()
+        messages = sum(
+            write_transcripts(c, sessions_dir, f"locomo:{c.sample_id}") for c in conversations
+        )
+        index = MemoryIndex(
+            memory,
+            db_path=home / "memory" / "memory.db",
+            workspace=home / "workspace",
+            sessions_dir=sessions_dir,
+            embedder=build_embedder(memory.embedder),
+        )
+        await index.open()
+        try:
+            started = time.perf_counter()
+            report = await index.sync(reason="bench")
+            index_seconds = time.perf_counter() - started
+            status = (await index.status()).to_dict()
+            ours, baseline = RecallTable(), RecallTable()
+            latencies: list[float] = []
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("w", encoding="utf-8") as sink:
+                for conv in conversations:
+                    turns = {t.dia_id: _collapse(t.text) for t in conv.turns}
+                    bm25 = Bm25Baseline(conv)
+                    scopes = ["agent", f"locomo:{conv.sample_id}"]
+                    for q in conv.questions:
+                        t0 = time.perf_counter()
+                        result = await index.search(q.question, scopes=scopes)
+                        latencies.append((time.perf_counter() - t0) * 1000)
+                        rows = [(h.snippet, found_dia_ids(h.snippet, turns)) for h in result.hits]
+                        line = {
+                            "sample_id": conv.sample_id,
+                            "qa_index": q.index,
+                            "results": [{"text": t, "dia_ids": d} for t, d in rows],
+                        }
+                        sink.write(json.dumps(line, ensure_ascii=False) + "\n")
+                        ours.add(q.category, recall_within(rows, q.evidence, turns))
+                        baseline.add(
+                            q.category, recall_within(bm25.search(q.question), q.evidence, turns)
+                        )
+                    bm25.close()
+        finally:
+            await index.close()
+    chunks = int(status["chunks"])
+    summary_ours, summary_base = ours.summary(), baseline.summary()
+    at_1000 = summary_base["all"]["1000"]
+    return {
+        "bench": "locomo",
+        "data": str(data),
+        "conversations": len(conversations),
+        "questions_scored": summary_ours["n"],
+        "recall": summary_ours,
+        "baseline_bm25_turns": summary_base,
+        "ratio_at_1000": round(summary_ours["all"]["1000"] / at_1000, 3) if at_1000 else None,
+        "search_ms_p50": round(_percentile(latencies, 0.5), 2),
+        "search_ms_p95": round(_percentile(latencies, 0.95), 2),
+        "index_seconds": round(index_seconds, 2),
+        "messages_indexed": messages,
+        "chunks": chunks,
+        "chunks_per_s": round(chunks / index_seconds, 1) if index_seconds else None,
+        "embedder": {
+            "provider": status["provider"],
+            "model": status["model"],
+            "dimensions": status["dimensions"],
+            "fallback": status["fallback"],
+        },
+        "sync_errors": report.errors[:5],
+        "search_defaults": memory.search.model_dump(),
+        "chunking": memory.chunking.model_dump(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "results_file": str(out),
+    }
+
+
+def embedder_settings(provider: str | None, base: EmbedderSettings) -> EmbedderSettings:
+    if provider is None:
+        return base
+    return base.model_copy(update={"provider": provider})

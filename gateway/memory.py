@@ -1,0 +1,139 @@
+"""Long-term memory in the gateway: where memory.db lives, scopes, and what /memory says.
+
+Scopes: a conversation's transcripts belong to the scope of its session *base key* (the
+key without a thread suffix), which already encodes the DM scope policy and identity
+links: one person's direct chats share a scope across resets, and two people never share
+one unless their messages share a session (``dm_scope = "main"``). Groups are their own
+scope. With ``memory.transcript_scope = "agent"``, direct chats write to the agent-wide
+scope instead. Every search sees ``agent`` (MEMORY.md, memory/*.md) plus its own scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from core.memory.embedders import build_embedder
+from core.memory.index import MemoryIndex, MemoryStatus, SearchResult
+from core.memory.settings import MemorySettings
+from core.memory.sources import AGENT_SCOPE, ScopeResolver
+from gateway.config import LoadedConfig
+from gateway.routing import SessionRoute, parse_session_key, reset_type_for
+
+# Transcripts nobody can be attributed to: indexed, but in no conversation's search.
+UNSCOPED = "unscoped"
+
+SNIPPET_PREVIEW_CHARS = 300
+
+
+def memory_db_path(loaded: LoadedConfig) -> Path:
+    memory = loaded.config.memory
+    if memory.db_path is not None:
+        return memory.db_path.expanduser()
+    return loaded.home / "memory" / loaded.config.agent.id / "memory.db"
+
+
+def scope_for_key(key: str, settings: MemorySettings) -> str:
+    """The scope a session key's transcripts are indexed under ("unscoped": not a key)."""
+    parsed = parse_session_key(key)
+    if parsed is None:
+        return UNSCOPED
+    base = parsed.parent_key or key
+    kind = reset_type_for(base)
+    if kind == "direct" and settings.transcript_scope == "agent":
+        return AGENT_SCOPE
+    # The agent part is the same for the whole memory.db: keep what follows it.
+    rest = base.split(":", 2)[2]
+    return f"{'dm' if kind == 'direct' else 'group'}:{rest}"
+
+
+def search_scopes(route: SessionRoute, settings: MemorySettings) -> tuple[str, ...]:
+    own = scope_for_key(route.key, settings)
+    return (AGENT_SCOPE,) if own == AGENT_SCOPE else (AGENT_SCOPE, own)
+
+
+def scope_resolver(settings: MemorySettings) -> ScopeResolver:
+    """A transcript's scope: the one recorded in its header, else derived from its key
+    (transcripts written before memory existed)."""
+
+    def resolve(header: Mapping[str, Any]) -> str:
+        meta = header.get("meta")
+        recorded = meta.get("memory_scope") if isinstance(meta, dict) else None
+        if isinstance(recorded, str) and recorded:
+            return recorded
+        key = header.get("key")
+        return scope_for_key(key, settings) if isinstance(key, str) else UNSCOPED
+
+    return resolve
+
+
+def build_memory_index(loaded: LoadedConfig) -> MemoryIndex:
+    settings = loaded.config.memory
+    return MemoryIndex(
+        settings,
+        db_path=memory_db_path(loaded),
+        workspace=loaded.workspace,
+        sessions_dir=loaded.sessions_dir,
+        embedder=build_embedder(settings.embedder),
+        scope_for=scope_resolver(settings),
+    )
+
+
+def format_memory_status(status: MemoryStatus) -> str:
+    counts = status.counts
+    requested = status.requested_provider
+    provider = status.provider if status.provider != "none" else "none (keyword-only)"
+    lines = [
+        f"Provider: {provider} (requested: {requested})",
+        f"Model: {status.model or '-'}"
+        + (f" · {status.dimensions} dims" if status.dimensions else ""),
+        f"Indexed: {counts.files} files · {counts.chunks} chunks"
+        + (f" · {counts.vectors} vectors" if status.vector_available else ""),
+    ]
+    for source in counts.by_source:
+        lines.append(f"  {source.source}: {source.files} files · {source.chunks} chunks")
+    dirty = status.dirty_files
+    preview = ", ".join(dirty[:5]) + (f" (+{len(dirty) - 5} more)" if len(dirty) > 5 else "")
+    lines.append(f"Dirty: {'yes — ' + preview if dirty else 'no'}")
+    if status.reindexing:
+        lines.append("Reindexing: yes (keyword search until it finishes)")
+    vector = (
+        "ready" if status.vector_available else f"off — {status.vector_error or 'keyword-only'}"
+    )
+    lines.append(f"Vector: {vector}")
+    lines.append(f"FTS: {'ready' if status.fts_available else 'unavailable'}")
+    lines.append(
+        f"Embedding cache: {counts.cache_entries} entries (max {status.cache_max_entries})"
+    )
+    if counts.pending_vector_files:
+        lines.append(f"Awaiting vectors: {counts.pending_vector_files} files")
+    embedder = status.embedder or {}
+    if embedder:
+        lines.append(
+            f"Embedder failures: {embedder.get('failures', 0)}/{embedder.get('failure_limit', 0)}"
+            + (f" · last error: {embedder['last_error']}" if embedder.get("last_error") else "")
+        )
+    if status.fallback:
+        lines.append(f"Fallback: {status.fallback}")
+    driver = status.driver
+    lines.append(f"Store: {status.db_path} ({driver['driver']}, SQLite {driver['sqlite']})")
+    lines.append(f"Workspace: {status.workspace}")
+    return "\n".join(lines)
+
+
+def format_search(query: str, result: SearchResult) -> str:
+    if not result.hits:
+        head = f'No memory matches "{query}".'
+    else:
+        timing = f"{result.mode}, {result.search_ms:.0f} ms"
+        head = f'{len(result.hits)} result(s) for "{query}" ({timing}):'
+    lines = [head]
+    for number, hit in enumerate(result.hits, start=1):
+        snippet = hit.snippet.replace("\n", " ⏎ ")
+        if len(snippet) > SNIPPET_PREVIEW_CHARS:
+            snippet = snippet[: SNIPPET_PREVIEW_CHARS - 1] + "…"
+        lines.append(f"{number}. {hit.citation} · {hit.score:.2f} · {hit.source}\n   {snippet}")
+    if result.fallback:
+        lines.append(f"(keyword-only: {result.fallback})")
+    return "\n".join(lines)

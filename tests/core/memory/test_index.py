@@ -1,0 +1,882 @@
+"""MemoryIndex end to end: a real memory.db in tmp_path, real sqlite-vec, real transcripts,
+the real e5 model for a few tests and a deterministic fake embedder where a test needs
+control (failures, a model or width change, a sync held in the middle and cancelled)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from core.errors import MemoryIndexError
+from core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
+from core.memory.index import SHADOW_SUFFIX, MemoryIndex, SearchResult
+from core.memory.redact import REDACTED
+from core.memory.settings import ChunkingSettings, SyncSettings
+from core.memory.sources import AGENT_SCOPE
+from tests.core.memory.helpers import (
+    KeepOpen,
+    Layout,
+    assert_consistent,
+    bump_mtime,
+    make_layout,
+    open_index,
+    quiet_settings,
+    read_db,
+)
+from tests.fakes.embedder import HashingEmbedder, resilient
+
+ALICE_SCOPES = ["agent", "peer:alice"]
+MEMORY_MD = "# Memory\n\nThe user's favourite tea is oolong, brewed at 90 degrees.\n"
+NOTES = {
+    "memory/2026-01-05.md": "Deployed the kubernetes cluster upgrade on Monday.\n",
+    "memory/projects/parley.md": "# Parley\n\nThe gateway answers on Telegram and Discord.\n",
+    "memory/people.md": "Dana from finance approves the quarterly budget.\n",
+}
+# Alice and Bob share words on purpose: a keyword that crosses scopes must still not leak.
+ALICE = [
+    ("user", "My cat is called Zanzibar and she eats tuna every morning."),
+    ("assistant", "Zanzibar is a lovely name for a cat who likes tuna."),
+]
+BOB = [
+    ("user", "My cat is called Mittens and she eats salmon; my bank PIN hint is lighthouse."),
+    ("assistant", "Mittens and salmon, noted. I will remember the lighthouse hint."),
+    ("user", "Also my sister Priya lives in Lisbon and my cat hates the vet."),
+]
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    return make_layout(tmp_path)
+
+
+@pytest.fixture
+def corpus(layout: Layout) -> Layout:
+    """Memory files plus Alice's and Bob's direct-chat transcripts."""
+    layout.write("MEMORY.md", MEMORY_MD)
+    for path, text in NOTES.items():
+        layout.write(path, text)
+    layout.transcript("s-alice", ALICE, scope="peer:alice")
+    layout.transcript("s-bob", BOB, scope="peer:bob")
+    return layout
+
+
+@pytest.fixture
+def fake() -> HashingEmbedder:
+    return HashingEmbedder()
+
+
+@pytest.fixture(scope="module")
+def e5_model() -> Iterator[ResilientEmbedder]:
+    """The real e5 model, loaded once for the module (indexes get a wrapper that keeps it)."""
+    embedder = build_embedder(EmbedderSettings(provider="e5"))
+    yield embedder
+    asyncio.run(embedder.close())
+
+
+@pytest.fixture
+def e5(e5_model: ResilientEmbedder) -> ResilientEmbedder:
+    return resilient(KeepOpen(e5_model.primary))
+
+
+def paths_of(result: SearchResult) -> list[str]:
+    return [hit.path for hit in result.hits]
+
+
+def shadow_of(layout: Layout) -> Path:
+    return layout.db.with_name(layout.db.name + SHADOW_SUFFIX)
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Poll ``predicate`` until it holds; fail (not hang) after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+ALL_FILES = 1 + len(NOTES) + 2  # MEMORY.md, the notes, two transcripts
+
+
+# -- first sync and incremental sync ----------------------------------------------------------
+
+
+async def test_first_sync_indexes_memory_files_and_transcripts(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        report = await index.sync()
+        status = await index.status()
+
+    assert report.errors == []
+    assert (report.files_seen, report.files_indexed, report.files_unchanged) == (ALL_FILES,) + (
+        ALL_FILES,
+        0,
+    )
+    assert not report.reindexed
+    assert report.embedded == report.chunks_written == status.counts.chunks
+    by_source = {s.source: (s.files, s.chunks) for s in status.counts.by_source}
+    assert by_source["memory"][0] == 1 + len(NOTES)
+    assert by_source["sessions"][0] == 2
+    facts = assert_consistent(corpus.db)
+    assert set(facts.files) == {"MEMORY.md", *NOTES, "sessions/s-alice.jsonl", "sessions/s-bob.jsonl"}
+    scopes = {facts.chunk_scopes[i] for i in facts.chunk_ids}
+    assert scopes == {"agent", "peer:alice", "peer:bob"}
+
+
+async def test_unchanged_files_are_skipped(corpus: Layout, fake: HashingEmbedder) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        embedded = fake.passages_embedded
+
+        again = await index.sync()
+
+    assert (again.files_unchanged, again.files_indexed, again.files_deleted) == (ALL_FILES, 0, 0)
+    assert again.embedded == 0
+    assert fake.passages_embedded == embedded
+
+
+async def test_a_changed_file_is_rechunked(corpus: Layout, fake: HashingEmbedder) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        path = corpus.write("memory/people.md", "Dana moved to legal.\n\nOmar runs finance now.\n")
+        bump_mtime(path)
+
+        report = await index.sync()
+        found = await index.search("who runs finance", scopes=ALICE_SCOPES)
+
+    assert (report.files_indexed, report.files_unchanged) == (1, ALL_FILES - 1)
+    assert report.embedded == report.chunks_written == 1
+    texts = read_db(corpus.db).texts
+    assert "Dana moved to legal.\n\nOmar runs finance now." in texts
+    assert not any("quarterly budget" in t for t in texts)
+    assert found.hits[0].path == "memory/people.md"
+    assert_consistent(corpus.db)
+
+
+async def test_a_deleted_file_is_removed(corpus: Layout, fake: HashingEmbedder) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        (corpus.workspace / "memory" / "people.md").unlink()
+        (corpus.sessions / "s-bob.jsonl").unlink()
+
+        report = await index.sync()
+        found = await index.search("quarterly budget finance", scopes=ALICE_SCOPES)
+
+    assert report.files_deleted == 2
+    assert "memory/people.md" not in paths_of(found)
+    facts = assert_consistent(corpus.db)
+    assert "memory/people.md" not in facts.files
+    assert "sessions/s-bob.jsonl" not in facts.files
+    assert not any("lighthouse" in t for t in facts.texts)
+
+
+async def test_a_touched_file_with_the_same_content_is_not_reembedded(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        before = read_db(corpus.db)
+        embedded = fake.passages_embedded
+        for path in ("MEMORY.md", "memory/people.md"):
+            bump_mtime(corpus.workspace / path)
+
+        report = await index.sync()
+        third = await index.sync()
+
+    assert report.files_unchanged == ALL_FILES
+    assert (report.files_indexed, report.embedded) == (0, 0)
+    assert fake.passages_embedded == embedded
+    assert read_db(corpus.db).chunk_ids == before.chunk_ids  # the rows were kept, not rewritten
+    assert third.files_unchanged == ALL_FILES  # the new mtime was remembered
+
+
+async def test_an_edit_reuses_the_cached_vectors_of_unchanged_chunks(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    sections = [f"## Topic {i}\n\n" + f"Fact number {i} about topic {i}. " * 40 for i in range(4)]
+    path = layout.write("memory/long.md", "\n\n".join(sections) + "\n")
+    settings = quiet_settings(chunking=ChunkingSettings(file_tokens=200, file_overlap_tokens=0))
+    async with open_index(layout, settings, resilient(fake)) as index:
+        first = await index.sync()
+        sections[3] = "## Topic 3\n\nThis last section was rewritten entirely.\n"
+        path.write_text("\n\n".join(sections) + "\n", encoding="utf-8")
+        bump_mtime(path)
+
+        second = await index.sync()
+
+    assert first.chunks_written >= 4
+    assert second.files_indexed == 1
+    assert second.cache_hits >= 3
+    assert second.embedded < second.chunks_written
+    assert_consistent(layout.db)
+
+
+async def test_an_appended_transcript_embeds_only_the_new_chunks(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    turns = [("user" if i % 2 == 0 else "assistant", f"Message {i} about gardening.") for i in range(12)]
+    layout.transcript("s-1", turns, scope="peer:alice")
+    settings = quiet_settings(chunking=ChunkingSettings(transcript_tokens=40))
+    async with open_index(layout, settings, resilient(fake)) as index:
+        first = await index.sync()
+        layout.append("s-1", [("user", "A brand new question about tomatoes.")])
+
+        second = await index.sync()
+        found = await index.search("tomatoes", scopes=ALICE_SCOPES)
+
+    assert first.chunks_written >= 3
+    assert second.files_indexed == 1
+    assert second.cache_hits >= first.chunks_written - 2
+    assert second.embedded <= 2
+    assert "tomatoes" in found.hits[0].snippet
+    assert_consistent(layout.db)
+
+
+async def test_a_source_left_out_of_the_settings_is_dropped(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+    async with open_index(corpus, quiet_settings(sources=("memory",)), resilient(fake)) as index:
+        report = await index.sync()
+
+    assert report.files_deleted == 2
+    assert not any(p.startswith("sessions/") for p in assert_consistent(corpus.db).files)
+
+
+# -- scopes -----------------------------------------------------------------------------------
+
+
+def _queries() -> list[str]:
+    """Every word of Bob's transcript, pairs of them, and questions about him."""
+    words = sorted({w.strip(".,;").lower() for _, text in BOB for w in text.split()})
+    pairs = [" ".join(p) for p in itertools.islice(itertools.combinations(words, 2), 0, 400, 7)]
+    questions = [
+        "what is the bank PIN hint",
+        "where does Priya live",
+        "which cat eats salmon",
+        "Mittens",
+        "lighthouse",
+        "Lisbon sister",
+        "my cat hates the vet",
+    ]
+    return words + pairs + questions
+
+
+async def test_a_peer_never_sees_another_peers_transcript(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        for query in _queries():
+            for max_results in (3, 50):
+                result = await index.search(
+                    query, scopes=ALICE_SCOPES, max_results=max_results, min_score=0
+                )
+                assert all(h.scope in ALICE_SCOPES for h in result.hits), query
+                assert "sessions/s-bob.jsonl" not in paths_of(result), query
+                assert not any("Mittens" in h.snippet for h in result.hits), query
+        own = await index.search("Mittens salmon lighthouse", scopes=["agent", "peer:bob"])
+
+    # The same words do find Bob's transcript in Bob's own scope: the filter, not the
+    # query, kept it from Alice.
+    assert own.hits[0].path == "sessions/s-bob.jsonl"
+
+
+async def test_a_peer_never_sees_another_peers_transcript_e5(
+    corpus: Layout, e5: ResilientEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(), e5) as index:
+        await index.sync()
+        for query in _queries()[::3]:
+            result = await index.search(query, scopes=ALICE_SCOPES, max_results=50, min_score=0)
+            assert result.mode in ("hybrid", "vector")  # vectors were used
+            assert all(h.scope in ALICE_SCOPES for h in result.hits), query
+        own = await index.search("where does my sister live?", scopes=["agent", "peer:bob"])
+
+    assert own.hits[0].path == "sessions/s-bob.jsonl"
+
+
+async def test_transcript_scope_agent_shares_transcripts(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(transcript_scope="agent"), resilient(fake)) as index:
+        await index.sync()
+        result = await index.search("Mittens salmon", scopes=[AGENT_SCOPE])
+
+    assert result.hits[0].path == "sessions/s-bob.jsonl"
+    assert result.hits[0].scope == AGENT_SCOPE
+    facts = assert_consistent(corpus.db)
+    assert set(facts.chunk_scopes.values()) == {AGENT_SCOPE}
+
+
+async def test_a_transcript_without_a_scope_is_unscoped(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    layout.transcript("s-anon", [("user", "The launch code word is marmalade.")])
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        peer = await index.search("launch code marmalade", scopes=ALICE_SCOPES, min_score=0)
+        unscoped = await index.search("launch code marmalade", scopes=["unscoped"])
+
+    assert peer.hits == []
+    assert [h.path for h in unscoped.hits] == ["sessions/s-anon.jsonl"]
+    assert unscoped.hits[0].scope == "unscoped"
+
+
+async def test_a_custom_scope_resolver(layout: Layout, fake: HashingEmbedder) -> None:
+    layout.transcript("s-group", [("user", "Group plans: picnic on Sunday.")], scope="x")
+    index = MemoryIndex(
+        quiet_settings(),
+        db_path=layout.db,
+        workspace=layout.workspace,
+        sessions_dir=layout.sessions,
+        embedder=resilient(fake),
+        scope_for=lambda header: f"group:{header['id']}",
+    )
+    await index.start()
+    try:
+        result = await index.search("picnic", scopes=["group:s-group"])
+    finally:
+        await index.close()
+
+    assert [h.scope for h in result.hits] == ["group:s-group"]
+
+
+# -- triggers ---------------------------------------------------------------------------------
+
+
+async def test_an_empty_index_syncs_before_answering(corpus: Layout, fake: HashingEmbedder) -> None:
+    settings = quiet_settings(sync=SyncSettings(on_start=False, watch=False, search_wait_seconds=0))
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        result = await index.search("oolong tea", scopes=ALICE_SCOPES)
+        status = await index.status()
+
+    assert result.synced_first
+    assert result.hits[0].path == "MEMORY.md"
+    assert status.last_sync is not None
+    assert status.last_sync["reason"] == "search"
+    assert status.counts.files == ALL_FILES
+
+
+async def test_a_search_on_a_dirty_index_syncs_first(corpus: Layout, fake: HashingEmbedder) -> None:
+    settings = quiet_settings(
+        sync=SyncSettings(on_start=False, watch=False, transcript_debounce_seconds=600)
+    )
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        await index.sync()
+        clean = await index.search("oolong", scopes=ALICE_SCOPES)
+        corpus.write("memory/2026-02-01.md", "The new office is on Rue Montorgueil.\n")
+        assert "memory/2026-02-01.md" in (await index.status()).dirty_files
+        corpus.append("s-alice", [("user", "Remind me: the vet appointment is on Thursday.")])
+        index.notify_transcript(appended_bytes=100)  # debounced: no sync yet
+        assert not (await index.status()).syncing
+
+        result = await index.search("office Rue Montorgueil", scopes=ALICE_SCOPES)
+        vet = await index.search("vet appointment Thursday", scopes=ALICE_SCOPES)
+
+    assert not clean.synced_first
+    assert result.synced_first
+    assert result.hits[0].path == "memory/2026-02-01.md"
+    assert not vet.synced_first
+    assert vet.hits[0].path == "sessions/s-alice.jsonl"
+    assert "Thursday" in vet.hits[0].snippet
+
+
+async def test_on_start_syncs_in_the_background(corpus: Layout, fake: HashingEmbedder) -> None:
+    settings = quiet_settings(sync=SyncSettings(on_start=True, watch=False))
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        assert (await index.status()).syncing
+        report = await index.request_sync("test")
+        status = await index.status()
+
+    assert report.files_seen == ALL_FILES
+    assert status.counts.files == ALL_FILES
+    assert not status.dirty_files
+
+
+async def test_transcript_appends_past_the_threshold_sync_at_once(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    settings = quiet_settings(
+        sync=SyncSettings(
+            on_start=False, watch=False, transcript_debounce_seconds=600, transcript_delta_messages=2
+        )
+    )
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        await index.sync()
+        corpus.append("s-alice", [("user", "Zanzibar caught a sparrow."), ("assistant", "Oh no.")])
+        index.notify_transcript(appended_messages=1)
+        assert not (await index.status()).syncing  # under the threshold: debounced
+        index.notify_transcript(appended_messages=1)
+        assert (await index.status()).syncing
+        await index.request_sync("join")
+        result = await index.search("sparrow", scopes=ALICE_SCOPES)
+
+    assert not result.synced_first  # the trigger did it, not the search
+    assert "sparrow" in result.hits[0].snippet
+
+
+async def test_a_zero_debounce_syncs_at_once(corpus: Layout, fake: HashingEmbedder) -> None:
+    settings = quiet_settings(
+        sync=SyncSettings(on_start=False, watch=False, transcript_debounce_seconds=0)
+    )
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        await index.sync()
+        index.notify_transcript()
+        assert (await index.status()).syncing
+
+
+async def test_a_compaction_syncs_at_once(corpus: Layout, fake: HashingEmbedder) -> None:
+    settings = quiet_settings(
+        sync=SyncSettings(on_start=False, watch=False, transcript_debounce_seconds=600)
+    )
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        await index.sync()
+        index.notify_compaction()
+        assert (await index.status()).syncing
+    settings = quiet_settings(
+        sync=SyncSettings(on_start=False, watch=False, after_compaction=False)
+    )
+    async with open_index(corpus, settings, resilient(fake)) as index:
+        await index.sync()
+        index.notify_compaction()
+        assert not (await index.status()).syncing
+
+
+async def test_the_watcher_syncs_a_changed_memory_file(
+    corpus: Layout, fake: HashingEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import core.memory.index as index_module
+
+    listed = 0
+    real = index_module.memory_files
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal listed
+        listed += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index_module, "memory_files", counting)
+    settings = quiet_settings(
+        sync=SyncSettings(
+            on_start=False, watch=True, watch_poll_seconds=0.05, watch_debounce_seconds=0.05
+        )
+    )
+    async with open_index(corpus, settings, resilient(fake)) as index:
+
+        async def watcher_looked() -> bool:
+            return listed >= 1  # its first snapshot (nothing else lists files yet)
+
+        await wait_until(watcher_looked)
+        corpus.write("memory/2026-03-01.md", "Booked the ferry to Naxos.\n")
+
+        async def watch_synced() -> bool:
+            last = (await index.status()).last_sync
+            return last is not None and last["reason"] == "watch"
+
+        await wait_until(watch_synced)
+        result = await index.search("ferry Naxos", scopes=ALICE_SCOPES)
+
+    assert not result.synced_first
+    assert result.hits[0].path == "memory/2026-03-01.md"
+
+
+# -- reindex ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["model", "dimensions", "chunking"],
+)
+async def test_a_meta_change_reindexes_into_a_shadow_and_swaps(corpus: Layout, change: str) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
+        await index.sync()
+    inode = corpus.db.stat().st_ino
+    embedder = HashingEmbedder(
+        model="hash-v2" if change == "model" else "hash-v1",
+        dimensions=32 if change == "dimensions" else 64,
+    )
+    settings = quiet_settings(
+        chunking=ChunkingSettings(file_tokens=120 if change == "chunking" else 400)
+    )
+
+    async with open_index(corpus, settings, resilient(embedder)) as index:
+        report = await index.sync()
+        found = await index.search("oolong tea", scopes=ALICE_SCOPES)
+        again = await index.sync()
+        status = await index.status()
+
+    assert report.reindexed
+    assert report.files_indexed == ALL_FILES
+    assert not again.reindexed
+    assert again.files_unchanged == ALL_FILES
+    assert found.mode == "hybrid"
+    assert found.hits[0].path == "MEMORY.md"
+    assert corpus.db.stat().st_ino != inode  # the rebuilt file took the old one's place
+    assert not shadow_of(corpus).exists()
+    assert not list(corpus.db.parent.glob("*" + SHADOW_SUFFIX + "*"))
+    facts = assert_consistent(corpus.db)
+    meta = json.loads(facts.meta or "{}")
+    assert (meta["model"], meta["dimensions"]) == (embedder.model, embedder.dimensions)
+    assert meta["chunking"]["file_tokens"] == settings.chunking.file_tokens
+    assert (status.model, status.dimensions) == (embedder.model, embedder.dimensions)
+
+
+async def test_force_reindexes_without_a_change(corpus: Layout, fake: HashingEmbedder) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        report = await index.sync(force=True)
+
+    assert report.reindexed
+    assert report.files_indexed == ALL_FILES
+    assert report.cache_hits == 0  # the shadow starts with an empty cache
+    assert not shadow_of(corpus).exists()
+    assert_consistent(corpus.db)
+
+
+async def _cancel_when_held(index: MemoryIndex, embedder: HashingEmbedder) -> None:
+    task = index.request_sync("start")
+    await embedder.held.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_sync_killed_midway_leaves_a_consistent_index_that_resumes(
+    corpus: Layout,
+) -> None:
+    first = HashingEmbedder()
+    first.hold_after = 2  # MEMORY.md and one note get in; the third file is held
+    async with open_index(corpus, quiet_settings(), resilient(first)) as index:
+        await _cancel_when_held(index, first)
+
+    partial = assert_consistent(corpus.db)
+    assert len(partial.files) == 2
+    resumed = HashingEmbedder()
+    async with open_index(corpus, quiet_settings(), resilient(resumed)) as index:
+        report = await index.sync()
+        found = await index.search("kubernetes upgrade", scopes=ALICE_SCOPES)
+
+    assert not report.reindexed
+    assert report.files_unchanged == 2
+    assert report.files_indexed == ALL_FILES - 2
+    assert len(resumed.passage_calls) == ALL_FILES - 2
+    assert found.hits[0].path == "memory/2026-01-05.md"
+    assert len(assert_consistent(corpus.db).files) == ALL_FILES
+
+
+async def test_a_killed_reindex_resumes_from_its_shadow(corpus: Layout) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
+        await index.sync()
+    killed = HashingEmbedder(model="hash-v2")
+    killed.hold_after = 2
+    async with open_index(corpus, quiet_settings(), resilient(killed)) as index:
+        await _cancel_when_held(index, killed)
+
+    assert shadow_of(corpus).exists()
+    live = assert_consistent(corpus.db)  # the old index is untouched
+    assert json.loads(live.meta or "{}")["model"] == "hash-v1"
+    assert len(live.files) == ALL_FILES
+    assert len(assert_consistent(shadow_of(corpus)).files) == 2
+
+    resumed = HashingEmbedder(model="hash-v2")
+    async with open_index(corpus, quiet_settings(), resilient(resumed)) as index:
+        report = await index.sync()
+
+    assert report.reindexed
+    assert report.files_unchanged == 2
+    assert report.files_indexed == ALL_FILES - 2
+    assert len(resumed.passage_calls) == ALL_FILES - 2
+    assert not shadow_of(corpus).exists()
+    facts = assert_consistent(corpus.db)
+    assert json.loads(facts.meta or "{}")["model"] == "hash-v2"
+    assert len(facts.files) == ALL_FILES
+
+
+async def test_a_shadow_of_another_meta_is_thrown_away(corpus: Layout) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
+        await index.sync()
+    stale = HashingEmbedder(model="hash-v2")
+    stale.hold_after = 2
+    async with open_index(corpus, quiet_settings(), resilient(stale)) as index:
+        await _cancel_when_held(index, stale)
+
+    other = HashingEmbedder(model="hash-v3")
+    async with open_index(corpus, quiet_settings(), resilient(other)) as index:
+        report = await index.sync()
+
+    assert report.reindexed
+    assert report.files_indexed == ALL_FILES
+    assert json.loads(assert_consistent(corpus.db).meta or "{}")["model"] == "hash-v3"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG index.py _catch_up: a search on a non-empty index opened in this process "
+    "waits (no timeout) for the first sync, because `not self._synced_once` is taken to mean "
+    "'empty'; during a reindex every search blocks until the rebuild ends instead of "
+    "answering keyword-only from the old index",
+)
+async def test_a_search_during_a_reindex_answers_from_the_old_index(corpus: Layout) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
+        await index.sync()
+    slow = HashingEmbedder(model="hash-v2")
+    slow.hold_after = 1
+    async with open_index(corpus, quiet_settings(), resilient(slow)) as index:
+        task = index.request_sync("start")
+        await slow.held.wait()
+        try:
+            result = await asyncio.wait_for(
+                index.search("oolong tea", scopes=ALICE_SCOPES), timeout=1.0
+            )
+        finally:
+            task.cancel()
+
+    assert result.mode == "keyword"
+    assert result.fallback is not None and "reindexing" in result.fallback
+    assert result.hits[0].path == "MEMORY.md"
+
+
+# -- embedder failures and FTS-only ------------------------------------------------------------
+
+
+async def test_an_embedder_failure_indexes_keyword_only_then_fills_the_vectors(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    fake.fail = "fake is down"
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        failed = await index.sync()
+        status = (await index.status()).to_dict()
+        keyword = await index.search("oolong tea", scopes=ALICE_SCOPES)
+        assert_consistent(corpus.db, vectors=False)
+
+        fake.fail = None
+        healed = await index.sync()
+        healed_status = (await index.status()).to_dict()
+        hybrid = await index.search("oolong tea", scopes=ALICE_SCOPES)
+
+    assert failed.files_indexed == ALL_FILES
+    assert failed.vectors_pending == ALL_FILES
+    assert any("fake is down" in e for e in failed.errors)
+    assert status["files_awaiting_vectors"] == ALL_FILES
+    assert status["vectors"] == 0
+    assert status["chunks"] > 0
+    assert status["embedder"]["failures"] == ALL_FILES
+    assert "fake is down" in status["embedder"]["last_error"]
+    assert keyword.mode == "keyword"
+    assert keyword.fallback is not None and "fake is down" in keyword.fallback
+    assert keyword.hits[0].path == "MEMORY.md"
+
+    assert healed.files_unchanged == ALL_FILES  # no re-chunking: the vectors are filled in
+    assert healed.files_indexed == 0
+    assert healed.embedded == status["chunks"]
+    assert healed_status["files_awaiting_vectors"] == 0
+    assert healed_status["vectors"] == healed_status["chunks"]
+    assert healed_status["embedder"]["failures"] == 0
+    assert hybrid.mode == "hybrid"
+    assert hybrid.fallback is None
+    assert_consistent(corpus.db)
+
+
+async def test_a_fallback_embedders_vectors_never_mix_with_the_primarys(corpus: Layout) -> None:
+    primary = HashingEmbedder()
+    primary.fail = "primary is down"
+    fallback = HashingEmbedder(provider="fake-fallback", model="other", dimensions=32)
+    embedder = ResilientEmbedder(primary, fallback, failure_limit=100, lockout_seconds=0)
+    async with open_index(corpus, quiet_settings(), embedder) as index:
+        report = await index.sync()
+        status = (await index.status()).to_dict()
+        result = await index.search("oolong tea", scopes=ALICE_SCOPES)
+
+    assert report.vectors_pending == ALL_FILES
+    assert status["files_awaiting_vectors"] == ALL_FILES
+    assert status["fallback"] is not None
+    assert "primary is down" in status["fallback"]
+    assert status["provider"] == "fake"  # the index stays the primary's
+    assert result.mode == "keyword"
+    assert result.fallback is not None and "fake-fallback" in result.fallback
+    assert result.hits[0].path == "MEMORY.md"
+    assert read_db(corpus.db).vec_ids is None  # no 32-wide vectors in the 64-wide index
+
+
+async def test_an_fts_only_driver_searches_by_keyword_and_says_why(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(driver="sqlite3"), resilient(fake)) as index:
+        report = await index.sync()
+        result = await index.search("kubernetes upgrade", scopes=ALICE_SCOPES)
+        status = (await index.status()).to_dict()
+
+    assert report.errors == []
+    assert fake.passage_calls == []  # no vectors to store: nothing embedded
+    assert result.mode == "keyword"
+    assert result.fallback is not None and "cannot load extensions" in result.fallback
+    assert result.hits[0].path == "memory/2026-01-05.md"
+    assert status["driver"]["driver"] == "sqlite3"
+    assert status["vector"]["available"] is False
+    assert "cannot load extensions" in status["vector"]["error"]
+    assert "cannot load extensions" in status["fallback"]
+    assert status["fts"] == {"available": True}
+    assert status["provider"] == "none"
+    assert status["files"] == ALL_FILES
+    assert_consistent(corpus.db, vectors=False)
+
+
+async def test_no_embedder_is_keyword_only(corpus: Layout) -> None:
+    async with open_index(corpus, quiet_settings(), None) as index:
+        await index.sync()
+        result = await index.search("Zanzibar tuna", scopes=ALICE_SCOPES)
+        status = (await index.status()).to_dict()
+
+    assert result.mode == "keyword"
+    assert result.hits[0].path == "sessions/s-alice.jsonl"
+    assert status["fallback"] == "vector search unavailable: vector search is turned off (keyword-only)"
+    assert status["requested_provider"] == "none"
+    assert status["embedder"] is None
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+async def test_status_e5_end_to_end(corpus: Layout, e5: ResilientEmbedder) -> None:
+    async with open_index(corpus, quiet_settings(), e5) as index:
+        await index.sync()
+        result = await index.search("which hot drink does the user like?", scopes=ALICE_SCOPES)
+        corpus.write("memory/new.md", "Not indexed yet.\n")
+        status = (await index.status()).to_dict()
+
+    assert result.mode == "hybrid"
+    assert result.provider == "e5"
+    assert result.hits[0].path == "MEMORY.md"
+    assert status["provider"] == status["requested_provider"] == "e5"
+    assert status["model"] == "multilingual-e5-small-q4"
+    assert status["dimensions"] == 384
+    assert status["vector"] == {"available": True, "error": None}
+    assert status["fts"] == {"available": True}
+    assert status["driver"]["driver"] == "pysqlite3"
+    assert status["files"] == ALL_FILES
+    assert status["vectors"] == status["chunks"] > 0
+    assert {s["source"]: s["files"] for s in status["by_source"]} == {
+        "memory": 1 + len(NOTES),
+        "sessions": 2,
+    }
+    assert status["dirty"] is True
+    assert status["dirty_files"] == ["memory/new.md"]
+    assert status["cache"]["entries"] == status["chunks"]
+    assert status["cache"]["max_entries"] == 100_000
+    assert status["embedder"]["failures"] == 0
+    assert status["fallback"] is None
+    assert status["last_sync"]["files_indexed"] == ALL_FILES
+    assert status["sources"] == ["memory", "sessions"]
+    json.dumps(status)  # status output is plain JSON
+
+
+# -- memory_get -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def readable(layout: Layout, tmp_path: Path) -> Layout:
+    layout.write("MEMORY.md", "".join(f"line {i}\n" for i in range(1, 11)))
+    layout.write("AGENTS.md", "agent instructions\n")
+    layout.write("memory/a.md", "alpha\nbeta\n")
+    layout.transcript("s-1", [("user", "hello")], scope="peer:alice")
+    (tmp_path / "outside.md").write_text("outside note\n", encoding="utf-8")
+    (layout.workspace / "memory" / "link.md").symlink_to(layout.workspace / "AGENTS.md")
+    return layout
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "sessions/s-1.jsonl",
+        "../etc/passwd",
+        "/etc/passwd",
+        "AGENTS.md",
+        "memory/../AGENTS.md",
+        "memory/link.md",
+        "../outside.md",
+    ],
+)
+async def test_read_refuses_what_is_not_a_memory_file(readable: Layout, path: str) -> None:
+    async with open_index(readable, quiet_settings(), None) as index:
+        with pytest.raises(MemoryIndexError, match="not a memory file"):
+            await index.read(path)
+
+
+async def test_read_slices_lines(readable: Layout) -> None:
+    async with open_index(readable, quiet_settings(), None) as index:
+        whole = await index.read("MEMORY.md")
+        middle = await index.read("MEMORY.md", from_line=3, lines=2)
+        tail = await index.read("MEMORY.md", from_line=9)
+        past = await index.read("MEMORY.md", from_line=50)
+        note = await index.read("memory/a.md", lines=1)
+
+    assert whole == "".join(f"line {i}\n" for i in range(1, 11))
+    assert middle == "line 3\nline 4\n"
+    assert tail == "line 9\nline 10\n"
+    assert past == ""
+    assert note == "alpha\n"
+
+
+async def test_read_an_extra_path(readable: Layout, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.md"
+    settings = quiet_settings(extra_paths=(outside,))
+    async with open_index(readable, settings, None) as index:
+        assert await index.read(outside.as_posix()) == "outside note\n"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG index.py read(): only existing files are listed, so a memory path that does "
+    "not exist (yet) raises 'not a memory file' instead of returning ''",
+)
+@pytest.mark.parametrize("path", ["memory/2099-01-01.md", "extra/missing.md"])
+async def test_read_a_missing_memory_file_is_empty(layout: Layout, path: str) -> None:
+    settings = quiet_settings(extra_paths=(Path("extra/missing.md"),))
+    async with open_index(layout, settings, None) as index:
+        assert await index.read(path) == ""
+
+
+# -- redaction --------------------------------------------------------------------------------
+
+API_KEY = "sk-ant-api03-" + "Zx9Qw8Er7Ty6Ui5Op4As3Df2Gh1Jk0Lz" * 2
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+
+async def test_secrets_in_transcripts_are_redacted_in_the_index(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    layout.transcript(
+        "s-keys",
+        [
+            ("user", f"Here is the Anthropic key {API_KEY} for the staging bot."),
+            ("assistant", "Thanks, I configured the staging bot."),
+            ("user", f"And the GitHub token is {GITHUB_TOKEN}"),
+        ],
+        scope="peer:alice",
+    )
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        results = [
+            await index.search(q, scopes=ALICE_SCOPES, min_score=0)
+            for q in (API_KEY, GITHUB_TOKEN, "Anthropic key staging bot", "GitHub token")
+        ]
+
+    raw = re.compile(re.escape(API_KEY[:20]) + "|" + re.escape(GITHUB_TOKEN[:12]))
+    for result in results:
+        assert not any(raw.search(h.snippet) for h in result.hits)
+    assert REDACTED in results[2].hits[0].snippet
+    texts = read_db(layout.db).texts
+    assert not any(raw.search(t) for t in texts)
+    assert any(REDACTED in t for t in texts)
+    assert all(REDACTED not in c for call in fake.passage_calls for c in call if raw.search(c))
+    assert not any(raw.search(c) for call in fake.passage_calls for c in call)
