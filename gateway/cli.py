@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from core.errors import CoreError, TranscriptError
 from gateway.config import LoadedConfig, effective_config_toml, load_config
 from gateway.errors import ConfigFileError, GatewayError
+from gateway.memory_cli import add_memory_commands, bench_command, memory_command
 
 if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
     from core.transcript import Entry
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("key", help="a session key or session id")
     show.add_argument("--entries", type=int, default=20, help="how many recent entries to print")
     sub.add_parser("doctor", parents=[common], help="check config, state, transcripts, provider")
+    add_memory_commands(sub, common)
     return parser
 
 
@@ -99,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_sessions(loaded, args))
         if command == "doctor":
             return asyncio.run(_doctor(loaded))
+        if command == "memory":
+            return asyncio.run(memory_command(loaded, args))
+        if command == "bench":
+            return asyncio.run(bench_command(loaded, args))
     except (GatewayError, CoreError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return EXIT_PROBLEM

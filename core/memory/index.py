@@ -50,6 +50,7 @@ from core.memory.sources import (
     ScopeResolver,
     SourceFile,
     memory_files,
+    memory_path,
     read_header,
     transcript_files,
 )
@@ -60,16 +61,20 @@ log = logging.getLogger("parley.core.memory")
 T = TypeVar("T")
 TOKENIZER = "cl100k_base"
 SHADOW_SUFFIX = ".reindex"
-# Where unrelated text lands in cosine similarity, per embedder: e5 models put almost
-# everything above 0.7, so their similarities are rescaled from there (min_score then
-# means the same thing whatever the embedder).
-SIMILARITY_FLOORS: Mapping[str, float] = {"e5": 0.7}
+# Where unrelated text lands in cosine similarity, per embedder. e5 puts almost
+# everything above 0.75 (measured on LoCoMo: the best chunk of an unrelated conversation
+# scores 0.77-0.83, evidence 0.81-0.89), so its similarities are rescaled from 0.78;
+# min_score then filters unrelated text for it as for embedders whose cosines spread
+# over [0, 1] (MiniLM, OpenAI).
+SIMILARITY_FLOORS: Mapping[str, float] = {"e5": 0.78}
 # memory_get reads at most this much of a file.
 MAX_GET_LINES = 2000
 MAX_GET_CHARS = 200_000
 # Bounds a file the index will read: bigger memory files are indexed up to this size.
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
+GROUP_SCOPE_PREFIX = "group:"
+UNSCOPED = "unscoped"
 ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, path)
 
 
@@ -173,10 +178,14 @@ def default_scope_resolver(transcript_scope: str) -> ScopeResolver:
     def resolve(header: Mapping[str, Any]) -> str:
         meta = header.get("meta")
         scope = meta.get("memory_scope") if isinstance(meta, dict) else None
-        if transcript_scope == "agent" or not isinstance(scope, str) or not scope:
+        if isinstance(scope, str) and scope.startswith(GROUP_SCOPE_PREFIX):
+            return scope  # groups are always their own scope
+        if transcript_scope == "agent":
+            return AGENT_SCOPE
+        if not isinstance(scope, str) or not scope:
             # Without a recorded scope the transcript cannot be attributed to one peer:
             # it stays out of every peer's search rather than leak into one.
-            return AGENT_SCOPE if transcript_scope == "agent" else "unscoped"
+            return UNSCOPED
         return scope
 
     return resolve
@@ -212,6 +221,7 @@ class MemoryIndex:
         self._again = False
         self._dirty = True  # nothing is known to be in sync until the first sync
         self._synced_once = False
+        self._empty = True  # no file indexed yet: a search waits for the first sync
         self._reindexing = False
         self._last_sync: SyncReport | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -236,13 +246,13 @@ class MemoryIndex:
         self._wstore = await self._w(MemoryStore.open, self.db_path, driver=driver, vector=vector)
         self._rstore = await self._r(MemoryStore.open, self.db_path, driver=driver, vector=vector)
         self._live_meta = await self._w(self._wstore.meta)
-        if self._live_meta is None:
-            # A new (or meta-less) index: adopt the wanted meta, unless rows exist that
-            # were built under an unknown one (then the first sync rebuilds).
-            counts = await self._w(self._wstore.counts)
-            if counts.files == 0:
-                await self._w(self._wstore.set_meta, self.wanted_meta())
-                self._live_meta = self.wanted_meta()
+        counts = await self._w(self._wstore.counts)
+        self._empty = counts.files == 0
+        if self._live_meta is None and counts.files == 0:
+            # A new (or meta-less) index: adopt the wanted meta. A meta-less index with
+            # rows was built under an unknown one: the first sync rebuilds it.
+            await self._w(self._wstore.set_meta, self.wanted_meta())
+            self._live_meta = self.wanted_meta()
 
     async def close(self) -> None:
         self._closed = True
@@ -328,14 +338,22 @@ class MemoryIndex:
     ) -> SyncReport:
         async with self._sync_lock:
             started = time.perf_counter()
+            # Cleared first, so that changes noticed during this sync mark it dirty again;
+            # restored when the sync does not finish.
             self._dirty = False
             store = self._store()
             wanted = self.wanted_meta()
-            if force or self._live_meta != wanted:
-                report = await self._reindex(wanted, reason, progress)
-            else:
-                report = SyncReport(reason=reason)
-                await self._sync_into(store, wanted, report, progress)
+            try:
+                if force or self._live_meta != wanted:
+                    report = await self._reindex(wanted, reason, progress)
+                else:
+                    report = SyncReport(reason=reason)
+                    await self._sync_into(store, wanted, report, progress)
+            except BaseException:
+                self._dirty = True
+                raise
+            if report.files_indexed or report.files_unchanged:
+                self._empty = False
             report.seconds = round(time.perf_counter() - started, 3)
             self._last_sync = report
             self._synced_once = True
@@ -453,7 +471,13 @@ class MemoryIndex:
             return None, False
         hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
         key = (meta.embedder, meta.model, meta.provider_key)
-        cached = await self._w(store.cached_vectors, *key, hashes)
+        dims = meta.dimensions
+        cached = await self._w(store.cached_vectors, *key, hashes, dims)
+        live = self._wstore
+        if live is not None and live is not store and len(cached) < len(hashes):
+            # A rebuild (e.g. new chunking) reuses the live index's vectors of the same model.
+            wanted = [h for h in hashes if h not in cached]
+            cached.update(await self._w(live.cached_vectors, *key, wanted, dims))
         report.cache_hits += sum(1 for h in hashes if h in cached)
         missing = list(dict.fromkeys(h for h in hashes if h not in cached))
         if missing:
@@ -473,8 +497,7 @@ class MemoryIndex:
             await self._w(
                 store.cache_vectors, *key, fresh, max_entries=self.settings.cache_max_entries
             )
-        dims = len(next(iter(cached.values())))
-        await self._w(store.ensure_vectors, dims)
+        await self._w(store.ensure_vectors, len(next(iter(cached.values()))))
         return np.stack([cached[h] for h in hashes]), False
 
     async def _fill_vectors(
@@ -638,6 +661,8 @@ class MemoryIndex:
             hits, trace = await self._r(
                 run_search, store, query, query_vector, list(scopes), params, now=self._now()
             )
+        if query_vector is None and fallback is None and trace.mode == "keyword":
+            fallback = "the index holds no vectors yet"
         return SearchResult(
             hits=hits,
             mode=trace.mode,
@@ -656,8 +681,10 @@ class MemoryIndex:
         if not self._dirty and self._synced_once:
             return False
         task = self.request_sync("search")
+        if self._reindexing and not self._empty:
+            return False  # a rebuild takes long: answer from the old index meanwhile
         wait: float | None = self.settings.sync.search_wait_seconds
-        if not self._synced_once:
+        if self._empty:
             wait = None  # an empty index answers nothing useful: wait for it
         try:
             await asyncio.wait_for(asyncio.shield(task), wait)
@@ -677,16 +704,21 @@ class MemoryIndex:
 
     async def read(self, path: str, from_line: int = 1, lines: int | None = None) -> str:
         """Lines of a memory file (memory files and extra paths only)."""
-        sources = await asyncio.to_thread(memory_files, self.workspace, self.settings.extra_paths)
-        match = next((s for s in sources if s.path == path), None)
-        if match is None:
+        target = await asyncio.to_thread(
+            memory_path, path, self.workspace, self.settings.extra_paths
+        )
+        if target is None:
             raise MemoryIndexError(
                 f"{path!r} is not a memory file (MEMORY.md, memory/**/*.md or an extra path)"
             )
         count = min(lines or MAX_GET_LINES, MAX_GET_LINES)
-        return await asyncio.to_thread(_read_lines, match.abs_path, max(1, from_line), count)
+        return await asyncio.to_thread(_read_lines, target, max(1, from_line), count)
 
     # -- status --------------------------------------------------------------------------
+
+    async def scopes(self) -> list[str]:
+        """Every scope with indexed files (for operators; conversations never list them)."""
+        return await self._w(self._store().scopes)
 
     async def status(self) -> MemoryStatus:
         store = self._store()
@@ -700,6 +732,11 @@ class MemoryIndex:
             fallback = self._keyword_only_reason()
         elif embedder and embedder.get("fallback"):
             fallback = "{from}: {reason}".format(**embedder["fallback"])
+        elif embedder and embedder.get("failures"):
+            fallback = (
+                f"{meta.embedder} failing ({embedder['failures']} calls): new chunks are "
+                f"keyword-only until it answers; last error: {embedder.get('last_error')}"
+            )
         return MemoryStatus(
             db_path=str(self.db_path),
             workspace=str(self.workspace),

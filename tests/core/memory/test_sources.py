@@ -11,8 +11,8 @@ from core.memory.sources import (
     AGENT_SCOPE,
     MEMORY_SOURCE,
     SESSIONS_SOURCE,
-    is_memory_path,
     memory_files,
+    memory_path,
     read_header,
     transcript_files,
 )
@@ -193,16 +193,34 @@ def test_read_header() -> None:
     assert read_header(huge) is None
 
 
-def test_is_memory_path(workspace: Path, tmp_path: Path) -> None:
+def test_memory_path_allows_memory_files_only(workspace: Path, tmp_path: Path) -> None:
     write(workspace / "MEMORY.md")
     write(workspace / "AGENTS.md")
     write(workspace / "memory" / "a.md")
     extra = write(tmp_path / "extra.md")
+    root = workspace.resolve()
 
-    assert is_memory_path("MEMORY.md", (), workspace)
-    assert is_memory_path("memory/a.md", (), workspace)
-    assert is_memory_path(extra.as_posix(), (extra,), workspace)
-    assert not is_memory_path(extra.as_posix(), (), workspace)
-    assert not is_memory_path("AGENTS.md", (), workspace)
-    assert not is_memory_path("memory/../AGENTS.md", (), workspace)
-    assert not is_memory_path("../extra.md", (), workspace)
+    assert memory_path("MEMORY.md", workspace) == root / "MEMORY.md"
+    assert memory_path("memory/a.md", workspace) == root / "memory" / "a.md"
+    # Missing but allowed: memory_get answers "" for it rather than refusing.
+    assert memory_path("memory/2099-01-01.md", workspace) == root / "memory" / "2099-01-01.md"
+    assert memory_path(extra.as_posix(), workspace, (extra,)) == extra
+    assert memory_path(extra.as_posix(), workspace) is None
+    for refused in (
+        "AGENTS.md",
+        "memory/../AGENTS.md",
+        "../extra.md",
+        "memory/x.txt",
+        "sessions/abc.jsonl",
+        "/etc/passwd",
+        "",
+        "memory/a\x00.md",
+    ):
+        assert memory_path(refused, workspace) is None, refused
+
+
+def test_memory_path_refuses_a_symlink_out_of_memory(workspace: Path, tmp_path: Path) -> None:
+    secret = write(tmp_path / "secret.md")
+    (workspace / "memory").mkdir(parents=True, exist_ok=True)
+    (workspace / "memory" / "link.md").symlink_to(secret)
+    assert memory_path("memory/link.md", workspace) is None

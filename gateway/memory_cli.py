@@ -1,0 +1,148 @@
+"""``parley memory status|index|search`` and ``parley bench locomo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from core.memory.sources import AGENT_SCOPE
+from gateway.config import LoadedConfig
+from gateway.memory import build_memory_index, format_memory_status, format_search, scope_for_key
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+BAR_WIDTH = 30
+
+
+def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    memory = sub.add_parser("memory", parents=[common], help="the long-term memory index")
+    actions = memory.add_subparsers(dest="memory_command", required=True, metavar="ACTION")
+    status = actions.add_parser("status", parents=[common], help="provider, counts, dirty files")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    index = actions.add_parser("index", parents=[common], help="bring the index up to date")
+    index.add_argument("--force", action="store_true", help="rebuild everything from scratch")
+    search = actions.add_parser("search", parents=[common], help="search as memory_search does")
+    search.add_argument("query")
+    search.add_argument("--json", action="store_true", help="print one JSON object")
+    search.add_argument("--max-results", type=int, default=None)
+    search.add_argument("--min-score", type=float, default=None)
+    who = search.add_mutually_exclusive_group()
+    who.add_argument("--session", help="search as this session key's conversation would")
+    who.add_argument("--scope", action="append", help="a scope to search (repeatable)")
+    who.add_argument("--all-scopes", action="store_true", help="every scope (operators only)")
+
+    bench = sub.add_parser("bench", parents=[common], help="benchmarks")
+    benches = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    locomo = benches.add_parser(
+        "locomo", parents=[common], help="memory retrieval under a context budget (LoCoMo)"
+    )
+    locomo.add_argument("--data", type=Path, required=True, help="a file in LoCoMo's format")
+    locomo.add_argument("--out", type=Path, required=True, help="RESULTS.jsonl to write")
+    locomo.add_argument(
+        "--embedder", choices=["auto", "e5", "local", "openai", "none"], default=None,
+        help="override [memory.embedder] provider",
+    )  # fmt: skip
+    locomo.add_argument("--conversations", type=int, default=None, help="only the first N")
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal; a line per 10% elsewhere (logs, CI)."""
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self.stream = stream
+        self.label = label
+        self.tty = stream.isatty()
+        self._last_decile = -1
+        self._started = time.monotonic()
+
+    def __call__(self, done: int, total: int, path: str) -> None:
+        if total <= 0:
+            return
+        share = done / total
+        if self.tty:
+            filled = int(BAR_WIDTH * share)
+            bar = "#" * filled + "." * (BAR_WIDTH - filled)
+            name = path if len(path) <= 40 else "…" + path[-39:]
+            self.stream.write(f"\r{self.label} [{bar}] {done}/{total} {name:<40}")
+            if done == total:
+                self.stream.write("\n")
+        else:
+            decile = int(share * 10)
+            if decile != self._last_decile:
+                self._last_decile = decile
+                elapsed = time.monotonic() - self._started
+                self.stream.write(f"{self.label}: {done}/{total} files ({elapsed:.1f} s)\n")
+        self.stream.flush()
+
+
+async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    if not loaded.config.memory.enabled:
+        print("long-term memory is turned off ([memory] enabled = false)", file=sys.stderr)
+        return EXIT_PROBLEM
+    index = build_memory_index(loaded)
+    await index.open()
+    try:
+        action = args.memory_command
+        if action == "status":
+            status = await index.status()
+            if args.json:
+                print(json.dumps(status.to_dict(), indent=1, default=str))
+            else:
+                print(format_memory_status(status))
+            return EXIT_OK
+        if action == "index":
+            report = await index.sync(
+                reason="cli", force=args.force, progress=ProgressBar(sys.stderr, "indexing")
+            )
+            print(
+                f"{'rebuilt' if report.reindexed else 'synced'}: {report.files_seen} files seen, "
+                f"{report.files_indexed} indexed, {report.files_unchanged} unchanged, "
+                f"{report.files_deleted} removed; {report.chunks_written} chunks written, "
+                f"{report.embedded} embedded, {report.cache_hits} from cache "
+                f"({report.seconds:.1f} s)"
+            )
+            for error in report.errors:
+                print(f"  problem: {error}", file=sys.stderr)
+            return EXIT_PROBLEM if report.errors else EXIT_OK
+        if args.session:
+            scopes = [AGENT_SCOPE, scope_for_key(args.session, loaded.config.memory)]
+        elif args.all_scopes:
+            scopes = [AGENT_SCOPE, *await index.scopes()]
+        else:
+            scopes = args.scope or [AGENT_SCOPE]
+        result = await index.search(
+            args.query,
+            scopes=list(dict.fromkeys(scopes)),
+            max_results=args.max_results,
+            min_score=args.min_score,
+        )
+        if args.json:
+            print(json.dumps(result.to_dict(), ensure_ascii=False, indent=1))
+        else:
+            print(format_search(args.query, result))
+        return EXIT_OK
+    finally:
+        await index.close()
+
+
+async def bench_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    from gateway.locomo import LocomoError, embedder_settings, run_locomo
+
+    memory = loaded.config.memory
+    if args.embedder is not None:
+        memory = memory.model_copy(
+            update={"embedder": embedder_settings(args.embedder, memory.embedder)}
+        )
+    try:
+        summary = await run_locomo(
+            args.data, args.out, settings=memory, limit_conversations=args.conversations
+        )
+    except LocomoError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    print(json.dumps(summary))
+    return EXIT_OK
