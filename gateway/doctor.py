@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,7 +37,7 @@ async def run_doctor(loaded: LoadedConfig) -> list[Finding]:
     findings = [Finding("config", "ok", f"valid ({loaded.source})")]
     findings.append(await _check_state_db(loaded.state_db))
     findings += await asyncio.to_thread(_check_transcripts, loaded.sessions_dir)
-    findings.append(_check_sqlite_extensions())
+    findings.append(await _check_memory(loaded))
     findings.append(await _check_provider(loaded))
     return findings
 
@@ -90,17 +89,32 @@ def _check_transcripts(sessions_dir: Path) -> list[Finding]:
     return findings
 
 
-def _check_sqlite_extensions() -> Finding:
-    if hasattr(sqlite3.Connection, "enable_load_extension"):
-        return Finding("sqlite extensions", "ok", "the standard sqlite3 module can load extensions")
-    if importlib.util.find_spec("pysqlite3") is not None:
-        return Finding("sqlite extensions", "ok", "pysqlite3 (bundled SQLite) can load extensions")
-    return Finding(
-        "sqlite extensions",
-        "warning",
-        "this Python's sqlite3 cannot load extensions and no bundled driver is installed: "
-        "memory search would run keyword-only (FTS5)",
+async def _check_memory(loaded: LoadedConfig) -> Finding:
+    """Open memory.db as the gateway would and report what search can do."""
+    from core.errors import CoreError
+    from gateway.memory import build_memory_index
+
+    if not loaded.config.memory.enabled:
+        return Finding("memory", "ok", "long-term memory is turned off")
+    index = build_memory_index(loaded)
+    try:
+        await index.open()
+        status = await index.status()
+    except CoreError as exc:
+        return Finding("memory", "error", f"{index.db_path}: {exc}")
+    finally:
+        await index.close()
+    counts = status.counts
+    detail = (
+        f"{status.provider} {status.model or ''}".strip()
+        + f"; {counts.files} files, {counts.chunks} chunks; driver {status.driver['driver']}"
     )
+    if not status.vector_available:
+        reason = status.vector_error or status.fallback or "no embedder"
+        return Finding("memory", "warning", f"keyword-only search ({reason}); {detail}")
+    if status.fallback:
+        return Finding("memory", "warning", f"{status.fallback}; {detail}")
+    return Finding("memory", "ok", f"hybrid search ready; {detail}")
 
 
 async def _check_provider(loaded: LoadedConfig) -> Finding:

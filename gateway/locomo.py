@@ -90,6 +90,8 @@ def load_locomo(path: Path) -> list[Conversation]:
         raise LocomoError("expected a list of samples")
     out: list[Conversation] = []
     for sample in raw:
+        if not isinstance(sample, dict):
+            raise LocomoError(f"a sample is a {type(sample).__name__}, not an object")
         try:
             conv = sample["conversation"]
             item = Conversation(str(sample["sample_id"]), conv["speaker_a"], conv["speaker_b"])

@@ -98,6 +98,8 @@ def format_memory_status(status: MemoryStatus) -> str:
     lines.append(f"Dirty: {'yes — ' + preview if dirty else 'no'}")
     if status.reindexing:
         lines.append("Reindexing: yes (keyword search until it finishes)")
+    elif status.reindex_pending:
+        lines.append("Rebuild pending: the embedder, driver or chunking changed (next sync)")
     vector = (
         "ready" if status.vector_available else f"off — {status.vector_error or 'keyword-only'}"
     )

@@ -134,6 +134,7 @@ class MemoryStatus:
     counts: StoreCounts
     dirty_files: list[str]
     reindexing: bool
+    reindex_pending: bool  # what the rows depend on changed: the next sync rebuilds
     syncing: bool
     last_sync: dict[str, Any] | None
     embedder: dict[str, Any] | None
@@ -163,6 +164,7 @@ class MemoryStatus:
             "dirty": bool(self.dirty_files),
             "dirty_files": self.dirty_files,
             "reindexing": self.reindexing,
+            "reindex_pending": self.reindex_pending,
             "syncing": self.syncing,
             "last_sync": self.last_sync,
             "embedder": self.embedder,
@@ -753,6 +755,7 @@ class MemoryIndex:
             counts=counts,
             dirty_files=dirty,
             reindexing=self._reindexing,
+            reindex_pending=self._live_meta != self.wanted_meta(),
             syncing=self._sync_task is not None and not self._sync_task.done(),
             last_sync=self._last_sync.to_dict() if self._last_sync else None,
             embedder=embedder,

@@ -120,9 +120,11 @@ def memory_path(path: str, workspace: Path, extra_paths: Sequence[Path] = ()) ->
         return None
     root = workspace.resolve() if workspace.exists() else workspace.absolute()
     candidate = Path(path)
-    if ".." in candidate.parts or not path.lower().endswith(".md"):
+    if not path.lower().endswith(".md"):
         return None
     if not candidate.is_absolute():
+        if ".." in candidate.parts:
+            return None
         relative = candidate.as_posix()
         if relative in ROOT_MEMORY_FILES or (
             candidate.parts[:1] == ("memory",) and len(candidate.parts) > 1
@@ -130,8 +132,10 @@ def memory_path(path: str, workspace: Path, extra_paths: Sequence[Path] = ()) ->
             target = root / candidate
             return None if _has_symlink(root, target) else target
         candidate = root / candidate
+    candidate = Path(os.path.normpath(candidate))
     for extra in extra_paths:
-        extra = (extra if extra.is_absolute() else root / extra).absolute()
+        # Normalised as memory_files does, so what search cites is what get accepts.
+        extra = Path(os.path.normpath(extra if extra.is_absolute() else root / extra))
         if candidate == extra or (extra.is_dir() and candidate.is_relative_to(extra)):
             return None if _has_symlink(extra.parent, candidate) else candidate
     return None

@@ -245,7 +245,11 @@ class MemoryStore:
 
     @property
     def vector_dims(self) -> int | None:
-        """The width of ``chunks_vec``, or None when it does not exist (yet)."""
+        """The width of ``chunks_vec``, or None when it does not exist (yet), or when this
+        connection cannot load sqlite-vec (then the table, if an earlier driver made it,
+        cannot even be read; the index is rebuilt keyword-only)."""
+        if not self.info.vector_available:
+            return None
         if self._vec_dims is None:  # another connection may have created it since
             self._vec_dims = self._existing_vec_dims()
         return self._vec_dims
