@@ -11,8 +11,9 @@ Pipeline (runs on the store's thread; the query vector is computed before):
    their exact cosine too, so a chunk is never scored 0 on a side just for ranking low.
 3. Merge: ``score = wv·vector + wt·text`` (weights normalised), the vector similarity
    rescaled from the embedder's floor (e5 puts unrelated text near 0.7 cosine).
-4. Optional temporal decay, sort, optional MMR, the ``min_score`` filter (with
-   OpenClaw's relaxed re-filter of keyword hits when nothing passes), and transcript
+4. Optional temporal decay, sort, optional MMR, the ``min_score`` filter on the
+   undecayed relevance (decay reorders, it never hides an old memory; OpenClaw's
+   relaxed re-filter of keyword hits when nothing passes), and transcript
    chunks that mostly repeat turns already returned are dropped (they overlap).
 5. Snippets ≤ ``snippet_chars``: the chunk when it fits, else its best window of lines.
 """
@@ -121,7 +122,8 @@ class _Candidate:
     row: ChunkRow
     vector: float | None = None
     text: float | None = None
-    score: float = 0.0
+    relevance: float = 0.0  # what min_score is compared with
+    score: float = 0.0  # what ranks: relevance, decayed by age when decay is on
 
 
 @dataclass(slots=True)
@@ -212,7 +214,7 @@ def run_search(
             text_score = TEXT_OVERLAP_SHARE * overlap + (1 - TEXT_OVERLAP_SHARE) * keyword[chunk_id]
         cand = _Candidate(row, vector.get(chunk_id), text_score)
         vec = _rescale(cand.vector, params.similarity_floor) if cand.vector is not None else 0.0
-        cand.score = vw * vec + tw * (cand.text or 0.0)
+        cand.relevance = cand.score = vw * vec + tw * (cand.text or 0.0)
         if params.temporal_decay:
             age = chunk_age_days(
                 path=row.path,
@@ -229,10 +231,12 @@ def run_search(
         candidates = mmr_rerank(
             candidates, score=lambda c: c.score, text=lambda c: c.row.text, lam=params.mmr_lambda
         )
-    passing = [c for c in candidates if c.score >= params.min_score]
+    # Filtered on relevance, not on the decayed score: decay orders old memories after
+    # new ones but never hides them (a year-old fact would otherwise fall below any floor).
+    passing = [c for c in candidates if c.relevance >= params.min_score]
     if not passing and keyword:
         relaxed = min(params.min_score, tw)
-        passing = [c for c in candidates if c.text is not None and c.score >= relaxed]
+        passing = [c for c in candidates if c.text is not None and c.relevance >= relaxed]
     hits: list[SearchHit] = []
     covered: set[str] = set()
     for cand in passing:

@@ -334,6 +334,18 @@ async def test_temporal_decay_ranks_newer_memories_first(dated: Layout, decay: b
     assert [h.path for h in result.hits][-1] == "memory/2024-01-10.md"
 
 
+async def test_temporal_decay_never_hides_an_old_memory(dated: Layout) -> None:
+    # Default min_score: the 2024 note is almost three years old (decayed ~1e-10), but it
+    # is as relevant as the others, so it is ranked last, not dropped.
+    settings = quiet_settings(search=search_settings(temporal_decay=True))
+    async with open_index(dated, settings, None, now=lambda: NOW) as index:
+        result = await index.search("standup Tuesdays", scopes=SCOPES)
+
+    paths = [h.path for h in result.hits]
+    assert "memory/2024-01-10.md" in paths
+    assert paths[-1] == "memory/2024-01-10.md"
+
+
 # -- run_search on a bare store -----------------------------------------------------------------
 
 
