@@ -5,7 +5,10 @@ spy on the index's sync requests, and scripted tool calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +22,7 @@ from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usa
 from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
+from gateway.logs import ROOT_LOGGER
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 
@@ -116,3 +120,21 @@ def search_payload(result: ToolResultBlock) -> dict[str, Any]:
     payload = json.loads(result.content)
     assert isinstance(payload, dict)
     return payload
+
+
+@contextlib.contextmanager
+def restored_logging() -> Iterator[None]:
+    """main() configures the ``parley`` logger tree; put it back for the other tests."""
+    logger = logging.getLogger(ROOT_LOGGER)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        yield
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            if handler not in saved[0]:
+                handler.close()
+        for handler in saved[0]:
+            logger.addHandler(handler)
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]

@@ -6,7 +6,6 @@ category-5 item): parsing, transcripts, scoring under a budget, and a whole run 
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -31,7 +30,7 @@ from gateway.locomo import (
     run_locomo,
     write_transcripts,
 )
-from gateway.logs import ROOT_LOGGER
+from tests.gateway.memory_helpers import restored_logging
 
 S1_SESSION_1 = [
     ("Marisol", "D1:1", "I adopted a tortoise named Gribble last weekend."),
@@ -130,18 +129,8 @@ def data_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def keep_logging() -> Iterator[None]:
-    """main() configures the ``parley`` logger tree; put it back for the other tests."""
-    logger = logging.getLogger(ROOT_LOGGER)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        if handler not in saved[0]:
-            handler.close()
-    for handler in saved[0]:
-        logger.addHandler(handler)
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
+    with restored_logging():
+        yield
 
 
 def collapse(text: str) -> str:

@@ -6,7 +6,6 @@ without a recorded scope). The real default embedder (e5) and memory.db."""
 from __future__ import annotations
 
 import json
-import logging
 import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,8 +19,8 @@ from core.messages import Message, TextBlock
 from core.prompt import render_turn_context
 from core.transcript import Transcript
 from gateway.cli import main
-from gateway.logs import ROOT_LOGGER
 from gateway.memory import scope_for_key
+from tests.gateway.memory_helpers import restored_logging
 
 ALICE_KEY = "agent:main:test:direct:alice"
 BOB_KEY = "agent:main:test:direct:bob"
@@ -36,18 +35,8 @@ STATUS_FIELDS = {
 
 @pytest.fixture(autouse=True)
 def keep_logging() -> Iterator[None]:
-    """main() configures the ``parley`` logger tree; put it back for the other tests."""
-    logger = logging.getLogger(ROOT_LOGGER)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        if handler not in saved[0]:
-            handler.close()
-    for handler in saved[0]:
-        logger.addHandler(handler)
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
+    with restored_logging():
+        yield
 
 
 def write_dm(
