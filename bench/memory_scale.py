@@ -34,9 +34,10 @@ What runs is parley's own code end to end; only the embedding model is replaced:
   32 candidates, hybrid), embedding lookup and thread hop included.
 - Raw KNN: the same query vectors against the same ``chunks_vec`` on a second connection:
   ``SELECT rowid, distance FROM chunks_vec WHERE embedding MATCH ? AND k = ? AND scope IN
-  (...)`` with k = the search's candidate count (sqlite-vec 0.1.9 answers k rows per
-  partition for an ``IN``, so both return up to 2k rows). Searches and raw queries
-  alternate (order flipped every query) so both see the same cache state and noise.
+  (...)`` with k = the search's candidate count (sqlite-vec 0.1.9 runs the KNN once per
+  scope of the ``IN`` list and answers up to k rows for each; ``vector_hits`` keeps the k
+  nearest, the scan is the same). Searches and raw queries alternate (order flipped
+  every query) so both see the same cache state and machine noise.
 - Stages (``stage_ms``): the ``MemoryStore`` primitives run_search calls (keyword_hits,
   vector_hits, vectors_for, chunks_by_id) and ``run_search`` itself are wrapped with
   timers (a few microseconds each); ``other`` is the search's wall time minus the four

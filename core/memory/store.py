@@ -457,9 +457,12 @@ class MemoryStore:
         if table not in ("chunks_fts", "chunks_cjk"):
             raise ValueError(f"not a keyword table: {table}")
         marks = ",".join("?" * len(scopes))
+        # CROSS JOIN pins the full-text table as the outer loop: with a plain JOIN the
+        # planner walked the scope index and re-ran the MATCH once per chunk (3.9 s p50 at
+        # 100,000 chunks; bench/memory_scale.py).
         rows = self._conn.execute(
             f"SELECT f.rowid, bm25({table}) AS rank FROM {table} AS f"
-            f" JOIN chunks AS c ON c.id = f.rowid"
+            f" CROSS JOIN chunks AS c ON c.id = f.rowid"
             f" WHERE {table} MATCH ? AND c.scope IN ({marks}) ORDER BY rank LIMIT ?",
             (match, *scopes, limit),
         ).fetchall()
@@ -485,12 +488,13 @@ class MemoryStore:
         if self.vector_dims is None or not ids:
             return {}
         found: dict[int, np.ndarray] = {}
-        for batch in _chunked(list(ids)):
-            marks = ",".join("?" * len(batch))
-            rows = self._conn.execute(
-                f"SELECT rowid, embedding FROM chunks_vec WHERE rowid IN ({marks})", batch
-            )
-            found.update((int(i), blob_vector(b)) for i, b in rows)
+        # One point lookup per id: vec0 answers ``rowid IN (...)`` with a full scan.
+        for chunk_id in dict.fromkeys(ids):
+            row = self._conn.execute(
+                "SELECT embedding FROM chunks_vec WHERE rowid = ?", (chunk_id,)
+            ).fetchone()
+            if row is not None:
+                found[int(chunk_id)] = blob_vector(row[0])
         return found
 
     def chunks_by_id(self, ids: Sequence[int]) -> dict[int, ChunkRow]:
