@@ -33,6 +33,7 @@ from typing import Any
 
 from core.memory.embedders import EmbedderSettings, build_embedder
 from core.memory.index import MemoryIndex
+from core.memory.query import quote_fts
 from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock
 from core.prompt import render_turn_context
@@ -235,7 +236,7 @@ class Bm25Baseline:
         words = _WORD.findall(question.lower())
         if not words:
             return []
-        match = " OR ".join('"' + w.replace('"', '""') + '"' for w in dict.fromkeys(words))
+        match = " OR ".join(quote_fts(w) for w in dict.fromkeys(words))
         rows = self._db.execute(
             "SELECT text, dia FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT ?", (match, limit)
         ).fetchall()

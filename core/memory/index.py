@@ -429,7 +429,9 @@ class MemoryIndex:
             report.files_unchanged += 1
             return
         chunks, scope = await asyncio.to_thread(self._chunk, source, data)
-        vectors, pending = await self._vectors(store, meta, [c.text for c in chunks], report)
+        vectors, pending = await self._vectors(
+            store, meta, [(c.hash, c.text) for c in chunks], report
+        )
         file = FileRow(source.path, source.source, scope, digest, mtime, size, len(chunks), pending)
         await self._w(store.replace_file, file, chunks, vectors)
         report.files_indexed += 1
@@ -466,12 +468,18 @@ class MemoryIndex:
         return chunks, scope
 
     async def _vectors(
-        self, store: MemoryStore, meta: IndexMeta, texts: Sequence[str], report: SyncReport
+        self,
+        store: MemoryStore,
+        meta: IndexMeta,
+        items: Sequence[tuple[str, str]],
+        report: SyncReport,
     ) -> tuple[np.ndarray | None, bool]:
-        """(vectors row for row, vectors_pending): None and True when the embedder failed."""
-        if meta.embedder == "none" or self.embedder is None or not texts:
+        """Vectors row for row of ``items`` ((content hash, text) pairs: the chunker's
+        sha256 is the cache key), and vectors_pending: None and True when the embedder
+        failed."""
+        if meta.embedder == "none" or self.embedder is None or not items:
             return None, False
-        hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
+        hashes = [h for h, _ in items]
         key = (meta.embedder, meta.model, meta.provider_key)
         dims = meta.dimensions
         cached = await self._w(store.cached_vectors, *key, hashes, dims)
@@ -483,14 +491,13 @@ class MemoryIndex:
         report.cache_hits += sum(1 for h in hashes if h in cached)
         missing = list(dict.fromkeys(h for h in hashes if h not in cached))
         if missing:
-            by_hash = dict(zip(hashes, texts, strict=True))
+            by_hash = dict(items)
             try:
                 result = await self.embedder.embed([by_hash[h] for h in missing], kind="passage")
             except EmbedderError as exc:
                 report.errors.append(f"embedding failed, keyword-only for now: {exc}")
                 return None, True
-            made_by = result.embedder
-            if (made_by.provider, made_by.model, made_by.provider_key) != key:
+            if not _made_by(result.embedder, meta):
                 # A fallback model answered: its vectors cannot share a table with these.
                 return None, True
             fresh = list(zip(missing, result.vectors, strict=True))
@@ -506,7 +513,9 @@ class MemoryIndex:
         self, store: MemoryStore, meta: IndexMeta, row: FileRow, report: SyncReport
     ) -> None:
         existing = await self._w(store.chunk_texts, row.path)
-        vectors, pending = await self._vectors(store, meta, [t for _, _, t in existing], report)
+        vectors, pending = await self._vectors(
+            store, meta, [(h, t) for _, h, t in existing], report
+        )
         if vectors is not None and not pending:
             items = [(chunk_id, vectors[i]) for i, (chunk_id, _, _) in enumerate(existing)]
             await self._w(store.add_vectors, row.path, row.scope, items)
@@ -641,13 +650,12 @@ class MemoryIndex:
         else:
             try:
                 result = await self.embedder.embed([query], kind="query")
-                made_by = result.embedder
-                if (made_by.provider, made_by.model, made_by.provider_key) == (
-                    meta.embedder, meta.model, meta.provider_key,
-                ):  # fmt: skip
+                if _made_by(result.embedder, meta):
                     query_vector = result.vectors[0]
                 else:
-                    fallback = f"{meta.embedder} unavailable; {made_by.provider} cannot search it"
+                    fallback = (
+                        f"{meta.embedder} unavailable; {result.embedder.provider} cannot search it"
+                    )
             except EmbedderError as exc:
                 fallback = f"embedder failed, keyword-only: {exc}"
         params = SearchParams.from_settings(
@@ -783,6 +791,15 @@ class MemoryIndex:
             return out
 
         return await asyncio.to_thread(changed)
+
+
+def _made_by(embedder: Embedder, meta: IndexMeta) -> bool:
+    """Did the model the index was built with make these vectors (not a fallback)?"""
+    return (embedder.provider, embedder.model, embedder.provider_key) == (
+        meta.embedder,
+        meta.model,
+        meta.provider_key,
+    )
 
 
 def _read_prefix(path: Path, limit: int) -> bytes:
