@@ -9,16 +9,27 @@ ChannelError
 ├── DeliveryError          the platform refused or failed a send
 │   └── RecipientBlocked   the user blocked the bot; do not retry
 └── ChannelStartError      the adapter could not start
+
+Who may talk to the bot is the gateway's decision, made with the ``ChatPolicy`` the
+adapter resolves from its own config (``Channel.policy``): the adapter knows its
+platform's group, guild and channel ids, the gateway owns pairing state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
+from aiohttp import web
+
 ChatType = Literal["direct", "group", "thread"]
+# Who may open a direct conversation: anyone, listed user ids, or people an operator
+# approved with a pairing code.
+DmPolicy = Literal["open", "allowlist", "pairing"]
+# When the bot answers in a group: only when mentioned or replied to, or always.
+Activation = Literal["mention", "always"]
 
 
 class ChannelError(Exception):
@@ -26,9 +37,15 @@ class ChannelError(Exception):
 
 
 class DeliveryError(ChannelError):
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    """A send failed. ``delivered`` holds the ids of parts that did go out before it
+    (a long reply is several messages): resending would duplicate them."""
+
+    def __init__(
+        self, message: str, *, retryable: bool = False, delivered: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.delivered = delivered
 
 
 class RecipientBlocked(DeliveryError):
@@ -52,10 +69,14 @@ class InboundMessage:
     text: str
     message_id: str  # unique per (channel, account); the inbox dedupes on it
     timestamp: datetime
+    # Mentioned, replied to, or sent a bare "/cmd" (not "/cmd@other_bot"): the group
+    # activation rule "mention" answers only these.
     mentions_bot: bool = False
     thread_id: str | None = None
-    reply_to_text: str | None = None
+    reply_to_text: str | None = None  # the replied-to (or quoted) text, for context
+    guild_id: str | None = None  # Discord: the guild a channel belongs to (for its rules)
     automated: bool = False  # heartbeats, cron events: never reset a session
+    edited: bool = False  # an edit of an earlier message, delivered under the edit rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +106,38 @@ class ChannelCapabilities:
     markdown: bool = False
     typing_indicator: bool = False
     threads: bool = False
+    # How often the typing indicator must be refreshed to stay visible (Telegram shows
+    # it for 5 s, Discord for 10 s); None: it does not expire.
+    typing_refresh_seconds: float | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ChatPolicy:
+    """What the adapter's config says about one conversation; the gateway enforces it."""
+
+    activation: Activation = "always"
+    dm_policy: DmPolicy = "open"
+    allow_from: frozenset[str] = frozenset()  # user ids, lowercased
+
+
+OPEN_POLICY = ChatPolicy()
+
+
 InboundHandler = Callable[[InboundMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRoute:
+    """An HTTP endpoint an adapter needs on the gateway's server (Telegram webhooks).
+
+    The handler must answer 2xx only after the inbound handler returned: the platform
+    then stops redelivering, so the message has to be durable by then.
+    """
+
+    method: str
+    path: str
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @runtime_checkable
@@ -107,5 +156,13 @@ class Channel(Protocol):
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         """Deliver a reply or raise ``DeliveryError``."""
 
-    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+    async def typing(
+        self, chat_id: str, thread_id: str | None = None, account: str = "default"
+    ) -> None:
         """Show that a reply is being prepared (best effort)."""
+
+    def policy(self, message: InboundMessage) -> ChatPolicy:
+        """The access and activation rules that apply to this message."""
+
+    def webhook_routes(self) -> Sequence[WebhookRoute]:
+        """Endpoints to mount on the gateway's HTTP server (none for most adapters)."""

@@ -1,12 +1,48 @@
-"""Config models owned by the channel adapters (the ``[channels]`` section)."""
+"""Config models owned by the channel adapters (the ``[channels]`` section).
+
+Telegram and Discord each take one or more bot accounts (``accounts.<id>``); a channel
+is on when ``enabled = true``, or when ``enabled`` is left unset and an account has a
+token. Access rules (``dm_policy``, ``allow_from``) can be set for the channel and
+overridden per account; group rules (``activation``) for the channel, per group and,
+on Discord, per guild and per channel.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from channels.base import Activation, ChatPolicy, DmPolicy
+
+EditRule = Literal["ignore", "answer"]
+TelegramMode = Literal["polling", "webhook"]
+
+_ACCOUNT_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+# Telegram's rule for setWebhook's secret_token.
+_WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
+_TELEGRAM_TOKEN_RE = re.compile(r"\d+:[A-Za-z0-9_-]+")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _normalise_ids(ids: list[str]) -> list[str]:
+    cleaned = [str(i).strip().lower() for i in ids]
+    if any(not i for i in cleaned):
+        raise ValueError("ids must not be empty")
+    return cleaned
+
+
+def _check_account_ids(accounts: dict[str, object]) -> None:
+    for account in accounts:
+        if not _ACCOUNT_ID_RE.fullmatch(account):
+            raise ValueError(
+                f"account id {account!r} must be 1-64 of a-z 0-9 _ - (starting with a letter"
+                " or digit)"
+            )
 
 
 class TerminalConfig(_Strict):
@@ -18,9 +54,210 @@ class TerminalConfig(_Strict):
     max_input_chars: int = Field(32_000, ge=1, le=1_000_000, description="longer lines are refused")
 
 
+class GroupRule(_Strict):
+    activation: Activation | None = Field(None, description="mention | always; unset: inherit")
+
+
+class _AccountAccess(_Strict):
+    enabled: bool = True
+    dm_policy: DmPolicy | None = Field(None, description="unset: the channel's dm_policy")
+    allow_from: list[str] | None = Field(None, description="unset: the channel's allow_from")
+
+    @field_validator("allow_from")
+    @classmethod
+    def _ids(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _normalise_ids(value)
+
+
+class _ChannelAccess(_Strict):
+    enabled: bool | None = Field(None, description="unset: on when an account has a token")
+    dm_policy: DmPolicy = Field("pairing", description="open | allowlist | pairing")
+    allow_from: list[str] = Field(
+        default_factory=list,
+        description="user ids always allowed in direct messages (the allowlist)",
+    )
+    edited_messages: EditRule = Field(
+        "ignore",
+        description="ignore: an edit is not answered; answer: an edit is answered as a new"
+        " message marked (edited)",
+    )
+
+    @field_validator("allow_from")
+    @classmethod
+    def _ids(cls, value: list[str]) -> list[str]:
+        return _normalise_ids(value)
+
+    def _direct_policy(self, account: _AccountAccess | None) -> ChatPolicy:
+        dm = (account.dm_policy if account else None) or self.dm_policy
+        allowed = account.allow_from if account and account.allow_from is not None else None
+        return ChatPolicy(
+            activation="always",
+            dm_policy=dm,
+            allow_from=frozenset(self.allow_from if allowed is None else allowed),
+        )
+
+
+class TelegramAccountConfig(_AccountAccess):
+    token: SecretStr = Field(description="the bot token from @BotFather")
+    api_base_url: str = Field(
+        "https://api.telegram.org",
+        description="the Bot API server (a self-hosted telegram-bot-api, or a test fake)",
+    )
+    webhook_url: str | None = Field(
+        None, description="webhook mode: the public https URL Telegram posts updates to"
+    )
+    webhook_secret: SecretStr | None = Field(
+        None, description="webhook mode: checked against X-Telegram-Bot-Api-Secret-Token"
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr) -> SecretStr:
+        if not _TELEGRAM_TOKEN_RE.fullmatch(value.get_secret_value().strip()):
+            raise ValueError("a Telegram bot token looks like 123456:ABC-DEF... (from @BotFather)")
+        return value
+
+    @field_validator("api_base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("api_base_url must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not _WEBHOOK_SECRET_RE.fullmatch(value.get_secret_value()):
+            raise ValueError("webhook_secret must be 1-256 of A-Z a-z 0-9 _ -")
+        return value
+
+
+class TelegramConfig(_ChannelAccess):
+    mode: TelegramMode = Field("polling", description="polling | webhook")
+    poll_timeout_seconds: int = Field(30, ge=0, le=50, description="getUpdates long-poll wait")
+    group_activation: Activation = Field(
+        "mention", description="in groups: answer when mentioned or replied to, or always"
+    )
+    groups: dict[str, GroupRule] = Field(
+        default_factory=dict, description='per-group rules, by chat id ("-100123...")'
+    )
+    reply_in_groups: bool = Field(True, description="replies quote the message they answer")
+    max_retry_after_seconds: float = Field(
+        30.0, ge=0, le=3600, description="flood control longer than this fails the send"
+    )
+    accounts: dict[str, TelegramAccountConfig] = Field(default_factory=dict)
+
+    @field_validator("accounts")
+    @classmethod
+    def _accounts(cls, value: dict[str, TelegramAccountConfig]) -> dict[str, TelegramAccountConfig]:
+        _check_account_ids(value)
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_needs(self) -> TelegramConfig:
+        if self.mode != "webhook":
+            return self
+        for name, account in self.accounts.items():
+            if account.enabled and (not account.webhook_url or account.webhook_secret is None):
+                raise ValueError(
+                    f"mode = 'webhook' needs accounts.{name}.webhook_url and webhook_secret"
+                )
+        return self
+
+    def is_on(self) -> bool:
+        if self.enabled is not None:
+            return self.enabled
+        return any(a.enabled for a in self.accounts.values())
+
+    def policy(self, account: str, chat_type: str, chat_id: str) -> ChatPolicy:
+        if chat_type == "direct":
+            return self._direct_policy(self.accounts.get(account))
+        rule = self.groups.get(chat_id)
+        activation = (rule.activation if rule else None) or self.group_activation
+        return ChatPolicy(activation=activation)
+
+
+class DiscordChannelRule(_Strict):
+    activation: Activation | None = Field(None, description="mention | always; unset: inherit")
+
+
+class DiscordGuildConfig(_Strict):
+    activation: Activation | None = Field(None, description="unset: the channel default")
+    channels: dict[str, DiscordChannelRule] = Field(
+        default_factory=dict, description="per-channel rules, by channel id"
+    )
+
+
+class DiscordAccountConfig(_AccountAccess):
+    token: SecretStr = Field(description="the bot token from the Developer Portal")
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value().strip()
+        if not token or any(c.isspace() for c in token):
+            raise ValueError("a Discord bot token is one word (Developer Portal → Bot → Token)")
+        return value
+
+
+class DiscordConfig(_ChannelAccess):
+    guild_activation: Activation = Field(
+        "mention", description="in guilds: answer when mentioned or replied to, or always"
+    )
+    guilds: dict[str, DiscordGuildConfig] = Field(
+        default_factory=dict, description="per-guild rules (and per-channel), by guild id"
+    )
+    allow_bots: bool = Field(False, description="answer messages from other bots")
+    # Process-wide: discord.py keeps both in class attributes.
+    api_base_url: str = Field(
+        "https://discord.com/api/v10", description="the REST API (a proxy or a test fake)"
+    )
+    gateway_url: str = Field(
+        "wss://gateway.discord.gg/", description="the gateway websocket (a proxy or a test fake)"
+    )
+    accounts: dict[str, DiscordAccountConfig] = Field(default_factory=dict)
+
+    @field_validator("accounts")
+    @classmethod
+    def _accounts(cls, value: dict[str, DiscordAccountConfig]) -> dict[str, DiscordAccountConfig]:
+        _check_account_ids(value)
+        return value
+
+    def is_on(self) -> bool:
+        if self.enabled is not None:
+            return self.enabled
+        return any(a.enabled for a in self.accounts.values())
+
+    def policy(
+        self,
+        account: str,
+        chat_type: str,
+        *,
+        guild_id: str | None = None,
+        channel_id: str | None = None,
+        parent_id: str | None = None,
+    ) -> ChatPolicy:
+        """``parent_id``: a thread's channel, whose rule the thread inherits."""
+        if chat_type == "direct":
+            return self._direct_policy(self.accounts.get(account))
+        activation: Activation = self.guild_activation
+        guild = self.guilds.get(guild_id or "")
+        if guild is not None:
+            activation = guild.activation or activation
+            for cid in (parent_id, channel_id):
+                rule = guild.channels.get(cid or "")
+                if rule is not None and rule.activation is not None:
+                    activation = rule.activation
+        return ChatPolicy(activation=activation)
+
+
 class ChannelsConfig(_Strict):
     terminal: TerminalConfig = TerminalConfig()
+    telegram: TelegramConfig = TelegramConfig()
+    discord: DiscordConfig = DiscordConfig()
 
     def configured(self) -> list[str]:
         """Names of the channels the operator turned on."""
-        return [name for name in ("terminal",) if getattr(self, name).enabled]
+        names = ["terminal"] if self.terminal.enabled else []
+        names += [name for name in ("telegram", "discord") if getattr(self, name).is_on()]
+        return names

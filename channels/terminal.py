@@ -18,12 +18,15 @@ from datetime import UTC, datetime
 from typing import TextIO
 
 from channels.base import (
+    OPEN_POLICY,
     ChannelCapabilities,
     ChannelStartError,
+    ChatPolicy,
     DeliveryResult,
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    WebhookRoute,
 )
 from channels.config import TerminalConfig
 
@@ -73,13 +76,21 @@ class TerminalChannel:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def policy(self, message: InboundMessage) -> ChatPolicy:
+        return OPEN_POLICY
+
+    def webhook_routes(self) -> list[WebhookRoute]:
+        return []
+
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         body = message.text.replace("\n", "\n" + " " * len(REPLY_PREFIX))
         self._write(f"{REPLY_PREFIX}{body}\n")
         self._prompt()
         return DeliveryResult((f"terminal-out-{next(self._sent)}",), 1, datetime.now(UTC))
 
-    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+    async def typing(
+        self, chat_id: str, thread_id: str | None = None, account: str = "default"
+    ) -> None:
         return None
 
     async def _read_loop(self) -> None:

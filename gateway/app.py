@@ -1,6 +1,7 @@
 """The gateway: lifecycle and the path of one message.
 
-channel → ``handle_inbound``: record in the durable inbox (dedupe) → answer /status
+channel → ``handle_inbound``: access and group activation (``gateway.access``) →
+record in the durable inbox (dedupe) → answer /status
 and /help at once → resolve the session key → hand the message to the session's
 lane. The lane runs ``_run_lane`` one batch at a time per session: reset check (or
 /new), open the transcript, run the turn in ``core``, store the reply in the inbox,
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from zoneinfo import ZoneInfo
 
 from channels.base import (
     Channel,
+    ChannelError,
     DeliveryError,
     InboundMessage,
     OutboundMessage,
@@ -40,6 +42,7 @@ from core.runner import Runner, TurnRequest
 from core.tools.builtin import default_registry
 from core.tools.memory import memory_tools
 from core.transcript import Transcript
+from gateway.access import AccessGate
 from gateway.commands import (
     HELP_TEXT,
     MEMORY_USAGE,
@@ -49,6 +52,8 @@ from gateway.commands import (
 )
 from gateway.config import LoadedConfig
 from gateway.db import Database
+from gateway.errors import ChannelFailure
+from gateway.http_server import HttpServer
 from gateway.inbox import Inbox, InboxItem
 from gateway.lanes import LaneManager
 from gateway.memory import (
@@ -58,6 +63,7 @@ from gateway.memory import (
     scope_for_key,
     search_scopes,
 )
+from gateway.pairing import PairingStore
 from gateway.providers import build_provider
 from gateway.registry import SessionOrigin, SessionRecord, SessionRegistry, utcnow
 from gateway.resets import (
@@ -118,6 +124,12 @@ class Gateway:
         self.db = Database(loaded.state_db, fsync=self.config.storage.fsync)
         self.registry = SessionRegistry(self.db)
         self.inbox = Inbox(self.db)
+        self.pairing = PairingStore(self.db, now=clock)
+        self.access = AccessGate(self.pairing)
+        routes = [r for c in channels for r in c.webhook_routes()]
+        http = self.config.http
+        serve_http = http.enabled if http.enabled is not None else bool(routes)
+        self.http: HttpServer | None = HttpServer(http, routes) if serve_http else None
         self.lanes: LaneManager[LaneItem] = LaneManager(self.config.lanes, self._run_lane)
         self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
         self._ready = asyncio.Event()
@@ -209,8 +221,13 @@ class Gateway:
             engine=self.engine,
         )
         await self.lanes.start()
+        if self.http is not None:
+            await self.http.start()  # before the channels: a webhook must be reachable
         for channel in self.channels.values():
-            await channel.start(self.handle_inbound)
+            try:
+                await channel.start(self.handle_inbound)
+            except ChannelError as exc:
+                raise ChannelFailure(f"the {channel.name} channel did not start: {exc}") from exc
         await self._recover()
         self._ready.set()
         log.info(
@@ -230,6 +247,8 @@ class Gateway:
                 await channel.stop()
             except Exception:
                 log.exception("stopping channel %s failed", channel.name)
+        if self.http is not None:
+            await self.http.stop()
         report = await self.lanes.stop(drain=True, timeout=STOP_DRAIN_SECONDS)
         if report.unfinished:
             log.warning(
@@ -257,7 +276,14 @@ class Gateway:
     # -- inbound ----------------------------------------------------------------------
 
     async def handle_inbound(self, message: InboundMessage) -> None:
-        """The channels' entry point: durable first, then routed."""
+        """The channels' entry point: admitted, durable, then routed."""
+        channel = self.channels.get(message.channel)
+        if channel is not None:
+            admission = await self.access.admit(channel, message)
+            if not admission.allowed:
+                if admission.notice is not None:
+                    await self._notify(channel, message, admission.notice)
+                return
         recorded = await self.inbox.record(message)
         if not recorded.is_new:
             log.info(
@@ -297,6 +323,22 @@ class Gateway:
         submitted = await self.lanes.submit(route.key, item)
         if not submitted.accepted:
             await self._deliver([item_id], message, None, BUSY_TEXT, final_status="rejected")
+
+    async def _notify(self, channel: Channel, message: InboundMessage, text: str) -> None:
+        """A reply outside any session (a pairing code): sent once, not stored."""
+        outbound = OutboundMessage(
+            channel=message.channel,
+            account=message.account,
+            chat_id=message.chat_id,
+            text=text,
+            thread_id=message.thread_id,
+        )
+        try:
+            await channel.send(outbound)
+        except ChannelError as exc:
+            log.warning("notice to %s %s failed: %s", message.channel, message.sender_id, exc)
+            return
+        await self.pairing.mark_notified(message.channel, message.sender_id)
 
     def _route(self, message: InboundMessage) -> SessionRoute:
         return resolve_session_key(
@@ -420,7 +462,7 @@ class Gateway:
                 text = first.reset_text
             else:
                 record = await self._session_for(key, first)
-                text = "\n\n".join(i.message.text for i in items)
+                text = "\n\n".join(_turn_text(i.message) for i in items)
             reply = await self._turn(record, items, text)
             await self._deliver(ids, last.message, record, reply)
         except Exception:
@@ -581,10 +623,6 @@ class Gateway:
             if reply is not None:
                 return reply  # answered before the crash, not yet delivered
             resume = done
-        channel = self.channels.get(message.channel)
-        if channel is not None:
-            with contextlib.suppress(Exception):
-                await channel.typing(message.chat_id, message.thread_id)
         attempts = 1
 
         def on_retry(attempt: int, exc: ProviderError, delay: float) -> None:
@@ -610,7 +648,8 @@ class Gateway:
         )
         entries_before = transcript.entry_count
         try:
-            result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
+            async with self._typing(message):
+                result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
         except (ProviderError, ContextError) as exc:
             await self.registry.record_entries(
                 record.session_id, transcript.entry_count, _last_id(transcript)
@@ -633,6 +672,19 @@ class Gateway:
             now=self.clock(),
         )
         return result.reply or EMPTY_REPLY_TEXT
+
+    @contextlib.asynccontextmanager
+    async def _typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Keep the platform's typing indicator on while the agent works."""
+        channel = self.channels.get(message.channel)
+        task = asyncio.create_task(_keep_typing(channel, message)) if channel else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # -- delivery ---------------------------------------------------------------------
 
@@ -664,16 +716,20 @@ class Gateway:
         )
         error: str | None = None
         result = None
+        partial: tuple[str, ...] = ()
         for attempt in range(DELIVERY_ATTEMPTS):
             try:
                 result = await channel.send(outbound)
                 break
             except RecipientBlocked as exc:
                 error = f"recipient blocked the bot: {exc}"
+                partial = exc.delivered
                 break
             except DeliveryError as exc:
                 error = str(exc)
-                if not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
+                partial = exc.delivered
+                # Parts already out would be sent twice: only a clean failure is retried.
+                if partial or not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
                     break
                 await asyncio.sleep(DELIVERY_BACKOFF_SECONDS[min(attempt, 1)])
         route = {
@@ -694,8 +750,8 @@ class Gateway:
         delivery = {
             "inbox_ids": ids,
             "ok": result is not None,
-            "platform_message_ids": list(result.platform_message_ids) if result else [],
-            "parts": result.parts if result else 0,
+            "platform_message_ids": list(result.platform_message_ids if result else partial),
+            "parts": result.parts if result else len(partial),
             "error": error,
             **route,
         }
@@ -708,6 +764,28 @@ class Gateway:
             entry_count=transcript.entry_count,
             last_entry_id=_last_id(transcript),
         )
+
+
+async def _keep_typing(channel: Channel, message: InboundMessage) -> None:
+    refresh = channel.capabilities.typing_refresh_seconds
+    while True:
+        try:
+            await channel.typing(message.chat_id, message.thread_id, message.account)
+        except Exception as exc:  # best effort: a typing failure never fails a turn
+            log.debug("typing indicator on %s failed: %s", message.channel, exc)
+        if refresh is None:
+            return
+        await asyncio.sleep(refresh)
+
+
+def _turn_text(message: InboundMessage) -> str:
+    """The user turn as the model sees it: who spoke in a group, and what they answer."""
+    text = message.text
+    if message.chat_type != "direct":
+        text = f"{message.sender_name}: {text}"
+    if message.reply_to_text:
+        text = f"[in reply to {message.reply_to_text}]\n{text}"
+    return text
 
 
 def _last_id(transcript: Transcript) -> str | None:

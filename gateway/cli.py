@@ -19,7 +19,10 @@ from gateway.errors import ConfigFileError, GatewayError
 from gateway.memory_cli import add_memory_commands, bench_command, memory_command
 
 if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
+    from datetime import datetime
+
     from core.transcript import Entry
+    from gateway.pairing import PairingRequest
     from gateway.registry import SessionRecord
 
 EXIT_OK = 0
@@ -79,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("key", help="a session key or session id")
     show.add_argument("--entries", type=int, default=20, help="how many recent entries to print")
     sub.add_parser("doctor", parents=[common], help="check config, state, transcripts, provider")
+    pairing = sub.add_parser(
+        "pairing", parents=[common], help="let people in who wrote under dm_policy = pairing"
+    )
+    pairing_sub = pairing.add_subparsers(dest="pairing_command", required=True, metavar="ACTION")
+    pairing_list = pairing_sub.add_parser("list", parents=[common], help="requests and approvals")
+    pairing_list.add_argument("--status", choices=["pending", "approved", "denied"])
+    for action, text in (("approve", "let this person in"), ("deny", "ignore this person")):
+        decide = pairing_sub.add_parser(action, parents=[common], help=text)
+        decide.add_argument("code", help="the code the person was given, e.g. ABCD-EFGH")
+    revoke = pairing_sub.add_parser("revoke", parents=[common], help="forget an approval or denial")
+    revoke.add_argument("channel", help="telegram, discord, ...")
+    revoke.add_argument("sender_id", help="the person's user id on that channel")
     add_memory_commands(sub, common)
     return parser
 
@@ -101,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_sessions(loaded, args))
         if command == "doctor":
             return asyncio.run(_doctor(loaded))
+        if command == "pairing":
+            return asyncio.run(_pairing(loaded, args))
         if command == "memory":
             return asyncio.run(memory_command(loaded, args))
         if command == "bench":
@@ -141,8 +158,8 @@ def _logging(loaded: LoadedConfig, args: argparse.Namespace, *, chat: bool) -> N
 
 
 async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
-    from channels.terminal import TerminalChannel
     from gateway.app import Gateway
+    from gateway.channel_factory import build_channels
     from gateway.providers import build_provider
 
     config = loaded.config
@@ -152,12 +169,10 @@ async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    configured = config.channels.configured()
-    use_terminal = terminal_only or not configured or "terminal" in configured
     provider, banner = build_provider(config.providers)
-    channels = []
-    if use_terminal:
-        channels.append(TerminalChannel(config.channels.terminal, banner=banner, on_close=eof.set))
+    channels = build_channels(
+        config.channels, terminal_only=terminal_only, banner=banner, on_terminal_close=eof.set
+    )
     gateway = Gateway(loaded, channels=channels, provider=provider, banner=banner)
     try:
         await gateway.start()
@@ -215,8 +230,10 @@ def _sessions_table(records: Sequence[SessionRecord]) -> str:
                 r.session_id[:12],
             )
         )
-    if len(rows) == 1:
-        return "no sessions"
+    return _table(rows) if len(rows) > 1 else "no sessions"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
@@ -275,6 +292,37 @@ def _entry_line(entry: Entry) -> str:
     if entry.type == "custom":
         return f"{'custom':<11} {entry.payload.get('custom_type')}"
     return f"{entry.type:<11}"
+
+
+async def _pairing(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    from gateway.db import Database
+    from gateway.pairing import PairingStore
+
+    async with Database(loaded.state_db) as db:
+        store = PairingStore(db)
+        action = args.pairing_command
+        if action == "list":
+            requests = await store.list(args.status)
+            print(_pairing_table(requests, store.now()))
+            return EXIT_OK
+        if action == "revoke":
+            found = await store.revoke(args.channel, args.sender_id)
+            print("revoked" if found else f"nothing to revoke for {args.channel} {args.sender_id}")
+            return EXIT_OK if found else EXIT_PROBLEM
+        decide = store.approve if action == "approve" else store.deny
+        request = await decide(args.code)
+        who = request.sender_name or request.sender_id
+        print(f"{request.status}: {who} ({request.channel} user {request.sender_id})")
+        return EXIT_OK
+
+
+def _pairing_table(requests: Sequence[PairingRequest], now: datetime) -> str:
+    rows = [("CODE", "STATUS", "CHANNEL", "USER", "NAME", "SINCE")]
+    for r in requests:
+        status = "expired" if r.expired(now) else r.status
+        since = (r.decided_at or r.created_at).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+        rows.append((r.display_code, status, r.channel, r.sender_id, r.sender_name or "-", since))
+    return _table(rows) if len(rows) > 1 else "no pairing requests"
 
 
 async def _doctor(loaded: LoadedConfig) -> int:

@@ -5,6 +5,9 @@ it exists, else the built-in defaults. Then the environment:
 
 - secrets: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``,
   ``OPENAI_BASE_URL`` fill the provider sections when the file leaves them unset;
+  ``TELEGRAM_BOT_TOKEN`` and ``DISCORD_BOT_TOKEN`` the ``default`` bot account's
+  token; ``TELEGRAM_API_BASE_URL`` overrides the ``default`` Telegram account's Bot
+  API server;
 - overrides: ``PARLEY_<SECTION>__<FIELD>[__<FIELD>...]=value`` set any field (the
   value is read as a TOML value when it parses as one, else as a string), e.g.
   ``PARLEY_LANES__MAX_CONCURRENT_RUNS=8``; ``PARLEY_LOG_LEVEL`` is short for
@@ -42,6 +45,12 @@ _SECRET_ENV: dict[str, tuple[str, ...]] = {
     "ANTHROPIC_BASE_URL": ("providers", "anthropic", "base_url"),
     "OPENAI_API_KEY": ("providers", "openai", "api_key"),
     "OPENAI_BASE_URL": ("providers", "openai", "base_url"),
+    "TELEGRAM_BOT_TOKEN": ("channels", "telegram", "accounts", "default", "token"),
+    "DISCORD_BOT_TOKEN": ("channels", "discord", "accounts", "default", "token"),
+}
+# Overrides (not defaults): they win over the file, and apply to an existing account only.
+_OVERRIDE_ENV: dict[str, tuple[str, ...]] = {
+    "TELEGRAM_API_BASE_URL": ("channels", "telegram", "accounts", "default", "api_base_url"),
 }
 
 
@@ -63,6 +72,16 @@ class LoggingConfig(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class HttpConfig(_Strict):
+    # The gateway's own HTTP server: Telegram webhooks now, the admin API later.
+    enabled: bool | None = Field(
+        None, description="unset: on when a channel needs it (Telegram in webhook mode)"
+    )
+    host: str = Field("127.0.0.1", min_length=1, description="listen address")
+    port: int = Field(8787, ge=0, le=65535, description="0 picks a free port")
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20, description="larger is refused")
+
+
 class ParleyConfig(_Strict):
     agent: AgentConfig = AgentConfig()
     providers: ProvidersConfig = ProvidersConfig()
@@ -71,6 +90,7 @@ class ParleyConfig(_Strict):
     session: SessionConfig = SessionConfig()
     lanes: LanesConfig = LanesConfig()
     channels: ChannelsConfig = ChannelsConfig()
+    http: HttpConfig = HttpConfig()
     storage: StorageConfig = StorageConfig()
     logging: LoggingConfig = LoggingConfig()
 
@@ -117,6 +137,9 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         _set_path(data, dotted, value)
     for var, dotted in _SECRET_ENV.items():
         if env.get(var) and _get_path(data, dotted) is None:
+            _set_path(data, dotted, env[var])
+    for var, dotted in _OVERRIDE_ENV.items():
+        if env.get(var) and isinstance(_get_path(data, dotted[:-1]), Mapping):
             _set_path(data, dotted, env[var])
     try:
         config = ParleyConfig.model_validate(data)

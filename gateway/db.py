@@ -75,6 +75,22 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX inbox_open ON inbox (status, id) WHERE status IN ('received', 'replied');
     """,
+    # 2: DM pairing (dm_policy = "pairing"): one row per person and channel.
+    """
+    CREATE TABLE pairing (
+        channel TEXT NOT NULL,
+        sender_id TEXT NOT NULL,
+        account TEXT NOT NULL,
+        sender_name TEXT,
+        code TEXT NOT NULL UNIQUE,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied')),
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        notified_at TEXT,
+        decided_at TEXT,
+        PRIMARY KEY (channel, sender_id)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

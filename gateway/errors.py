@@ -4,7 +4,9 @@ GatewayError
 ├── ConfigFileError      the config file or an override is invalid (exit code 2)
 ├── StateError           state.db cannot be opened, migrated or written
 │   └── SchemaTooNewError   state.db was written by a newer parley
-└── SessionNotFound      no session matches the id or key given
+├── SessionNotFound      no session matches the id or key given
+├── PairingError         a pairing code is unknown, expired or already decided
+└── ChannelFailure       a channel adapter could not start (bad token, unreachable API)
 """
 
 from __future__ import annotations
@@ -34,4 +36,12 @@ class SchemaTooNewError(StateError):
 
 
 class SessionNotFound(GatewayError):
+    pass
+
+
+class PairingError(GatewayError):
+    pass
+
+
+class ChannelFailure(GatewayError):
     pass

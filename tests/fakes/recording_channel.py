@@ -7,11 +7,14 @@ import itertools
 from datetime import UTC, datetime
 
 from channels.base import (
+    OPEN_POLICY,
     ChannelCapabilities,
+    ChatPolicy,
     DeliveryResult,
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    WebhookRoute,
 )
 
 
@@ -23,6 +26,8 @@ class RecordingChannel:
         self.handler: InboundHandler | None = None
         self.sent: list[OutboundMessage] = []
         self.fail_next: list[Exception] = []
+        self.chat_policy: ChatPolicy = OPEN_POLICY  # what policy() answers, for tests
+        self.typing_calls: list[tuple[str, str | None, str]] = []
         self._ids = itertools.count(1)
         self._changed = asyncio.Condition()
 
@@ -32,6 +37,12 @@ class RecordingChannel:
     async def stop(self) -> None:
         self.handler = None
 
+    def policy(self, message: InboundMessage) -> ChatPolicy:
+        return self.chat_policy
+
+    def webhook_routes(self) -> list[WebhookRoute]:
+        return []
+
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         if self.fail_next:
             raise self.fail_next.pop(0)
@@ -40,8 +51,10 @@ class RecordingChannel:
             self._changed.notify_all()
         return DeliveryResult((f"out-{next(self._ids)}",), 1, datetime.now(UTC))
 
-    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
-        return None
+    async def typing(
+        self, chat_id: str, thread_id: str | None = None, account: str = "default"
+    ) -> None:
+        self.typing_calls.append((chat_id, thread_id, account))
 
     async def wait_sent(self, count: int, limit_s: float = 10.0) -> list[OutboundMessage]:
         async with asyncio.timeout(limit_s), self._changed:
@@ -58,6 +71,8 @@ class RecordingChannel:
         chat_id: str | None = None,
         thread_id: str | None = None,
         automated: bool = False,
+        mentions_bot: bool = False,
+        reply_to_text: str | None = None,
     ) -> InboundMessage:
         return InboundMessage(
             channel=self.name,
@@ -71,4 +86,6 @@ class RecordingChannel:
             timestamp=datetime.now(UTC),
             thread_id=thread_id,
             automated=automated,
+            mentions_bot=mentions_bot,
+            reply_to_text=reply_to_text,
         )

@@ -1,0 +1,71 @@
+"""Who the agent answers: group activation and the direct-message access policy.
+
+Checked before a message enters the inbox, so ignored chatter costs one lookup and
+leaves no trace. The rules come from the adapter (``Channel.policy``), which knows its
+platform's ids; the decision and the pairing state live here.
+
+- group or thread, activation ``mention``: only messages that mention the bot, reply
+  to it, or are a bare command;
+- direct, ``open``: everyone; ``allowlist``: only ``allow_from``; ``pairing``:
+  ``allow_from`` and people an operator approved, strangers get a pairing code.
+Automated events (heartbeats, cron) always pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from channels.base import Channel, InboundMessage
+from gateway.pairing import PairingRequest, PairingStore, pairing_text
+
+log = logging.getLogger("parley.gateway.access")
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    allowed: bool
+    reason: str = ""
+    notice: str | None = None  # text to send the sender instead of an answer
+    pairing: PairingRequest | None = None
+
+
+ADMITTED = Admission(allowed=True)
+
+
+class AccessGate:
+    def __init__(self, pairing: PairingStore) -> None:
+        self.pairing = pairing
+
+    async def admit(self, channel: Channel, message: InboundMessage) -> Admission:
+        if message.automated:
+            return ADMITTED
+        policy = channel.policy(message)
+        if message.chat_type != "direct":
+            if policy.activation == "mention" and not message.mentions_bot:
+                return Admission(allowed=False, reason="not addressed to the bot")
+            return ADMITTED
+        if policy.dm_policy == "open" or message.sender_id.lower() in policy.allow_from:
+            return ADMITTED
+        if policy.dm_policy == "allowlist":
+            log.info(
+                "%s direct message from %s ignored: not in allow_from",
+                message.channel,
+                message.sender_id,
+            )
+            return Admission(allowed=False, reason="not in allow_from")
+        check = await self.pairing.check(
+            message.channel, message.account, message.sender_id, message.sender_name
+        )
+        if check.allowed:
+            return ADMITTED
+        log.info(
+            "%s direct message from %s held for pairing (%s)",
+            message.channel,
+            message.sender_id,
+            check.reason,
+        )
+        notice = None
+        if check.notify and check.request is not None:
+            notice = pairing_text(check.request, self.pairing.now())
+        return Admission(allowed=False, reason=check.reason, notice=notice, pairing=check.request)

@@ -1,0 +1,33 @@
+"""Build the configured channel adapters (imported lazily: each library costs 0.1-0.2 s)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from channels.base import Channel
+from channels.config import ChannelsConfig
+
+
+def build_channels(
+    config: ChannelsConfig,
+    *,
+    terminal_only: bool = False,
+    banner: str | None = None,
+    on_terminal_close: Callable[[], None] | None = None,
+) -> list[Channel]:
+    """The terminal chat when asked for, or when nothing else is configured."""
+    configured = [] if terminal_only else config.configured()
+    channels: list[Channel] = []
+    if terminal_only or not configured or "terminal" in configured:
+        from channels.terminal import TerminalChannel
+
+        channels.append(TerminalChannel(config.terminal, banner=banner, on_close=on_terminal_close))
+    if "telegram" in configured:
+        from channels.telegram import TelegramChannel
+
+        channels.append(TelegramChannel(config.telegram))
+    if "discord" in configured:
+        from channels.discord_adapter import DiscordChannel
+
+        channels.append(DiscordChannel(config.discord))
+    return channels

@@ -1,0 +1,346 @@
+"""The websocket half of the fake Discord: sessions, sequence numbers, resume.
+
+One ``GatewayHub`` serves ``/gateway`` for every bot of a ``FakeDiscord``. It speaks
+the JSON text-frame protocol discord.py 2.x expects (discord.py only inflates binary
+frames, so ``?compress=`` can be ignored):
+
+- HELLO first; every op 1 HEARTBEAT gets op 11 back, before or after IDENTIFY;
+- IDENTIFY with an unknown token closes 4004, a second IDENTIFY closes 4005, a
+  payload other than a heartbeat before it closes 4003, an unknown op 4001;
+- READY (the bot's guilds as unavailable stubs, ``resume_gateway_url`` = this fake)
+  then one GUILD_CREATE per guild;
+- RESUME replays what the session missed after the given seq, then RESUMED; an
+  unknown session, or one whose missed events were dropped, gets op 9 (not resumable).
+
+A session outlives its connection (as on the real gateway) so that events dispatched
+while the client reconnects are replayed. A client closing with 1000/1001, or the
+server closing with 4007/4009, ends the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+OP_DISPATCH = 0
+OP_HEARTBEAT = 1
+OP_IDENTIFY = 2
+OP_PRESENCE_UPDATE = 3
+OP_VOICE_STATE_UPDATE = 4
+OP_RESUME = 6
+OP_RECONNECT = 7
+OP_REQUEST_GUILD_MEMBERS = 8
+OP_INVALID_SESSION = 9
+OP_HELLO = 10
+OP_HEARTBEAT_ACK = 11
+
+INTENT_MESSAGE_CONTENT = 1 << 15
+DEFAULT_HEARTBEAT_INTERVAL_MS = 41_250
+# How many events a session keeps for RESUME; older gaps are not resumable.
+DEFAULT_REPLAY_BUFFER = 10_000
+# Close codes after which the real gateway forgets the session.
+_SESSION_ENDING_CLIENT_CODES = frozenset({1000, 1001})
+_SESSION_ENDING_SERVER_CODES = frozenset({4007, 4009})
+_MESSAGE_EVENTS = frozenset({"MESSAGE_CREATE", "MESSAGE_UPDATE"})
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What the model tells the hub about a bot that identified."""
+
+    user: Mapping[str, Any]
+    application: Mapping[str, Any]
+    guilds: list[dict[str, Any]]  # full GUILD_CREATE payloads
+
+
+@dataclass(frozen=True, slots=True)
+class IdentifyRecord:
+    token: str
+    intents: int
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeRecord:
+    token: str
+    session_id: str
+    seq: int | None
+    replayed: int
+
+
+@dataclass(eq=False, slots=True)
+class Session:
+    session_id: str
+    token: str
+    bot_id: str
+    intents: int
+    replay_buffer: int
+    seq: int = 0
+    ws: web.WebSocketResponse | None = None
+    # (seq, frame text); RESUMED is not kept: it is never replayed.
+    log: deque[tuple[int, str]] = field(default_factory=deque)
+    # Serialises sequence numbers and sends, so frames leave in seq order.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def message_content(self) -> bool:
+        return bool(self.intents & INTENT_MESSAGE_CONTENT)
+
+
+def _frame(op: int, data: Any = None, *, event: str | None = None, seq: int | None = None) -> str:
+    return json.dumps({"op": op, "d": data, "s": seq, "t": event}, separators=(",", ":"))
+
+
+def _withheld(session: Session, event: str, data: Mapping[str, Any]) -> bool:
+    """The real gateway blanks guild message content for bots without the intent,
+    except in messages that mention the bot or that the bot wrote."""
+    if event not in _MESSAGE_EVENTS or session.message_content or not data.get("guild_id"):
+        return False
+    if (data.get("author") or {}).get("id") == session.bot_id:
+        return False
+    return not any(m.get("id") == session.bot_id for m in data.get("mentions") or ())
+
+
+class GatewayHub:
+    def __init__(
+        self,
+        identify: Callable[[str], Identity | None],
+        changed: asyncio.Condition,
+        url: Callable[[], str],
+        *,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+        replay_buffer: int = DEFAULT_REPLAY_BUFFER,
+    ) -> None:
+        self._identify_bot = identify
+        self._changed = changed
+        self._url = url
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.replay_buffer = replay_buffer
+        self.sessions: dict[str, Session] = {}
+        self.identifies: list[IdentifyRecord] = []
+        self.resumes: list[ResumeRecord] = []
+        self.heartbeats = 0
+        self._sockets: set[web.WebSocketResponse] = set()
+        self._session_numbers = itertools.count(1)
+
+    # -- the websocket endpoint -------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        if request.query.get("encoding", "json") != "json":
+            await ws.close(code=4002, message=b"Decode error.")  # no ETF in this fake
+            return ws
+        if request.query.get("v", "10") not in ("9", "10"):
+            await ws.close(code=4012, message=b"Invalid API version.")
+            return ws
+        self._sockets.add(ws)
+        session: Session | None = None
+        try:
+            await ws.send_str(_frame(OP_HELLO, {"heartbeat_interval": self.heartbeat_interval_ms}))
+            async for msg in ws:
+                if msg.type is not WSMsgType.TEXT:
+                    await ws.close(code=4002, message=b"Decode error.")
+                    break
+                session = await self._on_payload(ws, session, msg.data)
+        finally:
+            self._sockets.discard(ws)
+            if session is not None:
+                self._forget_socket(session, ws)
+            await self._notify()
+        return ws
+
+    async def _on_payload(
+        self, ws: web.WebSocketResponse, session: Session | None, text: str
+    ) -> Session | None:
+        try:
+            payload = json.loads(text)
+            op, data = payload["op"], payload.get("d")
+        except (ValueError, KeyError, TypeError):
+            await ws.close(code=4002, message=b"Decode error.")
+            return session
+        if op == OP_HEARTBEAT:
+            self.heartbeats += 1
+            await ws.send_str(_frame(OP_HEARTBEAT_ACK))
+            return session
+        if op == OP_IDENTIFY:
+            if session is not None:
+                await ws.close(code=4005, message=b"Already authenticated.")
+                return session
+            return await self._identify(ws, data or {})
+        if op == OP_RESUME:
+            if session is not None:
+                await ws.close(code=4005, message=b"Already authenticated.")
+                return session
+            return await self._resume(ws, data or {})
+        if op in (OP_PRESENCE_UPDATE, OP_VOICE_STATE_UPDATE, OP_REQUEST_GUILD_MEMBERS):
+            if session is None:
+                await ws.close(code=4003, message=b"Not authenticated.")
+            return session  # accepted and ignored: text bots do not need them
+        await ws.close(code=4001, message=b"Unknown opcode.")
+        return session
+
+    async def _identify(self, ws: web.WebSocketResponse, data: Mapping[str, Any]) -> Session | None:
+        token = str(data.get("token") or "")
+        identity = self._identify_bot(token)
+        if identity is None:
+            await ws.close(code=4004, message=b"Authentication failed.")
+            return None
+        intents = data.get("intents")
+        if not isinstance(intents, int) or intents < 0:
+            await ws.close(code=4013, message=b"Invalid intent(s).")
+            return None
+        # A new IDENTIFY means the bot gave up its old sessions; nobody will resume them.
+        for old in [s for s in self.sessions.values() if s.token == token and s.ws is None]:
+            del self.sessions[old.session_id]
+        session_id = f"fake-session-{next(self._session_numbers)}-{secrets.token_hex(4)}"
+        session = Session(
+            session_id, token, str(identity.user["id"]), intents, self.replay_buffer
+        )
+        self.sessions[session_id] = session
+        self.identifies.append(IdentifyRecord(token, intents, session_id))
+        ready = {
+            "v": 10,
+            "user": dict(identity.user),
+            "guilds": [{"id": g["id"], "unavailable": True} for g in identity.guilds],
+            "session_id": session_id,
+            "resume_gateway_url": self._url(),
+            "session_type": "normal",
+            "private_channels": [],
+            "relationships": [],
+            "application": dict(identity.application),
+        }
+        async with session.lock:
+            session.ws = ws
+            await self._emit(session, "READY", ready)
+            for guild in identity.guilds:
+                await self._emit(session, "GUILD_CREATE", guild)
+        await self._notify()
+        return session
+
+    async def _resume(self, ws: web.WebSocketResponse, data: Mapping[str, Any]) -> Session | None:
+        session = self.sessions.get(str(data.get("session_id")))
+        seq = data.get("seq")
+        after = seq if isinstance(seq, int) else 0
+        if session is None or session.token != data.get("token") or not self._can_replay(
+            session, after
+        ):
+            # d=false: start over with IDENTIFY (discord.py closes and re-identifies).
+            await ws.send_str(_frame(OP_INVALID_SESSION, False))
+            return None
+        async with session.lock:
+            previous, session.ws = session.ws, ws
+            if previous is not None and previous is not ws:
+                await previous.close(code=4000, message=b"Resumed elsewhere.")
+            missed = [text for s, text in session.log if s > after]
+            for text in missed:
+                if not await self._send(session, text):
+                    break
+            await self._emit(session, "RESUMED", {})
+        self.resumes.append(ResumeRecord(session.token, session.session_id, seq, len(missed)))
+        await self._notify()
+        return session
+
+    @staticmethod
+    def _can_replay(session: Session, after: int) -> bool:
+        if after > session.seq:
+            return False
+        if not session.log or after >= session.log[-1][0]:
+            return True  # nothing it missed is in the log
+        return session.log[0][0] <= after + 1  # the gap was not trimmed away
+
+    def _forget_socket(self, session: Session, ws: web.WebSocketResponse) -> None:
+        if session.ws is ws:
+            session.ws = None
+        code = ws.close_code
+        if session.ws is None and code in _SESSION_ENDING_CLIENT_CODES:
+            self.sessions.pop(session.session_id, None)
+
+    # -- sending ----------------------------------------------------------------------
+
+    async def _emit(self, session: Session, event: str, data: Mapping[str, Any]) -> None:
+        """Number, remember and (when connected) send one dispatch; caller holds the lock."""
+        session.seq += 1
+        text = _frame(OP_DISPATCH, data, event=event, seq=session.seq)
+        if event != "RESUMED":
+            session.log.append((session.seq, text))
+            while len(session.log) > session.replay_buffer:
+                session.log.popleft()
+        await self._send(session, text)
+
+    async def _send(self, session: Session, text: str) -> bool:
+        ws = session.ws
+        if ws is None or ws.closed:
+            session.ws = None
+            return False
+        try:
+            await ws.send_str(text)
+        except (ConnectionError, RuntimeError):
+            # The client is gone; the event stays in the log for its RESUME.
+            session.ws = None
+            return False
+        return True
+
+    async def dispatch(self, token: str, event: str, data: Mapping[str, Any]) -> int:
+        """Send ``event`` to every session of the bot (buffered while it reconnects).
+
+        Returns how many sessions got it."""
+        targets = [s for s in self.sessions.values() if s.token == token]
+        for session in targets:
+            payload = data
+            if _withheld(session, event, data):
+                payload = {**data, "content": "", "embeds": [], "attachments": [], "components": []}
+            async with session.lock:
+                await self._emit(session, event, payload)
+        return len(targets)
+
+    # -- faults -----------------------------------------------------------------------
+
+    def _connected(self, token: str) -> list[Session]:
+        return [s for s in self.sessions.values() if s.token == token and s.ws is not None]
+
+    async def request_reconnect(self, token: str) -> int:
+        """Send op 7 to each live connection of the bot; returns how many."""
+        sessions = self._connected(token)
+        for session in sessions:
+            async with session.lock:
+                # Detach first: what is dispatched from now on waits in the log for the
+                # RESUME instead of going to a socket the client no longer reads.
+                ws, session.ws = session.ws, None
+                if ws is not None and not ws.closed:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await ws.send_str(_frame(OP_RECONNECT))
+        return len(sessions)
+
+    async def drop_connection(self, token: str, code: int = 4000) -> int:
+        """Close each live connection of the bot with ``code``; returns how many."""
+        sessions = self._connected(token)
+        for session in sessions:
+            async with session.lock:
+                ws, session.ws = session.ws, None
+                if code in _SESSION_ENDING_SERVER_CODES:
+                    self.sessions.pop(session.session_id, None)
+            if ws is not None:
+                await ws.close(code=code, message=b"Dropped by the fake.")
+        return len(sessions)
+
+    def connected(self, token: str) -> bool:
+        return bool(self._connected(token))
+
+    async def close(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close(code=1001, message=b"Going away.")
+        self._sockets.clear()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
