@@ -39,6 +39,8 @@ async def run_doctor(loaded: LoadedConfig) -> list[Finding]:
     findings += await asyncio.to_thread(_check_transcripts, loaded.sessions_dir)
     findings.append(await _check_memory(loaded))
     findings.append(await _check_provider(loaded))
+    findings += await _check_channels(loaded)
+    findings.append(await _check_pairing(loaded))
     return findings
 
 
@@ -154,3 +156,76 @@ async def _check_provider(loaded: LoadedConfig) -> Finding:
     if status in (401, 403):
         return Finding("provider", "error", f"{choice.name}: {base} refused the API key ({status})")
     return Finding("provider", "ok", f"{choice.name} reachable at {base} (HTTP {status})")
+
+
+async def _probe(url: str, headers: dict[str, str]) -> tuple[int, object]:
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(url, headers=headers) as response,
+    ):
+        try:
+            body: object = await response.json(content_type=None)
+        except ValueError:
+            body = None
+        return response.status, body
+
+
+async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
+    """Each configured bot account: does the platform accept its token?"""
+    channels = loaded.config.channels
+    findings: list[Finding] = []
+    if channels.telegram.is_on():
+        for name, account in channels.telegram.accounts.items():
+            if not account.enabled:
+                continue
+            check = f"telegram:{name}"
+            token = account.token.get_secret_value()
+            try:
+                status, body = await _probe(f"{account.api_base_url}/bot{token}/getMe", {})
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                findings.append(
+                    Finding(check, "error", f"cannot reach {account.api_base_url}: {exc!r}")
+                )
+                continue
+            result = body.get("result") if isinstance(body, dict) else None
+            if status == 200 and isinstance(result, dict):
+                findings.append(Finding(check, "ok", f"token accepted: @{result.get('username')}"))
+            else:
+                findings.append(Finding(check, "error", f"token refused (HTTP {status})"))
+    if channels.discord.is_on():
+        base = channels.discord.api_base_url.rstrip("/")
+        for name, account in channels.discord.accounts.items():
+            if not account.enabled:
+                continue
+            check = f"discord:{name}"
+            headers = {"Authorization": f"Bot {account.token.get_secret_value()}"}
+            try:
+                status, body = await _probe(f"{base}/users/@me", headers)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                findings.append(Finding(check, "error", f"cannot reach {base}: {exc!r}"))
+                continue
+            if status == 200 and isinstance(body, dict):
+                findings.append(Finding(check, "ok", f"token accepted: {body.get('username')}"))
+            else:
+                findings.append(Finding(check, "error", f"token refused (HTTP {status})"))
+    return findings
+
+
+async def _check_pairing(loaded: LoadedConfig) -> Finding:
+    from gateway.pairing import PairingStore
+
+    if not await asyncio.to_thread(loaded.state_db.exists):
+        return Finding("pairing", "ok", "no requests")
+    try:
+        async with Database(loaded.state_db) as db:
+            store = PairingStore(db)
+            pending = [r for r in await store.list("pending") if not r.expired(store.now())]
+    except StateError as exc:
+        return Finding("pairing", "error", str(exc))
+    if pending:
+        who = ", ".join(f"{r.channel} {r.sender_name or r.sender_id}" for r in pending[:5])
+        return Finding(
+            "pairing", "warning", f"{len(pending)} waiting ({who}): see `parley pairing list`"
+        )
+    return Finding("pairing", "ok", "no one waiting")

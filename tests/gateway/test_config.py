@@ -123,3 +123,50 @@ def test_example_file_is_valid_and_documents_every_option() -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
     missing = [p for p in _field_paths(ParleyConfig) if p.rsplit(".", 1)[-1] not in text]
     assert missing == []
+
+
+def test_bot_tokens_from_the_environment_turn_channels_on() -> None:
+    loaded = load_config(
+        env={
+            "TELEGRAM_BOT_TOKEN": "123456:ABC-def_ghi",
+            "TELEGRAM_API_BASE_URL": "http://127.0.0.1:8081/",
+            "DISCORD_BOT_TOKEN": "MTEx.abc.def",
+        }
+    )
+    channels = loaded.config.channels
+    assert channels.configured() == ["telegram", "discord"]
+    account = channels.telegram.accounts["default"]
+    assert account.token.get_secret_value() == "123456:ABC-def_ghi"
+    assert account.api_base_url == "http://127.0.0.1:8081"  # the override wins, tidied
+    assert channels.discord.accounts["default"].token.get_secret_value() == "MTEx.abc.def"
+    # No token: the base-URL override alone does not invent an account.
+    bare = load_config(env={"TELEGRAM_API_BASE_URL": "http://127.0.0.1:8081"})
+    assert bare.config.channels.telegram.accounts == {}
+    assert bare.config.channels.configured() == []
+
+
+def test_channel_config_errors_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "parley.toml"
+    path.write_text(
+        '[channels.telegram]\nmode = "webhook"\ndm_policy = "friends"\n'
+        '[channels.telegram.accounts.main]\ntoken = "not-a-token"\n'
+        '[channels.discord.accounts."Bad Id"]\ntoken = "x"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError) as caught:
+        load_config(path, env={})
+    paths = [p for p, _ in caught.value.problems]
+    assert "channels.telegram.dm_policy" in paths
+    assert "channels.telegram.accounts.main.token" in paths
+    assert "channels.discord.accounts" in paths
+
+
+def test_webhook_mode_needs_url_and_secret(tmp_path: Path) -> None:
+    path = tmp_path / "parley.toml"
+    path.write_text(
+        '[channels.telegram]\nmode = "webhook"\n'
+        '[channels.telegram.accounts.main]\ntoken = "1:abc"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigFileError, match="webhook_url and webhook_secret"):
+        load_config(path, env={})
