@@ -24,11 +24,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from channels.base import (
+    OPEN_POLICY,
     ChannelCapabilities,
+    ChatPolicy,
     DeliveryResult,
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    WebhookRoute,
 )
 from core.messages import Message, TextBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
@@ -72,8 +75,16 @@ class SignalChannel:
         self.delivered.set()
         return DeliveryResult(("x",), 1, datetime.now(UTC))
 
-    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+    async def typing(
+        self, chat_id: str, thread_id: str | None = None, account: str = "default"
+    ) -> None:
         return None
+
+    def policy(self, message: InboundMessage) -> ChatPolicy:
+        return OPEN_POLICY
+
+    def webhook_routes(self) -> list[WebhookRoute]:
+        return []
 
 
 def write_transcript(path: Path, session_id: str, key: str, prefix: int) -> None:
