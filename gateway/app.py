@@ -763,6 +763,7 @@ class Gateway:
             error,
             entry_count=transcript.entry_count,
             last_entry_id=_last_id(transcript),
+            message_ids=delivery["platform_message_ids"],
         )
 
 

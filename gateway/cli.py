@@ -263,6 +263,9 @@ def _describe_session(loaded: LoadedConfig, record: SessionRecord, entries: int)
         f"cache write {u.cache_write_tokens:,}; {record.turn_count} turns",
         f"compactions:  {record.compaction_count}",
         f"entries:      {record.entry_count}",
+        "last reply:   "
+        + (", ".join(record.last_message_ids) or "-")
+        + (f" (failed: {record.delivery_error})" if record.delivery_error else ""),
     ]
     path = loaded.sessions_dir / f"{record.session_id}.jsonl"
     try:

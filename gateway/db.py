@@ -75,7 +75,8 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX inbox_open ON inbox (status, id) WHERE status IN ('received', 'replied');
     """,
-    # 2: DM pairing (dm_policy = "pairing"): one row per person and channel.
+    # 2: DM pairing (dm_policy = "pairing"): one row per person and channel; the
+    # platform ids of the last delivered reply, on the session.
     """
     CREATE TABLE pairing (
         channel TEXT NOT NULL,
@@ -90,6 +91,7 @@ MIGRATIONS: tuple[str, ...] = (
         decided_at TEXT,
         PRIMARY KEY (channel, sender_id)
     );
+    ALTER TABLE sessions ADD COLUMN last_message_ids TEXT;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +22,8 @@ _COLUMNS = (
     "session_id, key, agent_id, channel, account, chat_type, peer, parent_key, display_name,"
     " created_at, updated_at, status, archived_reason, archived_at, model, settings, last_route,"
     " input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, context_tokens,"
-    " compaction_count, turn_count, entry_count, last_entry_id, delivery_error"
+    " compaction_count, turn_count, entry_count, last_entry_id, delivery_error,"
+    " last_message_ids"
 )
 
 
@@ -74,6 +76,7 @@ class SessionRecord:
     entry_count: int = 0
     last_entry_id: str | None = None
     delivery_error: str | None = None
+    last_message_ids: list[str] = field(default_factory=list)  # of the last reply delivered
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRecord:
@@ -107,6 +110,7 @@ class SessionRecord:
             entry_count=row["entry_count"],
             last_entry_id=row["last_entry_id"],
             delivery_error=row["delivery_error"],
+            last_message_ids=json.loads(row["last_message_ids"] or "[]"),
         )
 
 
@@ -232,6 +236,7 @@ class SessionRegistry:
         *,
         entry_count: int,
         last_entry_id: str | None,
+        message_ids: Sequence[str] = (),
     ) -> None:
         """The delivery result and the transcript's new tail, in one write."""
         await self._db.run(
@@ -241,6 +246,7 @@ class SessionRegistry:
             error,
             entry_count,
             last_entry_id,
+            json.dumps(list(message_ids)),
         )
 
     async def update_settings(self, session_id: str, settings: dict[str, Any]) -> None:
@@ -376,11 +382,12 @@ class SessionRegistry:
         error: str | None,
         entry_count: int,
         last_entry_id: str | None,
+        message_ids: str,
     ) -> None:
         self._db.conn.execute(
             "UPDATE sessions SET last_route = ?, delivery_error = ?, entry_count = ?,"
-            " last_entry_id = ? WHERE session_id = ?",
-            (route, error, entry_count, last_entry_id, session_id),
+            " last_entry_id = ?, last_message_ids = ? WHERE session_id = ?",
+            (route, error, entry_count, last_entry_id, message_ids, session_id),
         )
 
     def _update_settings_sync(self, session_id: str, settings: str) -> None:

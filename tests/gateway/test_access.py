@@ -207,6 +207,7 @@ async def test_a_partial_delivery_is_recorded_and_not_resent(stack: Any, tmp_pat
     assert channel.sent == []  # no retry: part 1 would have gone out twice
     record = await gateway.registry.get_active("agent:main:test:direct:alice")
     assert record is not None and record.delivery_error == "part 2 refused"
+    assert record.last_message_ids == ["p1"]
     transcript = Transcript.open(tmp_path / "sessions" / f"{record.session_id}.jsonl")
     delivery = [e.payload for e in transcript.entries() if e.type == "custom"][-1]["data"]
     assert delivery["ok"] is False and delivery["platform_message_ids"] == ["p1"]
