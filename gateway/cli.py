@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # python-telegram-bot 22 warns on every flood-control error unless its timedelta
+    # periods are opted into; the Telegram adapter reads both forms.
+    os.environ.setdefault("PTB_TIMEDELTA", "1")
     args = build_parser().parse_args(argv)
     try:
         loaded = load_config(getattr(args, "config", None))

@@ -18,3 +18,6 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # python-telegram-bot 22 warns on every RetryAfter unless timedelta periods are on
+    # (the adapter reads both forms); `parley` sets the same.
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")

@@ -1,0 +1,374 @@
+"""The Telegram channel: one ``telegram.Bot`` per account, polling or a webhook.
+
+We run our own ``getUpdates`` loop rather than PTB's Updater so that an update is
+acknowledged (the next poll's ``offset`` moves past it) only after the inbound handler
+returned, i.e. after the gateway stored it durably. If the handler raises, the same
+update is retried with backoff; after ``MAX_HANDLER_ATTEMPTS`` it is logged and
+skipped so one poisoned update cannot wedge the account.
+
+In webhook mode the gateway's HTTP server mounts ``webhook_routes()``; the route
+answers 200 only after the handler returned (500 makes Telegram redeliver). Stopping
+leaves the webhook registered: another replica may be serving it, and deleting it
+would make Telegram queue updates nobody fetches.
+
+Normalising updates lives in ``telegram_inbound``, sending in ``telegram_send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import json
+import logging
+import ssl
+from dataclasses import dataclass, field
+
+import httpx
+from aiohttp import web
+from telegram import Bot, Update
+from telegram.constants import ChatAction
+from telegram.error import Conflict, InvalidToken, TelegramError
+from telegram.request import HTTPXRequest
+
+from channels.base import (
+    ChannelCapabilities,
+    ChannelStartError,
+    ChatPolicy,
+    DeliveryError,
+    DeliveryResult,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+    WebhookRoute,
+)
+from channels.config import TelegramAccountConfig, TelegramConfig
+from channels.telegram_inbound import normalise_update
+from channels.telegram_send import SendSettings, Sleep, deliver
+
+logger = logging.getLogger("parley.channels.telegram")
+
+ALLOWED_UPDATES = ["message", "edited_message"]
+MAX_HANDLER_ATTEMPTS = 5
+MAX_WEBHOOK_BODY_BYTES = 1024 * 1024
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+# How long stop() lets a running handler finish before cancelling it.
+STOP_GRACE_SECONDS = 5.0
+# With poll_timeout_seconds = 0 every getUpdates returns at once: pause between them.
+IDLE_POLL_PAUSE_SECONDS = 1.0
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Building one costs ~40 ms (the CA bundle is parsed); httpx would build one per
+    # client, and every bot has two. An SSLContext is safe to share.
+    return httpx.create_ssl_context()
+
+
+def _make_bot(account: TelegramAccountConfig) -> Bot:
+    tls = {"verify": _tls_context()}
+    return Bot(
+        account.token.get_secret_value().strip(),
+        base_url=f"{account.api_base_url}/bot",
+        base_file_url=f"{account.api_base_url}/file/bot",
+        request=HTTPXRequest(httpx_kwargs=tls),
+        # One connection is all a long poll needs (PTB's own choice for getUpdates).
+        get_updates_request=HTTPXRequest(connection_pool_size=1, httpx_kwargs=tls),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential waits after failures: initial, initial*factor, ... capped at maximum."""
+
+    initial: float = 1.0
+    maximum: float = 30.0
+    factor: float = 2.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.maximum, self.initial * self.factor ** max(failures - 1, 0))
+
+
+@dataclass(slots=True)
+class _Account:
+    id: str
+    config: TelegramAccountConfig
+    bot: Bot
+    task: asyncio.Task[None] | None = None
+    offset: int | None = None  # the next update id we have not handled
+    acked: int | None = None  # the offset Telegram last heard from us
+    handling: bool = False  # inside the inbound handler: stop() lets it finish
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class TelegramChannel:
+    name = "telegram"
+    capabilities = ChannelCapabilities(
+        max_message_chars=4096,
+        markdown=True,
+        typing_indicator=True,
+        threads=True,
+        typing_refresh_seconds=4.0,
+    )
+
+    def __init__(
+        self,
+        config: TelegramConfig,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        backoff: Backoff = Backoff(),
+    ) -> None:
+        """``sleep`` waits out flood control, ``backoff`` paces retries (tests shrink both)."""
+        self.config = config
+        self._sleep = sleep
+        self._backoff = backoff
+        self._send_settings = SendSettings(config.reply_in_groups, config.max_retry_after_seconds)
+        self._accounts: dict[str, _Account] = {}
+        self._handler: InboundHandler | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def _enabled_accounts(self) -> dict[str, TelegramAccountConfig]:
+        return {name: acc for name, acc in self.config.accounts.items() if acc.enabled}
+
+    async def start(self, handler: InboundHandler) -> None:
+        if self._accounts:
+            raise ChannelStartError("the telegram channel is already running")
+        accounts = self._enabled_accounts()
+        if not accounts:
+            raise ChannelStartError("telegram: no enabled account has a token")
+        started: list[_Account] = []
+        try:
+            for name, account_config in accounts.items():
+                started.append(await self._connect(name, account_config))
+        except BaseException:
+            for account in started:
+                await account.bot.shutdown()
+            raise
+        self._handler = handler
+        self._accounts = {account.id: account for account in started}
+        for account in started:
+            if self.config.mode == "polling":
+                account.task = asyncio.create_task(
+                    self._poll(account), name=f"telegram-poll-{account.id}"
+                )
+        logger.info("telegram: %d account(s) up (%s)", len(started), self.config.mode)
+
+    async def _connect(self, name: str, account_config: TelegramAccountConfig) -> _Account:
+        bot = _make_bot(account_config)
+        try:
+            await bot.initialize()  # getMe
+            if self.config.mode == "webhook":
+                secret = account_config.webhook_secret
+                await bot.set_webhook(
+                    url=account_config.webhook_url or "",
+                    secret_token=secret.get_secret_value() if secret else None,
+                    allowed_updates=ALLOWED_UPDATES,
+                )
+            else:
+                # A webhook left behind would make every getUpdates fail with 409.
+                await bot.delete_webhook(drop_pending_updates=False)
+        except BaseException as exc:
+            await bot.shutdown()
+            # PTB's own messages include the token; ours never do.
+            if isinstance(exc, InvalidToken):
+                raise ChannelStartError(
+                    f"telegram account {name!r}: the Bot API refused the token"
+                ) from None
+            if isinstance(exc, TelegramError):
+                raise ChannelStartError(
+                    f"telegram account {name!r}: cannot start ({type(exc).__name__}: {exc})"
+                ) from exc
+            raise
+        logger.info("telegram account %s is @%s", name, bot.username)
+        return _Account(name, account_config, bot)
+
+    async def stop(self) -> None:
+        accounts, self._accounts = list(self._accounts.values()), {}
+        tasks = [a.task for a in accounts if a.task is not None]
+        for account in accounts:
+            account.stopping.set()
+            if account.task is not None and not account.handling:
+                account.task.cancel()  # waiting on Telegram or a backoff: nothing to lose
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for account in accounts:
+            await self._acknowledge(account)
+            with contextlib.suppress(TelegramError):
+                await account.bot.shutdown()
+        self._handler = None
+
+    async def _acknowledge(self, account: _Account) -> None:
+        """Tell Telegram what we handled since the last poll, so a restart skips it."""
+        if account.offset is None or account.offset == account.acked:
+            return
+        with contextlib.suppress(TelegramError, TimeoutError):
+            async with asyncio.timeout(2.0):
+                await account.bot.get_updates(offset=account.offset, limit=1, timeout=0)
+
+    # -- polling -----------------------------------------------------------------------
+
+    async def _pause(self, account: _Account, seconds: float) -> bool:
+        """Wait ``seconds`` unless stopping; False when the account is stopping."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await account.stopping.wait()
+        return not account.stopping.is_set()
+
+    async def _poll(self, account: _Account) -> None:
+        failures = 0
+        timeout = self.config.poll_timeout_seconds
+        while not account.stopping.is_set():
+            try:
+                offset = account.offset
+                updates = await account.bot.get_updates(
+                    offset=offset, timeout=timeout, allowed_updates=ALLOWED_UPDATES
+                )
+                account.acked = offset
+            except InvalidToken:
+                logger.error("telegram %s: the token was revoked; polling stops", account.id)
+                return
+            except Conflict:
+                failures += 1
+                logger.warning(
+                    "telegram %s: another process polls this bot (409 Conflict); only one"
+                    " instance may run per token",
+                    account.id,
+                )
+                await self._pause(account, self._backoff.delay(failures))
+                continue
+            except TelegramError as exc:  # network trouble, timeouts, 5xx
+                failures += 1
+                logger.warning("telegram %s: getUpdates failed: %s", account.id, exc)
+                await self._pause(account, self._backoff.delay(failures))
+                continue
+            failures = 0
+            for update in updates:
+                if not await self._dispatch(account, update):
+                    return
+                account.offset = update.update_id + 1
+                if account.stopping.is_set():
+                    return
+            if not updates and timeout == 0:
+                await self._pause(account, IDLE_POLL_PAUSE_SECONDS)
+
+    async def _dispatch(self, account: _Account, update: Update) -> bool:
+        """Hand one update to the handler, retrying; False if stopping cut the retries."""
+        handler = self._handler
+        try:
+            message = normalise_update(
+                update,
+                account=account.id,
+                bot=account.bot.bot,
+                edited_messages=self.config.edited_messages,
+            )
+        except Exception:
+            # A shape we did not foresee must not wedge the account's queue.
+            logger.exception("telegram %s: cannot read update %s", account.id, update.update_id)
+            return True
+        if message is None or handler is None:
+            return True
+        for attempt in range(1, MAX_HANDLER_ATTEMPTS + 1):
+            account.handling = True
+            try:
+                await handler(message)
+                return True
+            except Exception:
+                logger.warning(
+                    "telegram %s: handler failed on update %s (attempt %d of %d)",
+                    account.id, update.update_id, attempt, MAX_HANDLER_ATTEMPTS,
+                    exc_info=True,
+                )  # fmt: skip
+            finally:
+                account.handling = False
+            if attempt < MAX_HANDLER_ATTEMPTS and not await self._pause(
+                account, self._backoff.delay(attempt)
+            ):
+                return False
+        logger.error(
+            "telegram %s: skipping update %s (%s) after %d failed attempts",
+            account.id, update.update_id, message.message_id, MAX_HANDLER_ATTEMPTS,
+        )  # fmt: skip
+        return True
+
+    # -- webhook -----------------------------------------------------------------------
+
+    def webhook_routes(self) -> list[WebhookRoute]:
+        if self.config.mode != "webhook":
+            return []
+        return [
+            WebhookRoute("POST", f"/telegram/{name}", functools.partial(self._on_webhook, name))
+            for name in self._enabled_accounts()
+        ]
+
+    async def _on_webhook(self, name: str, request: web.Request) -> web.StreamResponse:
+        account, handler = self._accounts.get(name), self._handler
+        if account is None or handler is None:
+            return web.Response(status=503)  # not started: Telegram retries later
+        secret = account.config.webhook_secret
+        given = request.headers.get(SECRET_HEADER, "")
+        if secret is None or not hmac.compare_digest(
+            given.encode(), secret.get_secret_value().encode()
+        ):
+            return web.Response(status=401)
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            body += chunk
+            if len(body) > MAX_WEBHOOK_BODY_BYTES:
+                return web.Response(status=413)
+        try:
+            data = json.loads(body)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+            update = Update.de_json(data, account.bot)
+        except (ValueError, TypeError, KeyError):
+            return web.Response(status=400)
+        try:
+            message = normalise_update(
+                update, account=name, bot=account.bot.bot,
+                edited_messages=self.config.edited_messages,
+            )  # fmt: skip
+        except Exception:
+            # Answering 500 would make Telegram redeliver an update we can never read.
+            logger.exception("telegram %s: cannot read update %s", name, update.update_id)
+            return web.Response(status=200)
+        if message is not None:
+            try:
+                await handler(message)
+            except Exception:
+                logger.warning("telegram %s: webhook update failed", name, exc_info=True)
+                return web.Response(status=500)  # Telegram redelivers it later
+        return web.Response(status=200)
+
+    # -- outbound ----------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        account = self._accounts.get(message.account)
+        if account is None:
+            raise DeliveryError(
+                f"telegram: no running account {message.account!r}",
+                retryable=message.account in self._enabled_accounts(),
+            )
+        return await deliver(account.bot, message, self._send_settings, self._sleep)
+
+    async def typing(
+        self, chat_id: str, thread_id: str | None = None, account: str = "default"
+    ) -> None:
+        running = self._accounts.get(account)
+        if running is None:
+            return
+        try:
+            await running.bot.send_chat_action(
+                chat_id=int(chat_id),
+                action=ChatAction.TYPING,
+                message_thread_id=int(thread_id) if thread_id else None,
+            )
+        except (TelegramError, ValueError) as exc:
+            logger.debug("telegram %s: typing failed: %s", account, exc)
+
+    def policy(self, message: InboundMessage) -> ChatPolicy:
+        return self.config.policy(message.account, message.chat_type, message.chat_id)

@@ -1,0 +1,831 @@
+"""A strict fake of the Telegram Bot API for the real python-telegram-bot ``Bot``.
+
+``async with FakeTelegram() as fake:``, ``fake.add_bot(token, username)``, then point
+PTB at ``fake.base_url + "/bot"`` (files: ``+ "/file/bot"``). What it checks, like the
+real service: the token (401), the method (404), known chats (400 chat not found),
+blocked users (403), text length after entity parsing (``max_text_length`` counted in
+``length_unit``), strict HTML (``telegram_html``), forum threads, reply targets, one
+long poll per bot (409) and no polling while a webhook is set (409).
+
+Tests push updates with ``push_message``/``push_update``: they wait for ``getUpdates``
+or, once a webhook is set, are POSTed to it in order; a non-2xx answer keeps the
+update pending until ``redeliver()``. ``fail_next``/``flood`` script errors. Every
+successful send is in ``sent``; ``wait_sent`` waits for it without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+import aiohttp
+from aiohttp import web
+
+from tests.fakes.telegram_html import EntityParseError, visible_text
+
+DEFAULT_MAX_TEXT_LENGTH = 4096
+WEBHOOK_CONFLICT = (
+    "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to"
+    " delete the webhook first"
+)
+POLL_CONFLICT = (
+    "Conflict: terminated by other getUpdates request; make sure that only one bot instance"
+    " is running"
+)
+BLOCKED = "Forbidden: bot was blocked by the user"
+# What the real server sends when allowed_updates was never given.
+DEFAULT_ALLOWED_UPDATES = frozenset(
+    {"message", "edited_message", "channel_post", "edited_channel_post", "callback_query",
+     "inline_query", "chosen_inline_result", "my_chat_member", "poll", "poll_answer"}
+)  # fmt: skip
+_COMMAND = re.compile(r"/[A-Za-z0-9_]{1,32}(?:@[A-Za-z0-9_]{3,32})?")
+_MENTION = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{4,31}")
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+LengthUnit = Literal["code_points", "utf16"]
+Handler = Callable[["_Bot", dict[str, Any]], Awaitable[Any]]
+
+
+def utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def auto_entities(text: str) -> list[dict[str, Any]]:
+    """The entities Telegram adds by itself: a leading /command and @mentions."""
+    entities: list[dict[str, Any]] = []
+    command = _COMMAND.match(text)
+    if command:
+        entities.append({"type": "bot_command", "offset": 0, "length": utf16_units(command[0])})
+    for match in _MENTION.finditer(text, command.end() if command else 0):
+        offset = utf16_units(text[: match.start()])
+        entities.append({"type": "mention", "offset": offset, "length": utf16_units(match[0])})
+    return entities
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, description: str, parameters: dict[str, Any] | None = None):
+        super().__init__(description)
+        self.status, self.description, self.parameters = status, description, parameters
+
+
+def bad_request(reason: str) -> ApiError:
+    return ApiError(400, f"Bad Request: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class SentMessage:
+    token: str
+    bot_username: str
+    chat_id: int
+    text: str  # as sent (with markup)
+    visible_text: str  # what the user sees
+    parse_mode: str | None
+    message_thread_id: int | None
+    reply_to_message_id: int | None
+    message_id: int
+    message: dict[str, Any]  # the Message object returned (usable as push_message reply_to)
+    # time.perf_counter() when the fake accepted it (benchmarks measure latency with it)
+    received_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatActionRecord:
+    token: str
+    chat_id: int
+    action: str
+    message_thread_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    token: str
+    update_id: int
+    status: int  # 0: the connection failed
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    token: str
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Failure:
+    method: str
+    status: int
+    description: str
+    parameters: dict[str, Any] | None
+    times: int
+    token: str | None
+
+
+@dataclass(slots=True)
+class _Bot:
+    token: str
+    user: dict[str, Any]
+    update_ids: Any  # itertools.count
+    updates: list[dict[str, Any]] = field(default_factory=list)  # not yet confirmed
+    allowed_updates: frozenset[str] = DEFAULT_ALLOWED_UPDATES
+    poll_generation: int = 0
+    webhook: dict[str, Any] | None = None
+    webhook_paused: bool = False  # after a failed delivery, until redeliver()
+    webhook_task: asyncio.Task[None] | None = None
+    last_webhook_error: str | None = None
+
+
+@dataclass(slots=True)
+class _Chat:
+    id: int
+    type: str
+    title: str | None = None
+    first_name: str | None = None
+    username: str | None = None
+    is_forum: bool = False
+    bots: set[str] | None = None  # tokens that know this chat; None: every bot
+    topics: set[int] = field(default_factory=set)
+    messages: dict[int, dict[str, Any]] = field(default_factory=dict)
+    next_message_id: int = 1
+    recent_sends: deque[float] = field(default_factory=deque)
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"id": self.id, "type": self.type}
+        if self.type == "private":
+            data["first_name"] = self.first_name or "User"
+        else:
+            data["title"] = self.title or f"Group {self.id}"
+        if self.username:
+            data["username"] = self.username
+        if self.is_forum:
+            data["is_forum"] = True
+        return data
+
+    def take_id(self) -> int:
+        value, self.next_message_id = self.next_message_id, self.next_message_id + 1
+        return value
+
+
+class _Signal:
+    """notify_all that plain (sync) code can call: waiters re-check after each pulse.
+
+    Unlike asyncio.Condition it needs no lock, so the sync ``push_message`` can wake
+    long polls and ``wait_*`` callers directly.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def pulse(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait_for(self, ready: Callable[[], bool], limit_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit_s):
+                while not ready():
+                    await self._event.wait()
+        return ready()
+
+
+class FakeTelegram:
+    def __init__(
+        self,
+        *,
+        max_text_length: int = DEFAULT_MAX_TEXT_LENGTH,
+        length_unit: LengthUnit = "code_points",
+    ) -> None:
+        self.max_text_length = max_text_length
+        self.length_unit: LengthUnit = length_unit
+        self.refuse_entities = False  # refuse any parse_mode, to test plain-text fallback
+        # Per-chat flood control (off when None): at most this many sends per window.
+        self.chat_flood_limit: int | None = None
+        self.chat_flood_window = 1.0
+        self.clock: Callable[[], float] = time.monotonic
+        self.blocked: set[int] = set()
+        self.sent: list[SentMessage] = []
+        self.actions: list[ChatActionRecord] = []
+        self.calls: list[ApiCall] = []
+        self.webhook_deliveries: list[WebhookDelivery] = []
+        self._bots: dict[str, _Bot] = {}
+        self._chats: dict[int, _Chat] = {}
+        self._failures: list[_Failure] = []
+        self._signal = _Signal()
+        self._stopping = False
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._port = 0
+        self._methods: dict[str, Handler] = {
+            "getme": self._get_me,
+            "setwebhook": self._set_webhook,
+            "deletewebhook": self._delete_webhook,
+            "getwebhookinfo": self._get_webhook_info,
+            "getupdates": self._get_updates,
+            "sendmessage": self._send_message,
+            "sendchataction": self._send_chat_action,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner, self._port = runner, int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        # Pending long polls wait on the signal: release them, or cleanup waits for them.
+        self._stopping = True
+        self._signal.pulse()
+        tasks = [b.webhook_task for b in self._bots.values() if b.webhook_task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    # -- set-up and scripting ------------------------------------------------------------
+
+    def add_bot(
+        self, token: str, username: str, first_name: str = "Parley", bot_id: int | None = None
+    ) -> dict[str, Any]:
+        head = token.split(":", 1)[0]
+        user = {
+            "id": bot_id if bot_id is not None else (int(head) if head.isdigit() else 1),
+            "is_bot": True,
+            "first_name": first_name,
+            "username": username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+        self._bots[token] = _Bot(token, user, itertools.count(100_001))
+        return dict(user)
+
+    def add_chat(
+        self,
+        chat_id: int,
+        chat_type: str = "private",
+        *,
+        title: str | None = None,
+        first_name: str | None = None,
+        username: str | None = None,
+        is_forum: bool = False,
+        topics: tuple[int, ...] = (),
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        """Make a chat known (to ``token``'s bot only, or to every bot)."""
+        chat = self._chats.get(chat_id)
+        if chat is None:
+            chat = _Chat(chat_id, chat_type, title, first_name, username, is_forum, set())
+            self._chats[chat_id] = chat
+        chat.is_forum = chat.is_forum or is_forum
+        chat.topics.update(topics)
+        if token is None:
+            chat.bots = None
+        elif chat.bots is not None:
+            chat.bots.add(token)
+        return chat.as_dict()
+
+    def block(self, chat_id: int) -> None:
+        self.blocked.add(chat_id)
+
+    def unblock(self, chat_id: int) -> None:
+        self.blocked.discard(chat_id)
+
+    def fail_next(
+        self,
+        method: str,
+        status: int,
+        description: str,
+        parameters: dict[str, Any] | None = None,
+        times: int = 1,
+        token: str | None = None,
+    ) -> None:
+        self._failures.append(
+            _Failure(method.lower(), status, description, parameters, times, token)
+        )
+
+    def flood(self, method: str, retry_after: int, times: int = 1) -> None:
+        self.fail_next(
+            method, 429, f"Too Many Requests: retry after {retry_after}",
+            {"retry_after": retry_after}, times,
+        )  # fmt: skip
+
+    # -- records -------------------------------------------------------------------------
+
+    def sent_to(self, chat_id: int | str) -> list[SentMessage]:
+        return [m for m in self.sent if m.chat_id == int(chat_id)]
+
+    def pending_updates(self, token: str) -> list[dict[str, Any]]:
+        return list(self._bot(token).updates)
+
+    def webhook_of(self, token: str) -> dict[str, Any] | None:
+        return self._bot(token).webhook
+
+    # Each wait has its own bound so a test waiting for what never comes fails fast.
+    async def wait_sent(
+        self,
+        count: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[SentMessage]:
+        await self._wait(lambda: len(self.sent) >= count, timeout, f"{count} sent messages")
+        return list(self.sent)
+
+    async def wait_actions(
+        self,
+        count: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[ChatActionRecord]:
+        await self._wait(lambda: len(self.actions) >= count, timeout, f"{count} chat actions")
+        return list(self.actions)
+
+    async def wait_webhook(
+        self,
+        count: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[WebhookDelivery]:
+        ready = lambda: len(self.webhook_deliveries) >= count  # noqa: E731
+        await self._wait(ready, timeout, f"{count} webhook deliveries")
+        return list(self.webhook_deliveries)
+
+    async def wait_polled(
+        self,
+        token: str,
+        offset: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> None:
+        """Until the bot confirmed every update before ``offset`` (asked getUpdates for it)."""
+        bot = self._bot(token)
+        confirmed = lambda: not any(u["update_id"] < offset for u in bot.updates)  # noqa: E731
+        await self._wait(confirmed, timeout, f"offset {offset}")
+
+    async def wait_calls(
+        self,
+        method: str,
+        count: int = 1,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[ApiCall]:
+        """Until ``count`` calls of ``method`` (any bot) arrived; e.g. a long poll is out."""
+        name = method.lower()
+        matching = lambda: [c for c in self.calls if c.method.lower() == name]  # noqa: E731
+        await self._wait(lambda: len(matching()) >= count, timeout, f"{count} {method} calls")
+        return matching()
+
+    async def _wait(self, ready: Callable[[], bool], limit_s: float, what: str) -> None:
+        if not await self._signal.wait_for(ready, limit_s):
+            raise TimeoutError(f"FakeTelegram: no {what} within {limit_s} s")
+
+    # -- pushing updates -------------------------------------------------------------------
+
+    def push_update(self, token: str, update: dict[str, Any]) -> dict[str, Any]:
+        bot = self._bot(token)
+        update = dict(update)
+        update.setdefault("update_id", next(bot.update_ids))
+        for kind in ("message", "edited_message"):
+            chat = (update.get(kind) or {}).get("chat")
+            if chat:
+                self.add_chat(chat["id"], chat["type"], title=chat.get("title"), token=token)
+        bot.updates.append(update)
+        self._signal.pulse()
+        self._kick_webhook(bot)
+        return update
+
+    def push_message(
+        self,
+        token: str,
+        *,
+        chat_id: int,
+        text: str | None = None,
+        chat_type: str = "private",
+        chat_title: str | None = None,
+        sender_id: int | None = None,
+        sender_first_name: str = "Alice",
+        sender_last_name: str | None = None,
+        sender_username: str | None = None,
+        sender_is_bot: bool = False,
+        caption: str | None = None,
+        photo: bool = False,
+        voice: int | None = None,  # duration in seconds
+        document: str | None = None,  # file name
+        sticker: str | None = None,  # emoji
+        video: int | None = None,  # duration in seconds
+        audio: int | None = None,  # duration in seconds
+        location: tuple[float, float] | None = None,
+        reply_to: dict[str, Any] | None = None,  # a Message object (e.g. SentMessage.message)
+        quote_text: str | None = None,
+        message_thread_id: int | None = None,
+        is_topic_message: bool = False,
+        is_forum: bool = False,
+        entities: list[dict[str, Any]] | None = None,
+        edit: bool = False,
+        message_id: int | None = None,
+        extra: dict[str, Any] | None = None,  # merged into the message as is
+    ) -> dict[str, Any]:
+        self._bot(token)
+        first_name = sender_first_name if chat_type == "private" else None
+        self.add_chat(chat_id, chat_type, title=chat_title, first_name=first_name,
+                      is_forum=is_forum, token=token)  # fmt: skip
+        chat = self._chats[chat_id]
+        if message_thread_id is not None:
+            chat.topics.add(message_thread_id)
+        sender: dict[str, Any] = {
+            "id": sender_id if sender_id is not None else (chat_id if chat_id > 0 else 4242),
+            "is_bot": sender_is_bot,
+            "first_name": sender_first_name,
+        }
+        if sender_last_name:
+            sender["last_name"] = sender_last_name
+        if sender_username:
+            sender["username"] = sender_username
+        now = int(time.time())
+        if edit:
+            mid = message_id if message_id is not None else chat.next_message_id - 1
+            original = chat.messages.get(mid, {})
+            date = int(original.get("date", now))
+            message = {"message_id": mid, "date": date, "edit_date": max(now, date + 1)}
+        else:
+            mid = message_id if message_id is not None else chat.take_id()
+            chat.next_message_id = max(chat.next_message_id, mid + 1)
+            message = {"message_id": mid, "date": now}
+        message.update(chat=chat.as_dict(), **{"from": sender})
+        for key, value in (("text", text), ("caption", caption)):
+            if value is not None:
+                message[key] = value
+                found = auto_entities(value) if entities is None else entities
+                if found:
+                    message["entities" if key == "text" else "caption_entities"] = found
+        message.update(_media(photo, voice, document, sticker, video, audio, location))
+        if message_thread_id is not None:
+            message["message_thread_id"] = message_thread_id
+            if is_topic_message:
+                message["is_topic_message"] = True
+        if reply_to is not None:
+            # Like Telegram: the replied-to message comes without its own reply.
+            message["reply_to_message"] = {
+                k: v for k, v in reply_to.items() if k != "reply_to_message"
+            }
+        elif is_topic_message and chat.is_forum and message_thread_id is not None:
+            # In forum topics every message "replies" to the topic's creation message.
+            message["reply_to_message"] = {
+                "message_id": message_thread_id, "date": now, "chat": chat.as_dict(),
+                "from": sender, "message_thread_id": message_thread_id,
+                "is_topic_message": True,
+                "forum_topic_created": {"name": f"Topic {message_thread_id}", "icon_color": 0},
+            }  # fmt: skip
+        if quote_text is not None:
+            message["quote"] = {"text": quote_text, "position": 0}
+        message.update(extra or {})
+        chat.messages[mid] = message
+        return self.push_update(token, {"edited_message" if edit else "message": message})
+
+    # -- webhook delivery ------------------------------------------------------------------
+
+    def redeliver(self) -> None:
+        """Retry pending webhook updates after a failed delivery (Telegram retries later)."""
+        for bot in self._bots.values():
+            bot.webhook_paused = False
+            self._kick_webhook(bot)
+
+    def _kick_webhook(self, bot: _Bot) -> None:
+        if bot.webhook is None or bot.webhook_paused or self._stopping or not bot.updates:
+            return
+        if bot.webhook_task is None or bot.webhook_task.done():
+            bot.webhook_task = asyncio.create_task(self._deliver_webhook(bot))
+
+    async def _deliver_webhook(self, bot: _Bot) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        while bot.webhook is not None and bot.updates and not self._stopping:
+            update, hook = bot.updates[0], bot.webhook
+            headers = {"Content-Type": "application/json"}
+            if hook.get("secret_token"):
+                headers["X-Telegram-Bot-Api-Secret-Token"] = hook["secret_token"]
+            try:
+                async with self._session.post(
+                    hook["url"], data=json.dumps(update), headers=headers
+                ) as response:
+                    status = response.status
+                    await response.read()
+            except (aiohttp.ClientError, TimeoutError):
+                status = 0
+            self.webhook_deliveries.append(WebhookDelivery(bot.token, update["update_id"], status))
+            self._signal.pulse()
+            if not 200 <= status < 300:
+                bot.webhook_paused = True
+                bot.last_webhook_error = f"Wrong response from the webhook: {status}"
+                return
+            if bot.updates and bot.updates[0] is update:
+                bot.updates.pop(0)
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        bot = self._bots.get(request.match_info["token"])
+        if bot is None:
+            return _error(ApiError(401, "Unauthorized"))
+        method = request.match_info["method"]
+        handler = self._methods.get(method.lower())
+        if handler is None:
+            return _error(ApiError(404, "Not Found"))
+        params = await _read_params(request)
+        self.calls.append(ApiCall(bot.token, method, params))
+        self._signal.pulse()
+        try:
+            self._take_failure(bot.token, method.lower())
+            result = await handler(bot, params)
+        except ApiError as exc:
+            return _error(exc)
+        return web.json_response({"ok": True, "result": result})
+
+    def _take_failure(self, token: str, method: str) -> None:
+        for failure in self._failures:
+            if failure.method == method and failure.token in (None, token):
+                failure.times -= 1
+                if failure.times <= 0:
+                    self._failures.remove(failure)
+                raise ApiError(failure.status, failure.description, failure.parameters)
+
+    def _bot(self, token: str) -> _Bot:
+        if token not in self._bots:
+            raise KeyError(f"FakeTelegram: no bot with token {token!r} (add_bot first)")
+        return self._bots[token]
+
+    # -- methods -------------------------------------------------------------------------
+
+    async def _get_me(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        return bot.user
+
+    async def _set_webhook(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        url = str(params.get("url") or "")
+        if not url:
+            return await self._delete_webhook(bot, params)
+        secret = params.get("secret_token")
+        if secret is not None and not _SECRET.fullmatch(str(secret)):
+            raise bad_request("secret token contains unallowed characters")
+        if _flag(params, "drop_pending_updates"):
+            bot.updates.clear()
+        allowed = _json_param(params, "allowed_updates")
+        if allowed is not None:
+            bot.allowed_updates = frozenset(allowed) or DEFAULT_ALLOWED_UPDATES
+        bot.webhook = {"url": url, "secret_token": secret}
+        bot.webhook_paused = False
+        self._signal.pulse()  # a pending long poll must not keep waiting
+        self._kick_webhook(bot)
+        return True
+
+    async def _delete_webhook(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        bot.webhook = None
+        if _flag(params, "drop_pending_updates"):
+            bot.updates.clear()
+        return True
+
+    async def _get_webhook_info(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        info: dict[str, Any] = {
+            "url": bot.webhook["url"] if bot.webhook else "",
+            "has_custom_certificate": False,
+            "pending_update_count": len(bot.updates),
+        }
+        if bot.webhook:
+            info.update(max_connections=40, allowed_updates=sorted(bot.allowed_updates))
+        if bot.last_webhook_error:
+            info.update(last_error_date=int(time.time()), last_error_message=bot.last_webhook_error)
+        return info
+
+    async def _get_updates(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        if bot.webhook is not None:
+            raise ApiError(409, WEBHOOK_CONFLICT)
+        offset = _int_param(params, "offset")
+        limit = min(max(_int_param(params, "limit") or 100, 1), 100)
+        timeout = max(float(params.get("timeout") or 0), 0.0)
+        allowed = _json_param(params, "allowed_updates")
+        if allowed is not None:
+            bot.allowed_updates = frozenset(allowed) or DEFAULT_ALLOWED_UPDATES
+        if offset is not None:
+            # Asking for ``offset`` confirms every update before it; a negative one keeps
+            # only the last -offset updates.
+            bot.updates = (
+                bot.updates[offset:] if offset < 0
+                else [u for u in bot.updates if u["update_id"] >= offset]
+            )  # fmt: skip
+        # The real server never stores updates of kinds the bot did not ask for.
+        bot.updates = [u for u in bot.updates if _kind(u) in bot.allowed_updates]
+        bot.poll_generation += 1
+        generation = bot.poll_generation
+        self._signal.pulse()  # wakes an earlier poll of this bot: it ends in a conflict
+        superseded = lambda: bot.poll_generation != generation  # noqa: E731
+        await self._signal.wait_for(
+            lambda: self._stopping or superseded() or bot.webhook is not None or bool(bot.updates),
+            timeout,
+        )
+        if superseded():
+            raise ApiError(409, POLL_CONFLICT)
+        return [u for u in bot.updates if _kind(u) in bot.allowed_updates][:limit]
+
+    def _chat_for(self, bot: _Bot, params: dict[str, Any]) -> _Chat:
+        raw = params.get("chat_id")
+        try:
+            chat = self._chats.get(int(str(raw)))
+        except ValueError:
+            chat = None  # "@channel" usernames: the fake knows none
+        if chat is None or (chat.bots is not None and bot.token not in chat.bots):
+            raise bad_request("chat not found")
+        return chat
+
+    def _thread(self, chat: _Chat, params: dict[str, Any]) -> int | None:
+        thread = _int_param(params, "message_thread_id")
+        if thread is not None and chat.is_forum and thread not in chat.topics and thread != 1:
+            raise bad_request("message thread not found")
+        return thread
+
+    def _measure(self, text: str) -> int:
+        return utf16_units(text) if self.length_unit == "utf16" else len(text)
+
+    def _visible(self, text: str, parse_mode: str | None) -> str:
+        if not parse_mode:
+            return text
+        if self.refuse_entities:
+            raise bad_request("can't parse entities: Can't find end of the entity at byte offset 0")
+        if parse_mode.lower() == "html":
+            try:
+                return visible_text(text)
+            except EntityParseError as exc:
+                raise bad_request(f"can't parse entities: {exc}") from None
+        if parse_mode.lower() in ("markdown", "markdownv2"):
+            return text  # not parsed: the adapter sends HTML
+        raise bad_request(f"unsupported parse_mode {parse_mode!r}")
+
+    def _flood_check(self, chat: _Chat) -> None:
+        if self.chat_flood_limit is None:
+            return
+        now, window = self.clock(), self.chat_flood_window
+        while chat.recent_sends and chat.recent_sends[0] <= now - window:
+            chat.recent_sends.popleft()
+        if len(chat.recent_sends) >= self.chat_flood_limit:
+            wait = max(1, math.ceil(chat.recent_sends[0] + window - now))
+            raise ApiError(429, f"Too Many Requests: retry after {wait}", {"retry_after": wait})
+        chat.recent_sends.append(now)
+
+    async def _send_message(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        chat = self._chat_for(bot, params)
+        if chat.id in self.blocked:
+            raise ApiError(403, BLOCKED)
+        thread = self._thread(chat, params)
+        reply = _json_param(params, "reply_parameters") or {}
+        reply_id = _int_param(reply, "message_id") or _int_param(params, "reply_to_message_id")
+        if reply_id is not None and reply_id not in chat.messages:
+            if not _flag(reply, "allow_sending_without_reply"):
+                raise bad_request("message to be replied not found")
+            reply_id = None
+        text = str(params.get("text") or "")
+        parse_mode = str(params.get("parse_mode") or "") or None
+        visible = self._visible(text, parse_mode)
+        if not visible.strip():
+            raise bad_request("message text is empty")
+        if self._measure(visible) > self.max_text_length:
+            raise bad_request("message is too long")
+        self._flood_check(chat)
+        message: dict[str, Any] = {
+            "message_id": chat.take_id(), "date": int(time.time()), "chat": chat.as_dict(),
+            "from": bot.user, "text": visible,
+        }  # fmt: skip
+        if thread is not None:
+            message["message_thread_id"] = thread
+            if chat.is_forum:
+                message["is_topic_message"] = True
+        if reply_id is not None:
+            original = chat.messages[reply_id]
+            message["reply_to_message"] = {
+                k: original[k] for k in ("message_id", "date", "chat", "from", "text")
+                if k in original
+            }  # fmt: skip
+        chat.messages[message["message_id"]] = message
+        record = SentMessage(
+            token=bot.token, bot_username=bot.user["username"], chat_id=chat.id, text=text,
+            visible_text=visible, parse_mode=parse_mode, message_thread_id=thread,
+            reply_to_message_id=reply_id, message_id=message["message_id"], message=message,
+        )  # fmt: skip
+        self.sent.append(record)
+        self._signal.pulse()
+        return message
+
+    async def _send_chat_action(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        chat = self._chat_for(bot, params)
+        if chat.id in self.blocked:
+            raise ApiError(403, BLOCKED)
+        thread = self._thread(chat, params)
+        self.actions.append(ChatActionRecord(bot.token, chat.id, str(params.get("action")), thread))
+        self._signal.pulse()
+        return True
+
+
+def _kind(update: dict[str, Any]) -> str:
+    return next((k for k in update if k != "update_id"), "")
+
+
+def _media(
+    photo: bool,
+    voice: int | None,
+    document: str | None,
+    sticker: str | None,
+    video: int | None,
+    audio: int | None,
+    location: tuple[float, float] | None,
+) -> dict[str, Any]:
+    """Minimal realistic media objects (ids are made up, sizes plausible)."""
+    ids = {"file_id": "AgACAgIAAxk", "file_unique_id": "AQADx"}
+    media: dict[str, Any] = {}
+    if photo:
+        media["photo"] = [
+            {**ids, "width": w, "height": h, "file_size": w * h // 10}
+            for w, h in ((90, 67), (320, 240), (1280, 960))
+        ]
+    if voice is not None:
+        media["voice"] = {**ids, "duration": voice, "mime_type": "audio/ogg"}
+    if document is not None:
+        media["document"] = {**ids, "file_name": document, "mime_type": "application/octet-stream"}
+    if sticker is not None:
+        media["sticker"] = {**ids, "width": 512, "height": 512, "is_animated": False,
+                            "is_video": False, "type": "regular", "emoji": sticker}  # fmt: skip
+    if video is not None:
+        media["video"] = {**ids, "width": 640, "height": 360, "duration": video}
+    if audio is not None:
+        media["audio"] = {**ids, "duration": audio, "title": "Track", "performer": "Artist"}
+    if location is not None:
+        media["location"] = {"latitude": location[0], "longitude": location[1]}
+    return media
+
+
+def _flag(params: dict[str, Any], key: str) -> bool:
+    value = params.get(key)
+    return value is True or str(value).lower() in ("true", "1")
+
+
+def _int_param(params: dict[str, Any], key: str) -> int | None:
+    value = params.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise bad_request(f"field {key!r} must be an integer") from None
+
+
+def _json_param(params: dict[str, Any], key: str) -> Any:
+    """dicts and lists arrive as JSON text from forms, as values from JSON bodies."""
+    value = params.get(key)
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise bad_request(f"can't parse {key} JSON object") from None
+
+
+async def _read_params(request: web.Request) -> dict[str, Any]:
+    params: dict[str, Any] = dict(request.query)
+    if request.content_type == "application/json":
+        body = await request.json()
+        if isinstance(body, dict):
+            params.update(body)
+    elif request.can_read_body:
+        form = await request.post()
+        for key, value in form.items():
+            params[key] = value if isinstance(value, str) else getattr(value, "filename", "")
+    return params
+
+
+def _error(exc: ApiError) -> web.Response:
+    body: dict[str, Any] = {"ok": False, "error_code": exc.status, "description": exc.description}
+    if exc.parameters:
+        body["parameters"] = exc.parameters
+    return web.json_response(body, status=exc.status)

@@ -1,0 +1,344 @@
+"""The fake Telegram Bot API, driven by the real python-telegram-bot ``Bot``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import ssl
+import warnings
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from telegram import Bot, ReplyParameters
+from telegram.constants import ParseMode
+from telegram.error import (
+    BadRequest,
+    Conflict,
+    EndPointNotFound,
+    Forbidden,
+    InvalidToken,
+    RetryAfter,
+)
+from telegram.request import HTTPXRequest
+from telegram.warnings import PTBDeprecationWarning
+
+from tests.fakes.telegram_api import FakeTelegram, auto_entities
+from tests.fakes.telegram_html import EntityParseError, visible_text
+
+TOKEN = "111:AAA"
+OTHER_TOKEN = "222:BBB"
+
+
+@pytest.fixture(autouse=True)
+def ptb_timedelta(monkeypatch: pytest.MonkeyPatch) -> None:
+    # PTB 22 warns inside RetryAfter's constructor unless durations are opted in to
+    # timedelta; warnings are errors here.
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        server.add_bot(TOKEN, "parley_bot", bot_id=111)
+        yield server
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return httpx.create_ssl_context()  # built once: each costs ~40 ms
+
+
+def make_bot(fake: FakeTelegram, token: str = TOKEN) -> Bot:
+    # Plain http to the fake; TLS settings are shared only to keep construction cheap.
+    return Bot(
+        token,
+        base_url=f"{fake.base_url}/bot",
+        base_file_url=f"{fake.base_url}/file/bot",
+        request=HTTPXRequest(httpx_kwargs={"verify": _tls()}),
+        get_updates_request=HTTPXRequest(connection_pool_size=1, httpx_kwargs={"verify": _tls()}),
+    )
+
+
+@pytest.fixture
+async def bot(fake: FakeTelegram) -> AsyncIterator[Bot]:
+    async with make_bot(fake) as client:
+        yield client
+
+
+def retry_seconds(exc: RetryAfter) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+async def test_get_me_and_unknown_token(fake: FakeTelegram, bot: Bot) -> None:
+    assert bot.username == "parley_bot"
+    assert bot.id == 111
+    stranger = make_bot(fake, "999:ZZZ")
+    with pytest.raises(InvalidToken, match="rejected"):
+        await stranger.initialize()
+    await stranger.shutdown()
+
+
+async def test_unknown_method_is_not_found(fake: FakeTelegram, bot: Bot) -> None:
+    with pytest.raises(EndPointNotFound, match="noSuchMethod"):
+        await bot.do_api_request("noSuchMethod")
+
+
+async def test_send_message_records_and_returns_a_message(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(42, first_name="Alice")
+    first = await bot.send_message(42, "<b>hi</b> &amp; bye", parse_mode=ParseMode.HTML)
+    second = await bot.send_message(42, "plain")
+    assert (first.text, first.message_id, second.message_id) == ("hi & bye", 1, 2)
+    assert first.from_user is not None and first.from_user.username == "parley_bot"
+    sent = await fake.wait_sent(2)
+    assert sent[0].text == "<b>hi</b> &amp; bye"
+    assert sent[0].visible_text == "hi & bye"
+    assert sent[0].parse_mode == "HTML"
+    assert fake.sent_to(42) == sent
+
+
+async def test_send_message_errors(fake: FakeTelegram, bot: Bot) -> None:
+    with pytest.raises(BadRequest, match="Chat not found"):
+        await bot.send_message(7, "hi")
+    fake.add_chat(7)
+    with pytest.raises(BadRequest, match="Message text is empty"):
+        await bot.send_message(7, "<b> </b>", parse_mode=ParseMode.HTML)
+    with pytest.raises(BadRequest, match="Message is too long"):
+        await bot.send_message(7, "x" * 4097)
+    await bot.send_message(7, "<i>" + "x" * 4096 + "</i>", parse_mode=ParseMode.HTML)
+    fake.block(7)
+    with pytest.raises(Forbidden, match="blocked by the user"):
+        await bot.send_message(7, "hi")
+    assert len(fake.sent) == 1
+
+
+async def test_length_in_utf16_units(fake: FakeTelegram, bot: Bot) -> None:
+    fake.length_unit = "utf16"
+    fake.add_chat(7)
+    await bot.send_message(7, "😀" * 2048)  # 4096 units
+    with pytest.raises(BadRequest, match="too long"):
+        await bot.send_message(7, "😀" * 2049)
+
+
+@pytest.mark.parametrize(
+    ("html", "reason"),
+    [
+        ("<x>a</x>", 'Unsupported start tag "x" at byte offset 0'),
+        ("é<b>a", 'Can\'t find end tag corresponding to start tag "b" at byte offset 2'),
+        ("<b><i>a</b></i>", 'Unmatched end tag, expected "</i>", found "</b>" at byte offset 7'),
+        ("a < b", 'Unsupported start tag "" at byte offset 2'),
+        ("fish & chips", "Unsupported HTML entity: '&' must be escaped as &amp; at byte offset 5"),
+        ("&nbsp;", 'Unsupported HTML entity "&nbsp;" at byte offset 0'),
+        ('<span class="x">a</span>', 'Tag "span" must have class "tg-spoiler" at byte offset 0'),
+        ("a</b>", 'Unexpected end tag "b" at byte offset 1'),
+        ("<b", 'Unclosed start tag "b" at byte offset 0'),
+    ],
+)
+def test_html_parse_errors(html: str, reason: str) -> None:
+    with pytest.raises(EntityParseError) as caught:
+        visible_text(html)
+    assert str(caught.value) == reason
+
+
+def test_html_supported_markup() -> None:
+    html = (
+        '<b>b</b><strong>s</strong><i>i</i><u>u</u><s>x</s><span class="tg-spoiler">p</span>'
+        '<tg-spoiler>q</tg-spoiler><a href="https://e.com/?a=1&amp;b=2">link</a>'
+        '<pre><code class="language-python">x &lt; 1</code></pre><blockquote expandable>'
+        'quote</blockquote><tg-emoji emoji-id="5368324170671202286">👍</tg-emoji>'
+        "&#128512;&#x1F600;&quot;&gt;"
+    )
+    assert visible_text(html) == 'bsiuxpqlinkx < 1quote👍😀😀">'
+
+
+async def test_parse_error_reaches_the_client(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(7)
+    with pytest.raises(BadRequest, match="Can't parse entities: unsupported start tag"):
+        await bot.send_message(7, "<p>x</p>", parse_mode=ParseMode.HTML)
+    fake.refuse_entities = True
+    with pytest.raises(BadRequest, match="parse entities"):
+        await bot.send_message(7, "<b>x</b>", parse_mode=ParseMode.HTML)
+    await bot.send_message(7, "<b>x</b>")  # no parse_mode: sent as is
+    assert fake.sent[0].visible_text == "<b>x</b>"
+
+
+async def test_replies_and_threads(fake: FakeTelegram, bot: Bot) -> None:
+    update = fake.push_message(
+        TOKEN, chat_id=-1001, chat_type="supergroup", is_forum=True, text="hi",
+        message_thread_id=5, is_topic_message=True,
+    )  # fmt: skip
+    mid = update["message"]["message_id"]
+    reply = await bot.send_message(
+        -1001, "ok", message_thread_id=5, reply_parameters=ReplyParameters(mid)
+    )
+    assert reply.reply_to_message is not None and reply.reply_to_message.message_id == mid
+    assert reply.message_thread_id == 5
+    assert fake.sent[0].reply_to_message_id == mid
+    with pytest.raises(BadRequest, match="Message thread not found"):
+        await bot.send_message(-1001, "ok", message_thread_id=77)
+    with pytest.raises(BadRequest, match="Message to be replied not found"):
+        await bot.send_message(-1001, "ok", reply_parameters=ReplyParameters(999))
+    lenient = ReplyParameters(999, allow_sending_without_reply=True)
+    await bot.send_message(-1001, "ok", reply_parameters=lenient)
+    assert fake.sent[-1].reply_to_message_id is None
+
+
+async def test_scripted_failures_and_flood(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(7)
+    fake.flood("sendMessage", 3, times=2)
+    for _ in range(2):
+        with pytest.raises(RetryAfter) as caught:
+            await bot.send_message(7, "x")
+        assert retry_seconds(caught.value) == 3
+    fake.fail_next("sendMessage", 400, "Bad Request: something odd")
+    with pytest.raises(BadRequest, match="Something odd"):
+        await bot.send_message(7, "x")
+    await bot.send_message(7, "x")
+    assert len(fake.sent) == 1
+
+
+async def test_per_chat_flood_control(fake: FakeTelegram, bot: Bot) -> None:
+    now = [100.0]
+    fake.clock = lambda: now[0]
+    fake.chat_flood_limit, fake.chat_flood_window = 2, 3.0
+    fake.add_chat(7)
+    await bot.send_message(7, "a")
+    await bot.send_message(7, "b")
+    with pytest.raises(RetryAfter) as caught:
+        await bot.send_message(7, "c")
+    assert retry_seconds(caught.value) == 3
+    now[0] += 3.0
+    await bot.send_message(7, "c")
+
+
+async def test_chat_action(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(7)
+    assert await bot.send_chat_action(7, "typing") is True
+    actions = await fake.wait_actions(1)
+    assert (actions[0].chat_id, actions[0].action, actions[0].message_thread_id) == (
+        7, "typing", None,
+    )  # fmt: skip
+
+
+def test_auto_entities_count_utf16() -> None:
+    text = "/ask@parley_bot 😀 hi @parley_bot and @someone_else"
+    entities = auto_entities(text)
+    assert entities[0] == {"type": "bot_command", "offset": 0, "length": 15}
+    # "😀" is two UTF-16 units, so the mention starts at 21, not 20.
+    assert entities[1] == {"type": "mention", "offset": 22, "length": 11}
+    assert entities[2]["offset"] == 38
+
+
+async def test_long_poll_waits_for_a_push_and_confirms_by_offset(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    poll = asyncio.create_task(bot.get_updates(timeout=5))
+    await fake.wait_calls("getUpdates")  # the poll is out and must wait for the push
+    pushed = fake.push_message(TOKEN, chat_id=42, text="hello")
+    updates = await poll
+    assert [u.update_id for u in updates] == [pushed["update_id"]]
+    assert updates[0].message is not None and updates[0].message.text == "hello"
+    again = await bot.get_updates(timeout=0)
+    assert len(again) == 1  # not confirmed yet
+    assert await bot.get_updates(offset=pushed["update_id"] + 1, timeout=0) == ()
+    assert fake.pending_updates(TOKEN) == []
+
+
+async def test_edit_and_media_updates(fake: FakeTelegram, bot: Bot) -> None:
+    fake.push_message(TOKEN, chat_id=42, text="first")
+    fake.push_message(TOKEN, chat_id=42, text="first!", edit=True)
+    fake.push_message(TOKEN, chat_id=42, caption="look", photo=True, voice=3)
+    updates = await bot.get_updates(timeout=0)
+    original, edit = updates[0].message, updates[1].edited_message
+    assert original is not None and edit is not None
+    assert edit.message_id == original.message_id
+    assert edit.edit_date is not None
+    media = updates[2].message
+    assert media is not None and media.photo and media.voice and media.caption == "look"
+
+
+async def test_allowed_updates_filter(fake: FakeTelegram, bot: Bot) -> None:
+    fake.push_message(TOKEN, chat_id=42, text="a", edit=True)
+    fake.push_message(TOKEN, chat_id=42, text="b")
+    updates = await bot.get_updates(timeout=0, allowed_updates=["message"])
+    assert [u.message.text for u in updates if u.message] == ["b"]
+    assert len(updates) == 1
+
+
+async def test_second_poll_terminates_the_first(fake: FakeTelegram) -> None:
+    async with make_bot(fake) as first, make_bot(fake) as second:
+        pending = asyncio.create_task(first.get_updates(timeout=5))
+        await fake.wait_calls("getUpdates")
+        await second.get_updates(timeout=0)
+        with pytest.raises(Conflict, match="terminated by other getUpdates"):
+            await pending
+
+
+async def test_webhook_blocks_polling(fake: FakeTelegram, bot: Bot) -> None:
+    await bot.set_webhook("http://127.0.0.1:9/hook", secret_token="s3cret")
+    with pytest.raises(Conflict, match="webhook is active"):
+        await bot.get_updates(timeout=0)
+    info = await bot.get_webhook_info()
+    assert info.url == "http://127.0.0.1:9/hook"
+    await bot.delete_webhook()
+    assert await bot.get_updates(timeout=0) == ()
+
+
+async def test_stop_releases_a_pending_long_poll(fake: FakeTelegram) -> None:
+    client = make_bot(fake)
+    await client.initialize()
+    poll = asyncio.create_task(client.get_updates(timeout=30))
+    await fake.wait_calls("getUpdates")
+    async with asyncio.timeout(2):
+        await fake.stop()
+        assert await poll == ()
+    await client.shutdown()
+
+
+async def test_webhook_delivery_with_secret_and_redelivery(fake: FakeTelegram, bot: Bot) -> None:
+    received: list[tuple[str | None, dict[str, Any]]] = []
+    statuses = [500, 200, 200]
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append((request.headers.get("X-Telegram-Bot-Api-Secret-Token"),
+                         json.loads(await request.read())))  # fmt: skip
+        return web.Response(status=statuses[len(received) - 1])
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        await bot.set_webhook(f"http://127.0.0.1:{port}/hook", secret_token="s3cret")
+        first = fake.push_message(TOKEN, chat_id=42, text="one")
+        fake.push_message(TOKEN, chat_id=42, text="two")
+        deliveries = await fake.wait_webhook(1)
+        assert deliveries[0].status == 500
+        assert len(fake.pending_updates(TOKEN)) == 2  # kept for redelivery, in order
+        fake.redeliver()
+        deliveries = await fake.wait_webhook(3)
+        assert [d.status for d in deliveries] == [500, 200, 200]
+        assert [body["message"]["text"] for _, body in received] == ["one", "one", "two"]
+        assert {secret for secret, _ in received} == {"s3cret"}
+        assert received[0][1]["update_id"] == first["update_id"]
+        assert fake.pending_updates(TOKEN) == []
+    finally:
+        await runner.cleanup()
+
+
+async def test_bots_do_not_share_chats(fake: FakeTelegram) -> None:
+    fake.add_bot(OTHER_TOKEN, "other_bot")
+    fake.push_message(TOKEN, chat_id=42, text="hi")
+    async with make_bot(fake, OTHER_TOKEN) as other:
+        with pytest.raises(BadRequest, match="Chat not found"):
+            await other.send_message(42, "hello")
