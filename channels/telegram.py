@@ -55,6 +55,8 @@ MAX_WEBHOOK_BODY_BYTES = 1024 * 1024
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # How long stop() lets a running handler finish before cancelling it.
 STOP_GRACE_SECONDS = 5.0
+SEND_POOL_SIZE = 16
+SEND_POOL_TIMEOUT_SECONDS = 10.0
 # With poll_timeout_seconds = 0 every getUpdates returns at once: pause between them.
 IDLE_POLL_PAUSE_SECONDS = 1.0
 
@@ -72,7 +74,14 @@ def _make_bot(account: TelegramAccountConfig) -> Bot:
         account.token.get_secret_value().strip(),
         base_url=f"{account.api_base_url}/bot",
         base_file_url=f"{account.api_base_url}/file/bot",
-        request=HTTPXRequest(httpx_kwargs=tls),
+        # PTB's default pool is one connection with a 1 s pool timeout: replies, typing
+        # actions and retries to many chats at once would queue behind each other and
+        # fail with PoolTimeout under load.
+        request=HTTPXRequest(
+            connection_pool_size=SEND_POOL_SIZE,
+            pool_timeout=SEND_POOL_TIMEOUT_SECONDS,
+            httpx_kwargs=tls,
+        ),
         # One connection is all a long poll needs (PTB's own choice for getUpdates).
         get_updates_request=HTTPXRequest(connection_pool_size=1, httpx_kwargs=tls),
     )

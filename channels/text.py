@@ -43,6 +43,7 @@ _SENTENCE = re.compile(r".*[.!?…。！？][\"'”’)\]]*(\s)", re.DOTALL)
 _SPACE = re.compile(r".*(\s)", re.DOTALL)
 _BREAKS = (_PARAGRAPH, _LINE, _SENTENCE, _SPACE)
 _WHITESPACE = re.compile(r"\s*")
+_FENCE_RUN = re.compile(r" {0,3}(`{3,}|~{3,})")
 _ZWJ = "\u200d"
 
 
@@ -55,8 +56,10 @@ def split_message(text: str, limit: int, *, measure: Callable[[str], int] = len)
     lines, each part closing the fence and the next reopening it with the same opener line.
 
     Every part is ``[reopened fence line + "\\n"] + slice + ["\\n" + closing fence]``, where
-    the slices are in order and only whitespace of ``text`` lies between them. Text that fits
-    comes back as ``[text.rstrip()]``; whitespace-only text as ``[]``.
+    the slices are in order and only whitespace of ``text`` lies between them, or a block's
+    own closing line when an added closing fence stands in for it (it did not fit after the
+    block's trailing blank lines). Text that fits comes back as ``[text.rstrip()]``;
+    whitespace-only text as ``[]``.
 
     ``measure`` must be additive over concatenation, as ``len`` and ``utf16_len`` are.
     """
@@ -81,6 +84,17 @@ class _Block:
     content_end: int  # end of the last non-blank content line: no cut may leave only the closer
 
 
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    lo: int  # where the whitespace of a cut may start
+    hi: int  # ... and where it must have started before
+    bound: int  # the furthest a hard cut may go
+    block: _Block | None  # the block being cut, whose fences the part must close
+    # The rest of the block's code fits with an added closing fence, but not with its own
+    # closing line (blank lines or a long fence run before it): the added fence replaces it.
+    finishes: bool = False
+
+
 class _Splitter:
     def __init__(self, text: str, limit: int, measure: Callable[[str], int]) -> None:
         self.text, self.limit, self.measure = text, limit, measure
@@ -91,12 +105,15 @@ class _Splitter:
         close = "\n" + fence.marker
         # A fence whose decoration would eat over half a part is not worth protecting: it is
         # split like prose (a 300-character info string, a 40-backtick run with a tiny limit).
+        # So is a block of nothing but whitespace that is too long for one part.
         if measure(text[fence.start : fence.content_start]) + measure(close) > self.limit // 2:
             return None
         end = fence.close_start
         while end > fence.content_start and text[end - 1].isspace():
             end -= 1
         atomic = measure(text[fence.start : fence.end]) <= self.limit
+        if not atomic and end == fence.content_start:
+            return None  # only whitespace inside: no cut could leave code in both parts
         return _Block(fence, atomic, fence.opener + "\n", close, end)
 
     def split(self) -> list[str]:
@@ -149,34 +166,44 @@ class _Splitter:
                 hi = mid
         return lo
 
-    def _segments(
-        self, p: int, reach: int, budget: int, first: int
-    ) -> list[tuple[int, int, _Block | None]]:
-        """Stretches of ``[p, reach)`` where a cut may fall, each with the block it is inside
-        (whose closing fence then counts against the budget)."""
-        segments: list[tuple[int, int, _Block | None]] = []
+    def _segments(self, p: int, reach: int, budget: int, first: int) -> list[_Segment]:
+        """The stretches after ``p`` where a cut may fall: around atomic blocks, and inside a
+        block that must be cut (where its closing fence counts against the budget)."""
+        n = len(self.text)
+        segments: list[_Segment] = []
         lo = p
-        for block in self.blocks[first:]:
+        for k in range(first, len(self.blocks)):
+            block = self.blocks[k]
             fence = block.fence
             if fence.start >= reach:
                 break
             if fence.start >= p:
-                segments.append((lo, fence.start, None))
+                segments.append(_Segment(lo, fence.start, fence.start, None))
             if not block.atomic:
-                hi = min(block.content_end, self._reach(p, budget - self.measure(block.close)))
-                segments.append((max(p, fence.content_start), hi, block))
+                bound = self._reach(p, budget - self.measure(block.close))
+                finishes = block.content_end <= bound and fence.end > reach
+                # The whitespace a cut drops may sit just past the bound; but a cut must
+                # leave some content for the part that reopens the block.
+                hi = min(block.content_end, bound + 1)
+                bound = min(block.content_end - 1, bound)
+                lo = max(p, fence.content_start)
+                segments.append(_Segment(lo, hi, bound, block, finishes))
             lo = fence.end
-        segments.append((lo, reach, None))
-        return [s for s in segments if s[1] > s[0]]
+        segments.append(_Segment(lo, min(reach + 1, n), reach, None))
+        return [s for s in segments if s.hi > s.lo]
 
     def _cut(self, p: int, reach: int, budget: int, first: int) -> tuple[int, int, _Block | None]:
         """Where the part starting at ``p`` ends, where the next one starts, and the block
         the cut falls inside, if any."""
         text = self.text
         segments = self._segments(p, reach, budget, first)
+        for segment in segments:
+            if segment.finishes and segment.block:
+                fence = segment.block.fence
+                return segment.block.content_end, self._resume(fence.end), segment.block
         for pattern in _BREAKS:
-            for lo, hi, block in reversed(segments):
-                m = pattern.match(text, lo, hi)
+            for segment in reversed(segments):
+                m = pattern.match(text, segment.lo, segment.hi)
                 if m is None:
                     continue
                 end = m.start(1)
@@ -184,17 +211,42 @@ class _Splitter:
                     end -= 1
                 # Only the last match of a segment can qualify: an earlier one would start
                 # even closer to p (or even further into the opener line).
-                if end > p and (block is None or end > block.fence.content_start):
+                block = segment.block
+                if end <= p or (block is not None and end <= block.fence.content_start):
+                    continue
+                if self._fence_run_before(p, end) is None:
                     return end, self._resume(end), block
-        if not segments:  # cannot happen with limit >= MIN_SPLIT_LIMIT; never loop forever
-            return p + 1, self._resume(p + 1), None
-        lo, hi, block = segments[-1]
-        end = self._hard_cut(max(lo, p), hi)
-        return end, self._resume(end), block
+        for segment in reversed(segments):
+            if segment.bound > max(segment.lo, p):
+                end = self._hard_cut(max(segment.lo, p), segment.bound)
+                return end, self._resume(end), segment.block
+        # Unreachable with limit >= MIN_SPLIT_LIMIT, kept so the loop always advances.
+        end = self._hard_cut(p, max(reach, p + 1))
+        return end, self._resume(end), None
 
     def _hard_cut(self, lo: int, hi: int) -> int:
         """The last grapheme-cluster boundary in ``(lo, hi]``; failing that (one cluster
         longer than a part), at least a cut that does not start with a combining mark."""
+        end = self._boundary(lo, hi)
+        run = self._fence_run_before(lo, end)
+        if run is not None and run + 2 > lo:
+            return run + 2  # "``" is no fence
+        return end
+
+    def _fence_run_before(self, p: int, end: int) -> int | None:
+        """Where a bare ``` or ~~~ run starts, if a cut at ``end`` would make one the last
+        line of the part starting at ``p`` (a line "```python" cut after its backticks):
+        the part would then close or open a code block that the text does not have."""
+        text = self.text
+        line = max(p, text.rfind("\n", 0, end) + 1)
+        run = _FENCE_RUN.fullmatch(text, line, end)
+        if run is None:
+            return None
+        newline = text.find("\n", end)
+        rest = text[end : newline if newline >= 0 else len(text)]
+        return run.start(1) if rest.strip() else None
+
+    def _boundary(self, lo: int, hi: int) -> int:
         for ok in (_is_cluster_boundary, _not_combining):
             end = hi
             while end > lo + 1 and not ok(self.text, end):

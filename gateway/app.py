@@ -87,6 +87,8 @@ log = logging.getLogger("parley.gateway")
 DELIVERY_ATTEMPTS = 3
 DELIVERY_BACKOFF_SECONDS = (0.5, 2.0)
 STOP_DRAIN_SECONDS = 30.0
+# How long the end of a turn waits for a typing indicator still on its way.
+TYPING_STOP_SECONDS = 5.0
 # Settings that follow a person from an archived session into the new one.
 CARRIED_SETTINGS = ("model", "verbose", "thinking")
 
@@ -677,14 +679,20 @@ class Gateway:
     async def _typing(self, message: InboundMessage) -> AsyncIterator[None]:
         """Keep the platform's typing indicator on while the agent works."""
         channel = self.channels.get(message.channel)
-        task = asyncio.create_task(_keep_typing(channel, message)) if channel else None
+        done = asyncio.Event()
+        task = asyncio.create_task(_keep_typing(channel, message, done)) if channel else None
         try:
             yield
         finally:
+            done.set()
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                # Let an indicator in flight finish rather than cancel it: a request
+                # cancelled mid-flight can leak its pooled connection in the platform's
+                # HTTP client, and the indicator must not land after the reply.
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), TYPING_STOP_SECONDS)
+                except TimeoutError:
+                    task.cancel()
 
     # -- delivery ---------------------------------------------------------------------
 
@@ -767,16 +775,17 @@ class Gateway:
         )
 
 
-async def _keep_typing(channel: Channel, message: InboundMessage) -> None:
+async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.Event) -> None:
     refresh = channel.capabilities.typing_refresh_seconds
-    while True:
+    while not done.is_set():
         try:
             await channel.typing(message.chat_id, message.thread_id, message.account)
         except Exception as exc:  # best effort: a typing failure never fails a turn
             log.debug("typing indicator on %s failed: %s", message.channel, exc)
         if refresh is None:
             return
-        await asyncio.sleep(refresh)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), refresh)
 
 
 def _turn_text(message: InboundMessage) -> str:

@@ -37,7 +37,7 @@ log = logging.getLogger("parley.gateway.lanes")
 
 T = TypeVar("T")
 
-DEFAULT_MODE: Literal["queue", "collect"] = "queue"
+DEFAULT_MODE: Literal["queue", "collect"] = "collect"
 DEFAULT_MAX_CONCURRENT_RUNS = 4
 DEFAULT_QUEUE_CAP = 20
 DEFAULT_IDLE_LANE_TTL_SECONDS = 300.0

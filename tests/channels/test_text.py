@@ -136,6 +136,18 @@ _PIECES = [
 _LONG_WORD = st.text(alphabet="abcxyz", min_size=15, max_size=120)
 markdownish = st.lists(st.one_of(st.sampled_from(_PIECES), _LONG_WORD), max_size=120).map("".join)
 any_text = st.one_of(markdownish, st.text(max_size=400))
+# Line-structured replies, so that code blocks (short, long, unclosed) are common.
+_prose_line = st.lists(st.sampled_from(["word", "é", "👍", "end.", "**b**", "x" * 30]), max_size=12)
+_code_line = st.lists(st.sampled_from(["x", " ", "    ", "= 1", "# c", "\t", "`", "y" * 40]))
+line_based = st.lists(
+    st.one_of(
+        _prose_line.map(" ".join),
+        _code_line.map("".join),
+        st.sampled_from(["", "```", "```python", "~~~", "~~~ js", "````", "``` c++"]),
+    ),
+    max_size=60,
+).map("\n".join)
+replies = st.one_of(markdownish, line_based)
 measures = st.sampled_from([len, utf16_len])
 
 
@@ -205,6 +217,11 @@ def test_a_code_block_that_fits_moves_whole_to_the_next_part() -> None:
     assert parts == ["Some intro text here", code + "\nafter"]
 
 
+def test_a_code_block_that_fits_is_not_cut_even_at_a_better_break_inside() -> None:
+    code = "```\nfirst = 1\n\nsecond = 2\n```"
+    assert split_message(f"intro line\n{code}", len(code)) == ["intro line", code]
+
+
 def test_a_long_code_block_is_cut_between_lines_and_refenced() -> None:
     lines = [f"    value_{i} = {i}" for i in range(30)]
     text = "Intro.\n\n```python\n" + "\n".join(lines) + "\n```\n\nOutro."
@@ -218,6 +235,22 @@ def test_a_long_code_block_is_cut_between_lines_and_refenced() -> None:
     # Indentation survives the cuts, and no line is lost, doubled or reordered.
     body = [line for part in code_parts for line in part.split("\n") if "value_" in line]
     assert body == lines
+
+
+def test_no_part_is_left_holding_only_a_closing_fence() -> None:
+    parts = split_message("```\nword word\n\n```\nword word word", 16)
+    assert parts == ["```\nword\n```", "```\nword\n\n```", "word word word"]
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [("```python\n        \n\n\n\n```python", 29), ("``` c++\n\n    \n``` c++\nword", 24)],
+)
+def test_a_cut_never_turns_a_code_line_into_a_closing_fence(text: str, limit: int) -> None:
+    parts = split_message(text, limit)
+    assert len(parts) == 2
+    assert all(f.close_start < len(parts[0]) for f in find_fences(parts[0])), parts
+    assert len(find_fences(parts[1])) == 1, parts
 
 
 def test_an_overlong_code_line_is_hard_cut_inside_its_fences() -> None:
@@ -240,7 +273,8 @@ def test_utf16_measure_counts_emoji_as_two() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cluster", "limit"), [("e\u0301", 17), ("👍🏽", 18), (FAMILY, 20), ("🇫🇷", 18), ("1\ufe0f\u20e3", 17)]
+    ("cluster", "limit"),
+    [("e\u0301", 17), ("👍🏽", 18), (FAMILY, 20), ("🇫🇷", 18), ("1\ufe0f\u20e3", 17)],
 )
 def test_hard_cuts_fall_between_grapheme_clusters(cluster: str, limit: int) -> None:
     parts = split_message(cluster * 12, limit, measure=utf16_len)
@@ -251,13 +285,19 @@ def test_hard_cuts_fall_between_grapheme_clusters(cluster: str, limit: int) -> N
 
 
 def test_flags_are_not_cut_in_half() -> None:
-    for part in split_message(FLAGS * 3, 17):
-        assert len(part) % 2 == 0 and utf16_len(part) <= 34
+    parts = split_message(FLAGS * 3, 17)
+    assert all(len(part) % 2 == 0 for part in parts) and "".join(parts) == FLAGS * 3
 
 
-def test_a_cluster_longer_than_the_limit_is_cut_but_not_before_a_mark() -> None:
+def test_a_cluster_longer_than_the_limit_is_still_cut_to_size() -> None:
     parts = split_message("a" + "\u0301" * 40, 16)
-    assert "".join(parts) == "a" + "\u0301" * 40  # nothing better is possible; nothing lost
+    assert [len(part) for part in parts] == [16, 16, 9]
+    assert "".join(parts) == "a" + "\u0301" * 40
+
+
+def test_blank_lines_before_a_closing_fence_give_way_to_an_added_one() -> None:
+    text = "```\nword\n" + " " * 20 + "\n```\nafter"
+    assert split_message(text, 16) == ["```\nword\n```", "after"]
 
 
 def test_a_mark_after_a_space_travels_with_the_space() -> None:
@@ -268,29 +308,43 @@ def test_a_mark_after_a_space_travels_with_the_space() -> None:
 # --- split_message: properties ------------------------------------------------------------------
 
 
+_FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*(?=\n|$)")
+
+
 def assert_cores_are_slices(parts: list[str], text: str) -> None:
     """Each part is an optional fence line, a slice of ``text``, an optional closing fence;
-    the slices come in order and only whitespace lies between them."""
+    the slices come in order, and between them lies only whitespace or, where an added
+    closing fence stood in for it, a block's own closing line."""
 
     def cores(part: str) -> list[str]:
         options = [part]
         first, _, rest = part.partition("\n")
         head, _, last = part.rpartition("\n")
-        if rest and re.fullmatch(r"(`{3,}|~{3,})[^\n]*", first):
+        reopened = rest and re.fullmatch(r"(`{3,}|~{3,})[^\n]*", first)
+        if reopened:
             options.append(rest)
         if head and re.fullmatch(r"`{3,}|~{3,}", last):
             options.append(head)
-            if rest and re.fullmatch(r"(`{3,}|~{3,})[^\n]*", first) and "\n" in rest:
+            if reopened and "\n" in rest:
                 options.append(rest.rpartition("\n")[0])
         return options
+
+    def next_starts(pos: int) -> list[int]:
+        # Where the next slice may begin: anywhere in the whitespace after pos, or in the
+        # whitespace after a dropped closing line.
+        stop = len(text) - len(text[pos:].lstrip())
+        starts = list(range(pos, stop + 1))
+        if closer := _FENCE_LINE.match(text, stop):
+            after = closer.end()
+            starts += range(after, len(text) - len(text[after:].lstrip()) + 1)
+        return starts
 
     @cache
     def fits(index: int, pos: int) -> bool:
         if index == len(parts):
-            return not text[pos:].strip()
-        gap = len(text) - len(text[pos:].lstrip())
+            return any(start == len(text) for start in next_starts(pos))
         for core in cores(parts[index]):
-            for start in range(pos, gap + 1):
+            for start in next_starts(pos):
                 if text.startswith(core, start) and fits(index + 1, start + len(core)):
                     return True
         return False
@@ -299,7 +353,7 @@ def assert_cores_are_slices(parts: list[str], text: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(markdownish, st.integers(MIN_SPLIT_LIMIT, 120), measures)
+@given(replies, st.integers(MIN_SPLIT_LIMIT, 120), measures)
 def test_split_parts_fit_and_lose_nothing(text: str, limit: int, measure: Measure) -> None:
     parts = split_message(text, limit, measure=measure)
     assert (parts == []) == (not text.strip())
@@ -320,29 +374,40 @@ def test_split_survives_arbitrary_text(text: str, limit: int, measure: Measure) 
 
 
 def _protected(text: str, limit: int, measure: Measure) -> bool:
-    # The documented rule: a fence whose opener and closer take over half a part is split
-    # like prose. A run of ``` or ~~~ in mid-line may also land at a part start after a cut.
+    """Whether every fence in ``text`` falls under the splitter's promise to keep code blocks
+    whole or refenced. Documented exceptions: a fence whose opener and closer take over half a
+    part, or whose content is all whitespace and too long, is split like prose; and a cut
+    inside a line holding a fence-like run (mid-line or tab-indented ``` or ~~~, or a ```-line
+    with a backtick further on) may turn that run into a fence."""
     fences = find_fences(text)
     cost = (measure(text[f.start : f.content_start]) + measure("\n" + f.marker) for f in fences)
-    mid_line = re.search(r"[^\n \t][ \t]*(```|~~~)|[^\n]{4}(```|~~~)", text)
-    return all(c <= limit // 2 for c in cost) and mid_line is None
+    fence_like = re.search(
+        r"[^\n ][ \t]*(```|~~~)|[^\n]{4}(```|~~~)|^ {0,3}`{3,}[^`\n]+`", text, re.MULTILINE
+    )
+    blank_and_long = any(
+        not text[f.content_start : f.close_start].strip() and measure(text[f.start : f.end]) > limit
+        for f in fences
+    )
+    return all(c <= limit // 2 for c in cost) and fence_like is None and not blank_and_long
 
 
 @settings(max_examples=300, deadline=None)
-@given(markdownish, st.integers(MIN_SPLIT_LIMIT, 120), measures)
+@given(replies, st.integers(MIN_SPLIT_LIMIT, 120), measures)
 def test_split_parts_are_self_contained_markdown(text: str, limit: int, measure: Measure) -> None:
     assume(_protected(text, limit, measure))
     parts = split_message(text, limit, measure=measure)
     for part in parts[:-1]:
         assert all(f.close_start < len(part) for f in find_fences(part)), part
-    long_marks = re.search(r"[\u0300-\u036f]{3}", text)  # a cluster that may exceed the limit
-    for part in parts[1:]:
-        body = part.partition("\n")[2] if re.match(r"```|~~~", part) else part
-        assert long_marks or not body or not unicodedata.combining(body[0]), parts
+    # Unless a cluster may exceed a part, or a mark has no base in the input, no part may
+    # start (after a reopened fence) with a combining mark.
+    if not re.search(r"[\u0300-\u036f]{6}|(^|\n)[\u0300-\u036f]", text):
+        for part in parts[1:]:
+            body = part.partition("\n")[2] if re.match(r"```|~~~", part) else part
+            assert not body or not unicodedata.combining(body[0]), parts
 
 
 @settings(max_examples=200, deadline=None)
-@given(markdownish, st.integers(MIN_SPLIT_LIMIT, 200))
+@given(replies, st.integers(MIN_SPLIT_LIMIT, 200))
 def test_rendered_parts_stay_within_the_limit(text: str, limit: int) -> None:
     for part in split_message(text, limit, measure=utf16_len):
         assert utf16_len(telegram_visible_text(markdown_to_telegram_html(part))) <= limit
@@ -375,6 +440,11 @@ def test_a_100kb_reply_splits_into_full_parts() -> None:
         ("2 * 3 * 4 = 24", "2 * 3 * 4 = 24"),
         ("~5 min, a | b, a || b", "~5 min, a | b, a || b"),
         ("**unclosed and *lonely", "**unclosed and *lonely"),
+        ("*a _b* c_", "<i>a _b</i> c_"),
+        ("*a _b* c* d", "<i>a _b</i> c* d"),
+        ("**a ~~b** c~~", "<b>a ~~b</b> c~~"),
+        ("> \n>", "\n"),
+        ("```js``` is inline", "<code>js</code> is inline"),
         (r"\*not italic\*", "*not italic*"),
         ("`a < *b*`", "<code>a &lt; *b*</code>"),
         ("``has ` tick``", "<code>has ` tick</code>"),
@@ -472,6 +542,7 @@ def test_strip_markdown_keeps_the_words_and_drops_the_markers() -> None:
         "Title\nbold it s sp code docs (https://ex.com)\n• item\n> quote\nx = 1\nsnake_case 2 * 3"
     )
     assert strip_markdown("[x](javascript:y)") == "x (javascript:y)"
+    assert strip_markdown("[](http://x.io) and [ ](tg://y)") == "http://x.io and tg://y"
 
 
 @settings(max_examples=300, deadline=None)

@@ -203,9 +203,7 @@ class GatewayHub:
         for old in [s for s in self.sessions.values() if s.token == token and s.ws is None]:
             del self.sessions[old.session_id]
         session_id = f"fake-session-{next(self._session_numbers)}-{secrets.token_hex(4)}"
-        session = Session(
-            session_id, token, str(identity.user["id"]), intents, self.replay_buffer
-        )
+        session = Session(session_id, token, str(identity.user["id"]), intents, self.replay_buffer)
         self.sessions[session_id] = session
         self.identifies.append(IdentifyRecord(token, intents, session_id))
         ready = {
@@ -231,8 +229,10 @@ class GatewayHub:
         session = self.sessions.get(str(data.get("session_id")))
         seq = data.get("seq")
         after = seq if isinstance(seq, int) else 0
-        if session is None or session.token != data.get("token") or not self._can_replay(
-            session, after
+        if (
+            session is None
+            or session.token != data.get("token")
+            or not self._can_replay(session, after)
         ):
             # d=false: start over with IDENTIFY (discord.py closes and re-identifies).
             await ws.send_str(_frame(OP_INVALID_SESSION, False))
@@ -259,10 +259,12 @@ class GatewayHub:
         return session.log[0][0] <= after + 1  # the gap was not trimmed away
 
     def _forget_socket(self, session: Session, ws: web.WebSocketResponse) -> None:
-        if session.ws is ws:
-            session.ws = None
-        code = ws.close_code
-        if session.ws is None and code in _SESSION_ENDING_CLIENT_CODES:
+        if session.ws is not ws:
+            return  # the fake detached it itself (op 7, a drop, a newer RESUME)
+        session.ws = None
+        # Only the client's own clean close ends the session; aiohttp reports a code
+        # for server-initiated closes too, hence the check above comes first.
+        if ws.close_code in _SESSION_ENDING_CLIENT_CODES:
             self.sessions.pop(session.session_id, None)
 
     # -- sending ----------------------------------------------------------------------
@@ -280,13 +282,12 @@ class GatewayHub:
     async def _send(self, session: Session, text: str) -> bool:
         ws = session.ws
         if ws is None or ws.closed:
-            session.ws = None
             return False
         try:
             await ws.send_str(text)
         except (ConnectionError, RuntimeError):
-            # The client is gone; the event stays in the log for its RESUME.
-            session.ws = None
+            # The client is going away; the event stays in the log for its RESUME, and
+            # the socket's handler detaches it from the session.
             return False
         return True
 

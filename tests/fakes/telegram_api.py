@@ -401,6 +401,14 @@ class FakeTelegram:
         await self._wait(lambda: len(matching()) >= count, timeout, f"{count} {method} calls")
         return matching()
 
+    async def wait_until(
+        self,
+        predicate: Callable[[], bool],
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> None:
+        """Wait (no polling) until ``predicate()`` holds after some request or push."""
+        await self._wait(predicate, timeout, "state matching the predicate")
+
     async def _wait(self, ready: Callable[[], bool], limit_s: float, what: str) -> None:
         if not await self._signal.wait_for(ready, limit_s):
             raise TimeoutError(f"FakeTelegram: no {what} within {limit_s} s")

@@ -274,7 +274,7 @@ async def test_reply_written_before_a_crash_is_delivered_without_a_model_call(
 async def test_thousand_messages_over_fifty_sessions(tmp_path: Path, clock: Clock) -> None:
     channel = RecordingChannel()
     provider = ScriptedProvider()
-    config = make_config(tmp_path, PARLEY_LANES__QUEUE_CAP="1000")
+    config = make_config(tmp_path, PARLEY_LANES__QUEUE_CAP="1000", PARLEY_LANES__MODE="queue")
     async with Gateway(config, channels=[channel], provider=provider, clock=clock) as gateway:
         messages = [
             channel.inbound(f"{s}:{i}", sender=f"user{s}", message_id=f"{s}-{i}")

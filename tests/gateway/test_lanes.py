@@ -70,7 +70,7 @@ class Gate:
 
 def test_config_defaults_and_bounds() -> None:
     config = LanesConfig()
-    assert config.mode == "queue"
+    assert config.mode == "collect"
     assert config.max_concurrent_runs == DEFAULT_MAX_CONCURRENT_RUNS == 4
     assert config.queue_cap == DEFAULT_QUEUE_CAP == 20
     for bad in (
@@ -215,7 +215,7 @@ async def test_runner_failure_is_logged_and_the_lane_goes_on(
             raise RuntimeError(f"boom on {batch[0]}")
 
     with caplog.at_level(logging.ERROR, logger="parley.gateway.lanes"):
-        async with LaneManager(LanesConfig(), runner) as lanes:
+        async with LaneManager(LanesConfig(mode="queue"), runner) as lanes:
             for n in range(10):
                 await lanes.submit("flaky", n)
                 await lanes.submit("steady", 100 + n)
@@ -264,7 +264,7 @@ async def test_stop_with_drain_finishes_queued_items() -> None:
 
 async def test_stop_drain_that_times_out_cancels_and_reports() -> None:
     gate = Gate(hold={"a1"})  # never released
-    lanes: LaneManager[object] = LaneManager(LanesConfig(), gate)
+    lanes: LaneManager[object] = LaneManager(LanesConfig(mode="queue"), gate)
     await lanes.start()
     await lanes.submit("a", "a1")
     await lanes.submit("a", "a2")
@@ -288,7 +288,7 @@ async def test_runner_that_swallows_cancellation_runs_nothing_more() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await release.wait()
 
-    lanes: LaneManager[str] = LaneManager(LanesConfig(), stubborn)
+    lanes: LaneManager[str] = LaneManager(LanesConfig(mode="queue"), stubborn)
     await lanes.start()
     await lanes.submit("a", "a1")
     await lanes.submit("a", "a2")
@@ -301,7 +301,7 @@ async def test_runner_that_swallows_cancellation_runs_nothing_more() -> None:
 
 async def test_lifecycle_closed_before_start_after_stop_and_restartable() -> None:
     gate = Gate()
-    lanes: LaneManager[object] = LaneManager(LanesConfig(), gate)
+    lanes: LaneManager[object] = LaneManager(LanesConfig(mode="queue"), gate)
     assert (await lanes.submit("a", "early")).status is SubmitStatus.CLOSED
     async with lanes:
         with pytest.raises(RuntimeError):
@@ -318,7 +318,7 @@ async def test_lifecycle_closed_before_start_after_stop_and_restartable() -> Non
 
 async def test_leaving_the_context_on_error_cancels_instead_of_draining() -> None:
     gate = Gate(hold={"a1"})  # never released: a drain would hang until its timeout
-    lanes: LaneManager[object] = LaneManager(LanesConfig(), gate)
+    lanes: LaneManager[object] = LaneManager(LanesConfig(mode="queue"), gate)
     with pytest.raises(ZeroDivisionError):
         async with asyncio.timeout(WAIT), lanes:
             await lanes.submit("a", "a1")
@@ -417,7 +417,7 @@ async def test_order_holds_when_lanes_are_reaped_between_submits(mode: str) -> N
 
 async def test_cancelling_stop_mid_drain_still_stops_the_workers() -> None:
     gate = Gate(hold={"a1"})  # never released
-    lanes: LaneManager[object] = LaneManager(LanesConfig(), gate)
+    lanes: LaneManager[object] = LaneManager(LanesConfig(mode="queue"), gate)
     await lanes.start()
     await lanes.submit("a", "a1")
     await lanes.submit("a", "a2")

@@ -1,0 +1,260 @@
+"""Channel throughput: 100 chats x 20 messages through the real client libraries.
+
+For each of Telegram and Discord: a protocol fake on 127.0.0.1 (the ones the tests
+use), the real adapter (python-telegram-bot / discord.py), the whole gateway path
+(access, inbox, lanes, transcripts, registry, delivery) and a zero-latency provider
+that echoes what it was sent. 100 direct chats each send 20 numbered messages, all
+at once. A reply may answer several messages (the lanes fold what queued up during a
+turn), so each reply is parsed for the messages it echoes:
+
+- lost: messages no reply echoed; duplicated: messages echoed more than once;
+- out_of_order: within a chat, a reply echoing an earlier message than a previous
+  reply did;
+- msgs_per_s: messages answered / (last reply received - first message pushed);
+- added_latency_ms: per message, push → the reply reaching the fake (the provider
+  takes no time, so all of it is parley plus the client libraries).
+
+Prints one JSON object per channel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
+
+from gateway.app import Gateway  # noqa: E402
+from gateway.channel_factory import build_channels  # noqa: E402
+from gateway.config import load_config  # noqa: E402
+from tests.fakes.discord_api import FakeDiscord  # noqa: E402
+from tests.fakes.scripted_provider import ScriptedProvider  # noqa: E402
+from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
+
+TELEGRAM_TOKEN = "700001:bench-token-telegram"
+DISCORD_TOKEN = "bench.discord.token"
+DISCORD_BOT_ID = 900_000_000_000_000_001
+MESSAGE_RE = re.compile(r"c(\d+) m(\d+)")
+DEADLINE_SECONDS = 60.0
+
+Push = Callable[[int, int], object]  # (chat, n): send message n of chat (maybe async)
+WaitUntil = Callable[[Callable[[], bool], float], Awaitable[None]]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def gateway_env(home: Path) -> dict[str, str]:
+    return {
+        "PARLEY_HOME": str(home),
+        "PARLEY_SESSION__TIMEZONE": "UTC",
+        "PARLEY_MEMORY__ENABLED": "false",
+        "PARLEY_LOGGING__LEVEL": "WARNING",
+        "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
+    }
+
+
+def score(
+    replies: Iterable[tuple[float, str]],
+    pushed_at: dict[tuple[int, int], float],
+    messages: int,
+) -> dict[str, Any]:
+    """Which messages each reply answered, in the order the fake received them."""
+    seen: dict[tuple[int, int], float] = {}
+    duplicated = 0
+    out_of_order = 0
+    last_in_chat: dict[int, int] = defaultdict(lambda: -1)
+    for received_at, text in replies:
+        for chat_s, n_s in MESSAGE_RE.findall(text):
+            key = (int(chat_s), int(n_s))
+            if key not in pushed_at:
+                continue
+            if key in seen:
+                duplicated += 1
+                continue
+            seen[key] = received_at
+            if key[1] < last_in_chat[key[0]]:
+                out_of_order += 1
+            last_in_chat[key[0]] = max(last_in_chat[key[0]], key[1])
+    latencies = [(seen[k] - pushed_at[k]) * 1000 for k in seen]
+    elapsed = (max(seen.values()) - min(pushed_at.values())) if seen else float("nan")
+    return {
+        "messages": messages,
+        "replied": len(seen),
+        "lost": messages - len(seen),
+        "duplicated": duplicated,
+        "out_of_order": out_of_order,
+        "msgs_per_s": round(len(seen) / elapsed, 1) if seen else 0.0,
+        "added_latency_ms_p50": round(statistics.median(latencies), 2) if latencies else None,
+        "added_latency_ms_p99": round(percentile(latencies, 0.99), 2) if latencies else None,
+        "elapsed_s": round(elapsed, 3),
+    }
+
+
+async def drive(
+    push: Push,
+    answered: Callable[[], set[tuple[int, int]]],
+    wait_until: WaitUntil,
+    chats: int,
+    per_chat: int,
+) -> dict[tuple[int, int], float]:
+    """Every chat sends its messages at once; wait until each one has a reply."""
+    pushed_at: dict[tuple[int, int], float] = {}
+
+    async def one_chat(chat: int) -> None:
+        for n in range(per_chat):
+            pushed_at[(chat, n)] = time.perf_counter()
+            sent = push(chat, n)
+            if inspect.isawaitable(sent):
+                await sent
+            await asyncio.sleep(0)  # let the other chats interleave
+
+    await asyncio.gather(*(one_chat(c) for c in range(chats)))
+    with contextlib.suppress(TimeoutError):  # what never came is counted as lost
+        await wait_until(lambda: len(answered()) >= chats * per_chat, DEADLINE_SECONDS)
+    return pushed_at
+
+
+class Coverage:
+    """Which messages the replies received so far echo; reads only the new replies."""
+
+    def __init__(self, texts: Callable[[], list[str]]) -> None:
+        self._texts = texts
+        self._read = 0
+        self.seen: set[tuple[int, int]] = set()
+
+    def __call__(self) -> set[tuple[int, int]]:
+        texts = self._texts()
+        for text in texts[self._read :]:
+            self.seen.update((int(c), int(n)) for c, n in MESSAGE_RE.findall(text))
+        self._read = len(texts)
+        return self.seen
+
+
+async def with_gateway(
+    home: Path, extra_env: dict[str, str], body: Callable[[], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    loaded = load_config(env={**gateway_env(home), **extra_env})
+    channels = build_channels(loaded.config.channels)
+    gateway = Gateway(loaded, channels=channels, provider=ScriptedProvider("bench-echo"))
+    async with gateway:
+        result = await body()
+        await gateway.wait_idle()
+    return result
+
+
+async def bench_telegram(chats: int, per_chat: int) -> dict[str, Any]:
+    async with FakeTelegram() as fake:
+        fake.add_bot(TELEGRAM_TOKEN, "parley_bench_bot")
+        env = {
+            "TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN,
+            "TELEGRAM_API_BASE_URL": fake.base_url,
+            "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
+            "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
+        }
+
+        def push(chat: int, n: int) -> None:
+            fake.push_message(
+                TELEGRAM_TOKEN,
+                chat_id=10_000 + chat,
+                sender_id=10_000 + chat,
+                sender_first_name=f"User{chat}",
+                text=f"c{chat} m{n}",
+            )
+
+        answered = Coverage(lambda: [m.visible_text for m in fake.sent])
+
+        async def body() -> dict[str, Any]:
+            pushed_at = await drive(push, answered, fake.wait_until, chats, per_chat)
+            await asyncio.sleep(0.5)  # let any duplicate reach the fake before scoring
+            replies = [(m.received_at, m.visible_text) for m in fake.sent]
+            return score(replies, pushed_at, chats * per_chat)
+
+        with tempfile.TemporaryDirectory(prefix="parley-bench-") as home:
+            result = await with_gateway(Path(home), env, body)
+    return {"channel": "telegram", **result}
+
+
+async def bench_discord(chats: int, per_chat: int) -> dict[str, Any]:
+    import discord
+    import yarl
+
+    async with FakeDiscord() as fake:
+        fake.add_bot(DISCORD_TOKEN, DISCORD_BOT_ID, "parley-bench")
+        dm_of: dict[int, int] = {}
+        for chat in range(chats):
+            user = {"id": str(800_000 + chat), "username": f"user{chat}", "global_name": None}
+            dm_of[chat] = int(fake.add_dm(DISCORD_TOKEN, user))
+        env = {
+            "DISCORD_BOT_TOKEN": DISCORD_TOKEN,
+            "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
+            "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,
+            "PARLEY_CHANNELS__DISCORD__GATEWAY_URL": fake.gateway_url,
+        }
+
+        def push(chat: int, n: int) -> Awaitable[dict[str, Any]]:
+            return fake.push_message(
+                DISCORD_TOKEN,
+                channel_id=dm_of[chat],
+                content=f"c{chat} m{n}",
+                author={"id": str(800_000 + chat), "username": f"user{chat}"},
+            )
+
+        answered = Coverage(lambda: [m.content for m in fake.sent])
+
+        async def body() -> dict[str, Any]:
+            pushed_at = await drive(push, answered, fake.wait_until, chats, per_chat)
+            await asyncio.sleep(0.5)
+            replies = [(m.received_at, m.content) for m in fake.sent]
+            return score(replies, pushed_at, chats * per_chat)
+
+        saved = (discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY)
+        try:
+            with tempfile.TemporaryDirectory(prefix="parley-bench-") as home:
+                result = await with_gateway(Path(home), env, body)
+        finally:
+            discord.http.Route.BASE = saved[0]
+            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(str(saved[1]))
+    return {"channel": "discord", **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chats", type=int, default=100)
+    parser.add_argument("--messages", type=int, default=20, help="per chat")
+    parser.add_argument("--channel", choices=["telegram", "discord", "both"], default="both")
+    args = parser.parse_args()
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        os.environ.pop(name, None)
+    os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+    logging.basicConfig(level=logging.ERROR)
+    runs = {"telegram": bench_telegram, "discord": bench_discord}
+    names = list(runs) if args.channel == "both" else [args.channel]
+    for name in names:
+        result = asyncio.run(runs[name](args.chats, args.messages))
+        result.update(python=platform.python_version(), cpus=os.cpu_count())
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""The Discord channel: one discord.py client per bot account.
+
+(Named ``discord_adapter`` because a ``channels/discord.py`` would shadow the library.)
+
+Inbound order: discord.py runs every event handler as its own task, so two messages
+from one channel could reach the gateway out of order. Each client hands events over
+in ``dispatch`` instead, which runs inside the websocket read loop in the order the
+gateway sent them; they are normalised there (no await) into a per-account queue, and
+one consumer task per account awaits the inbound handler for each in turn.
+
+Outbound: a reply is split at Markdown boundaries into parts of at most 2000
+characters; the first part quotes the triggering message (not in DMs, where there is
+only one conversation), and no part may ping @everyone, roles or users. Errors:
+
+- Forbidden in a DM, or code 50007 → RecipientBlocked; other Forbidden or NotFound →
+  DeliveryError(retryable=False);
+- a 5xx or a network error → DeliveryError, retryable only while no part went out
+  (a retry would duplicate the delivered parts); other HTTP errors → not retryable.
+
+429s never surface: discord.py sleeps for ``retry_after`` and retries by itself.
+Every DeliveryError carries ``delivered``, the ids of the parts already sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import discord
+import yarl
+from discord.gateway import DiscordWebSocket
+
+from channels.base import (
+    ChannelCapabilities,
+    ChannelStartError,
+    ChatPolicy,
+    DeliveryError,
+    DeliveryResult,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+    RecipientBlocked,
+    WebhookRoute,
+)
+from channels.config import DiscordConfig
+from channels.discord_inbound import normalise_edit, normalise_message
+from channels.text import split_message
+
+logger = logging.getLogger("parley.channels.discord")
+
+MAX_MESSAGE_CHARS = 2000
+DEFAULT_READY_TIMEOUT_SECONDS = 30.0
+# on_ready waits this long after the last GUILD_CREATE (discord.py's default is 2 s).
+# Nothing here waits for on_ready, so the value only keeps the library's own bookkeeping
+# brisk; messages of a guild that arrives later are handled all the same.
+GUILD_READY_TIMEOUT_SECONDS = 0.1
+# How long stop() lets the consumer finish messages already received.
+STOP_GRACE_SECONDS = 2.0
+CLOSE_TIMEOUT_SECONDS = 5.0
+DM_BLOCKED_CODE = 50007
+# A reply may notify the person it answers, and nobody else.
+REPLY_MENTIONS = discord.AllowedMentions(
+    everyone=False, roles=False, users=False, replied_user=True
+)
+_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+def _intents() -> discord.Intents:
+    intents = discord.Intents.default()
+    # Privileged: without it guild messages arrive blank unless they mention the bot.
+    intents.message_content = True
+    intents.dm_messages = True
+    intents.guild_messages = True
+    return intents
+
+
+def _point_library_at(config: DiscordConfig) -> None:
+    # discord.py keeps both endpoints in class attributes, so they are process-wide:
+    # every account (and any other discord.py client in this process) talks to the same
+    # API and gateway. A deployment has one Discord (or one proxy), so that is fine.
+    discord.http.Route.BASE = config.api_base_url
+    DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(config.gateway_url)
+
+
+class _GatewayClient(discord.Client):
+    def __init__(self, account: _Account) -> None:
+        super().__init__(intents=_intents(), guild_ready_timeout=GUILD_READY_TIMEOUT_SECONDS)
+        self._account = account
+
+    def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
+        super().dispatch(event, *args, **kwargs)
+        # Called from the gateway read loop, in gateway order (see the module docstring).
+        self._account.on_event(event, args)
+
+
+async def _finish(task: asyncio.Task[Any], grace: float) -> None:
+    """Let ``task`` end within ``grace`` seconds, then cancel it; never raises."""
+    done, _ = await asyncio.wait({task}, timeout=grace)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("discord: %s ended with %r", task.get_name(), task.exception())
+
+
+class _Account:
+    """One bot account: its client, its inbound queue and the consumer of that queue."""
+
+    def __init__(
+        self, name: str, token: str, config: DiscordConfig, handler: InboundHandler
+    ) -> None:
+        self.name = name
+        self._token = token
+        self._config = config
+        self._handler = handler
+        self.client = _GatewayClient(self)
+        self.queue: asyncio.Queue[InboundMessage | None] = asyncio.Queue()
+        self.dm_channels: set[int] = set()  # learnt from inbound DMs
+        self._connected = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._consumer: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    async def start(self, ready_within: float) -> None:
+        runner = asyncio.create_task(self.client.start(self._token), name=f"discord-{self.name}")
+        self._runner = runner
+        connected = asyncio.create_task(self._connected.wait())
+        await asyncio.wait(
+            {runner, connected}, timeout=ready_within, return_when=asyncio.FIRST_COMPLETED
+        )
+        connected.cancel()
+        if runner.done():
+            raise ChannelStartError(f"discord account {self.name!r}: {self._why(runner)}")
+        if not self._connected.is_set():
+            raise ChannelStartError(
+                f"discord account {self.name!r}: not connected after {ready_within:g} s"
+            )
+        runner.add_done_callback(self._runner_ended)
+        self._consumer = asyncio.create_task(self._consume(), name=f"discord-{self.name}-inbox")
+
+    @staticmethod
+    def _why(runner: asyncio.Task[None]) -> str:
+        exc = None if runner.cancelled() else runner.exception()
+        if isinstance(exc, discord.LoginFailure):
+            return "login failed: the token was refused"
+        if isinstance(exc, discord.PrivilegedIntentsRequired):
+            return "enable the Message Content intent (Developer Portal → Bot)"
+        return f"the client stopped while connecting: {exc!r}"
+
+    def _runner_ended(self, runner: asyncio.Task[None]) -> None:
+        if self._stopped or runner.cancelled():
+            return
+        logger.error("discord %s: the client stopped: %s", self.name, self._why(runner))
+
+    def on_event(self, event: str, args: tuple[Any, ...]) -> None:
+        try:
+            message = self._normalise(event, args)
+        except Exception:
+            # A malformed event must not break discord.py's read loop.
+            logger.exception("discord %s: could not read a %s event", self.name, event)
+            return
+        if message is not None:
+            if message.chat_type == "direct":
+                self.dm_channels.add(int(message.chat_id))
+            self.queue.put_nowait(message)
+
+    def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
+        if event == "connect":
+            self._connected.set()
+            return None
+        if event == "resumed":
+            logger.info("discord %s: gateway session resumed", self.name)
+            return None
+        if event not in ("message", "raw_message_edit"):
+            return None
+        me = self.client.user
+        if me is None:
+            return None
+        lookup, allow_bots = self.client.get_channel, self._config.allow_bots
+        if event == "message":
+            return normalise_message(
+                args[0], account=self.name, me=me, lookup=lookup, allow_bots=allow_bots
+            )
+        return normalise_edit(
+            args[0],
+            account=self.name,
+            me=me,
+            lookup=lookup,
+            rule=self._config.edited_messages,
+            allow_bots=allow_bots,
+        )
+
+    async def _consume(self) -> None:
+        while (message := await self.queue.get()) is not None:
+            try:
+                await self._handler(message)
+            except Exception:
+                logger.exception(
+                    "discord %s: the inbound handler failed on message %s",
+                    self.name,
+                    message.message_id,
+                )
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_SECONDS):
+                await self.client.close()
+        except (TimeoutError, *_NETWORK_ERRORS, discord.DiscordException) as exc:
+            logger.warning("discord %s: closing the client failed: %r", self.name, exc)
+        if self._runner is not None:
+            await _finish(self._runner, CLOSE_TIMEOUT_SECONDS)
+        if self._consumer is not None:
+            # Messages already received are handed over before the channel goes quiet.
+            self.queue.put_nowait(None)
+            await _finish(self._consumer, STOP_GRACE_SECONDS)
+
+    def is_dm(self, channel_id: int) -> bool:
+        cached = self.client.get_channel(channel_id)
+        return channel_id in self.dm_channels or isinstance(cached, discord.DMChannel)
+
+    def messageable(self, channel_id: int) -> discord.abc.Messageable:
+        cached = self.client.get_channel(channel_id)
+        if isinstance(cached, discord.abc.Messageable):
+            return cached
+        return self.client.get_partial_messageable(channel_id)
+
+
+def _reference(message: OutboundMessage, channel_id: int) -> discord.MessageReference | None:
+    # Inbound ids are "<id>" or "<id>:edit:<ms>"; either way the head is the message.
+    head = (message.reply_to_message_id or "").split(":", 1)[0]
+    if not head.isdigit():
+        return None
+    return discord.MessageReference(
+        message_id=int(head), channel_id=channel_id, fail_if_not_exists=False
+    )
+
+
+class DiscordChannel:
+    name = "discord"
+    capabilities = ChannelCapabilities(
+        max_message_chars=MAX_MESSAGE_CHARS,
+        markdown=True,
+        typing_indicator=True,
+        threads=True,
+        typing_refresh_seconds=8.0,  # Discord shows "typing" for 10 s
+    )
+
+    def __init__(
+        self, config: DiscordConfig, *, ready_timeout: float = DEFAULT_READY_TIMEOUT_SECONDS
+    ) -> None:
+        self.config = config
+        self.ready_timeout = ready_timeout
+        self._accounts: dict[str, _Account] = {}
+
+    async def start(self, handler: InboundHandler) -> None:
+        if self._accounts:
+            raise ChannelStartError("the discord channel is already running")
+        enabled = {n: a for n, a in self.config.accounts.items() if a.enabled}
+        if not enabled:
+            raise ChannelStartError("discord: no enabled account (set accounts.<id>.token)")
+        _point_library_at(self.config)
+        accounts = [
+            _Account(name, account.token.get_secret_value().strip(), self.config, handler)
+            for name, account in enabled.items()
+        ]
+        try:
+            results = await asyncio.gather(
+                *(a.start(self.ready_timeout) for a in accounts), return_exceptions=True
+            )
+        except BaseException:
+            await asyncio.gather(*(a.stop() for a in accounts))
+            raise
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await asyncio.gather(*(a.stop() for a in accounts))
+            first = failures[0]
+            if isinstance(first, ChannelStartError):
+                raise first
+            raise ChannelStartError(f"discord: could not start: {first!r}") from first
+        self._accounts = {a.name: a for a in accounts}
+        logger.info("discord: started %s", ", ".join(sorted(self._accounts)))
+
+    async def stop(self) -> None:
+        accounts, self._accounts = list(self._accounts.values()), {}
+        await asyncio.gather(*(a.stop() for a in accounts))
+
+    def _running(self, account: str) -> _Account:
+        running = self._accounts.get(account)
+        if running is not None:
+            return running
+        # A configured account that is not running may be back after a restart.
+        configured = account in self.config.accounts
+        raise DeliveryError(f"discord account {account!r} is not running", retryable=configured)
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        account = self._running(message.account)
+        target = message.thread_id or message.chat_id
+        if not target.isdigit():
+            raise DeliveryError(f"discord: {target!r} is not a channel id", retryable=False)
+        channel_id = int(target)
+        parts = split_message(message.text, MAX_MESSAGE_CHARS)
+        if not parts:
+            raise DeliveryError("discord: the reply is empty", retryable=False)
+        is_dm = account.is_dm(channel_id)
+        reference = None if is_dm else _reference(message, channel_id)
+        channel = account.messageable(channel_id)
+        delivered: list[str] = []
+        for index, part in enumerate(parts):
+            try:
+                sent = await _send_part(channel, part, reference if index == 0 else None)
+            except Exception as exc:
+                raise _delivery_error(exc, target, is_dm, delivered) from exc
+            delivered.append(str(sent.id))
+        return DeliveryResult(tuple(delivered), len(parts), datetime.now(UTC))
+
+    async def typing(
+        self, chat_id: str, thread_id: str | None = None, account: str = "default"
+    ) -> None:
+        running = self._accounts.get(account)
+        target = thread_id or chat_id
+        if running is None or not target.isdigit():
+            return
+        try:
+            await running.client.get_partial_messageable(int(target)).typing()
+        except (discord.DiscordException, *_NETWORK_ERRORS) as exc:
+            # Best effort: a missing indicator is not worth a failed turn.
+            logger.debug("discord %s: typing in %s failed: %r", account, target, exc)
+
+    def policy(self, message: InboundMessage) -> ChatPolicy:
+        thread = message.thread_id
+        return self.config.policy(
+            message.account,
+            message.chat_type,
+            guild_id=message.guild_id,
+            channel_id=thread or message.chat_id,
+            parent_id=message.chat_id if thread else None,
+        )
+
+    def webhook_routes(self) -> Sequence[WebhookRoute]:
+        return []  # the gateway websocket needs no inbound HTTP
+
+
+async def _send_part(
+    channel: discord.abc.Messageable, text: str, reference: discord.MessageReference | None
+) -> discord.Message:
+    if reference is None:
+        return await channel.send(text, allowed_mentions=REPLY_MENTIONS)
+    return await channel.send(text, reference=reference, allowed_mentions=REPLY_MENTIONS)
+
+
+def _delivery_error(
+    exc: Exception, target: str, is_dm: bool, delivered: list[str]
+) -> DeliveryError:
+    sent = tuple(delivered)
+    where = f"discord → {target}"
+    if isinstance(exc, discord.Forbidden):
+        if is_dm or exc.code == DM_BLOCKED_CODE:
+            return RecipientBlocked(f"{where}: {exc.text}", delivered=sent)
+        return DeliveryError(f"{where}: forbidden: {exc.text}", retryable=False, delivered=sent)
+    if isinstance(exc, discord.NotFound):
+        return DeliveryError(f"{where}: not found: {exc.text}", retryable=False, delivered=sent)
+    if isinstance(exc, discord.HTTPException):
+        retryable = exc.status >= 500 and not sent
+        return DeliveryError(
+            f"{where}: HTTP {exc.status}: {exc.text}", retryable=retryable, delivered=sent
+        )
+    if isinstance(exc, (*_NETWORK_ERRORS, discord.RateLimited, discord.ConnectionClosed)):
+        return DeliveryError(f"{where}: {exc!r}", retryable=not sent, delivered=sent)
+    return DeliveryError(f"{where}: unexpected {exc!r}", retryable=False, delivered=sent)

@@ -1,0 +1,399 @@
+"""The fake Discord against the real discord.py client (and raw HTTP/websocket where the
+client would hide what the fake answered)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import discord
+import pytest
+import yarl
+from discord.gateway import DiscordWebSocket
+
+from tests.fakes.discord_api import SEND_MESSAGE, FakeDiscord
+from tests.fakes.discord_gateway import INTENT_MESSAGE_CONTENT
+
+TOKEN = "bot-token-one"
+OTHER_TOKEN = "bot-token-two"
+BOT_ID = "200000000000000001"
+OTHER_BOT_ID = "200000000000000002"
+GUILD_ID = "300000000000000001"
+GENERAL = "400000000000000001"
+SECRET = "400000000000000002"
+THREAD = "600000000000000001"
+ROLE = "500000000000000001"
+ANN = {"id": "700000000000000001", "username": "ann", "global_name": "Ann", "nick": "Annie"}
+BOB = {"id": "700000000000000002", "username": "bob"}
+LIMIT = 5.0
+
+
+class RecordingClient(discord.Client):
+    """A discord.Client that keeps what it receives and lets a test wait on it."""
+
+    def __init__(self, *, message_content: bool = True) -> None:
+        intents = discord.Intents.default()
+        intents.message_content = message_content
+        super().__init__(intents=intents, guild_ready_timeout=0.01)
+        self.messages: list[discord.Message] = []
+        self.edits: list[tuple[discord.Message, discord.Message]] = []
+        self.resumed = 0
+        self.changed = asyncio.Condition()
+
+    async def _bump(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def on_message(self, message: discord.Message) -> None:
+        self.messages.append(message)
+        await self._bump()
+
+    async def on_message_edit(self, before: discord.Message, after: discord.Message) -> None:
+        self.edits.append((before, after))
+        await self._bump()
+
+    async def on_resumed(self) -> None:
+        self.resumed += 1
+        await self._bump()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        async with asyncio.timeout(LIMIT), self.changed:
+            await self.changed.wait_for(predicate)
+
+    async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
+        # discord.py waits 5 s before each re-IDENTIFY (Discord's identify rate limit);
+        # the fake has no such limit.
+        return None
+
+    def from_others(self) -> list[discord.Message]:
+        assert self.user is not None
+        return [m for m in self.messages if m.author.id != self.user.id]
+
+
+@pytest.fixture
+async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord() as server:
+        monkeypatch.setattr(discord.http.Route, "BASE", server.api_base)
+        monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", yarl.URL(server.gateway_url))
+        bot = server.add_bot(TOKEN, BOT_ID, "parley")
+        server.add_bot(OTHER_TOKEN, OTHER_BOT_ID, "other")
+        server.add_guild(
+            GUILD_ID,
+            "Guild",
+            bots=[TOKEN],
+            channels=[{"id": GENERAL, "name": "general"}, {"id": SECRET, "name": "secret"}],
+            roles=[{"id": ROLE, "name": "mods"}],
+            threads=[{"id": THREAD, "name": "plans", "parent_id": GENERAL}],
+            members=[ANN],
+        )
+        assert bot["bot"] is True
+        yield server
+
+
+@asynccontextmanager
+async def running(token: str = TOKEN, **options: Any) -> AsyncIterator[RecordingClient]:
+    client = RecordingClient(**options)
+    async with client:
+        task = asyncio.create_task(client.start(token))
+        try:
+            async with asyncio.timeout(LIMIT):
+                await client.wait_until_ready()
+            yield client
+        finally:
+            await client.close()
+            await task
+
+
+async def test_login_ready_and_guild_model(fake: FakeDiscord) -> None:
+    async with running() as client:
+        assert client.user is not None and str(client.user.id) == BOT_ID
+        guild = client.get_guild(int(GUILD_ID))
+        assert guild is not None and guild.name == "Guild"
+        assert isinstance(guild.get_channel(int(GENERAL)), discord.TextChannel)
+        thread = guild.get_thread(int(THREAD))
+        assert thread is not None and thread.parent_id == int(GENERAL)
+        role = guild.get_role(int(ROLE))
+        assert role is not None and role.name == "mods"
+        # Without the members intent only the bot's own member is cached (as for real).
+        assert guild.me is not None and guild.get_member(int(ANN["id"])) is None
+    [identify] = fake.identifies
+    assert identify.token == TOKEN and identify.intents & INTENT_MESSAGE_CONTENT
+    routes = [r.route for r in fake.requests]
+    assert routes[:2] == ["GET /users/@me", "GET /oauth2/applications/@me"]
+
+
+async def test_bad_token_is_a_login_failure(fake: FakeDiscord) -> None:
+    client = RecordingClient()
+    async with client:
+        with pytest.raises(discord.LoginFailure):
+            await client.start("not-a-token")
+    assert fake.requests[0].status == 401
+
+
+async def test_raw_http_answers_are_exact(fake: FakeDiscord) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{fake.api_base}/users/@me") as response:
+            assert response.status == 401
+            assert response.headers["Content-Type"] == "application/json"
+            assert await response.json() == {"message": "401: Unauthorized", "code": 0}
+        headers = {"Authorization": f"Bot {TOKEN}"}
+        async with http.get(f"{fake.api_base}/nowhere", headers=headers) as response:
+            assert response.status == 404
+            assert (await response.json())["code"] == 0
+        async with http.get(f"{fake.api_base}/gateway") as response:
+            assert (await response.json()) == {"url": fake.gateway_url}
+        async with http.get(f"{fake.api_base}/gateway/bot", headers=headers) as response:
+            assert response.headers["X-RateLimit-Remaining"] != "0"
+            assert (await response.json())["shards"] == 1
+
+
+async def test_guild_dm_and_thread_messages_and_replies(fake: FakeDiscord) -> None:
+    dm = fake.add_dm(TOKEN, BOB)
+    async with running() as client:
+        await fake.push_message(TOKEN, channel_id=dm, content="hello", author=BOB)
+        await fake.push_message(
+            TOKEN,
+            channel_id=GENERAL,
+            content=f"hi <@{BOT_ID}>",
+            author=ANN,
+            mentions=[{"id": BOT_ID, "username": "parley", "bot": True}],
+        )
+        await fake.push_message(TOKEN, channel_id=THREAD, content="in thread", author=ANN)
+        await client.until(lambda: len(client.messages) == 3)
+        direct, guild_message, threaded = client.messages
+        assert isinstance(direct.channel, discord.DMChannel) and direct.guild is None
+        assert isinstance(guild_message.channel, discord.TextChannel)
+        assert client.user is not None and client.user.mentioned_in(guild_message)
+        assert guild_message.author.display_name == "Annie"
+        assert isinstance(threaded.channel, discord.Thread)
+
+        reply = await guild_message.channel.send(
+            "answer", reference=guild_message, allowed_mentions=discord.AllowedMentions.none()
+        )
+        [sent] = await fake.wait_sent(1)
+        assert sent.channel_id == GENERAL and sent.bot_id == BOT_ID and sent.content == "answer"
+        assert sent.message_reference is not None
+        assert str(sent.message_reference["message_id"]) == str(guild_message.id)
+        assert sent.allowed_mentions == {"parse": []}
+        assert reply.reference is not None and reply.reference.message_id == guild_message.id
+        # The gateway echoes the bot's own message back to it.
+        await client.until(lambda: any(m.id == reply.id for m in client.messages))
+        assert fake.sent_to(GENERAL) == [sent] and fake.sent_to(dm) == []
+
+        await direct.channel.typing()
+        assert [(t.bot_id, t.channel_id) for t in fake.typing] == [(BOT_ID, dm)]
+        fetched = await guild_message.channel.fetch_message(guild_message.id)
+        assert fetched.content == guild_message.content
+
+
+async def test_reply_referencing_the_bot_resolves(fake: FakeDiscord) -> None:
+    async with running() as client:
+        channel = client.get_partial_messageable(int(GENERAL))
+        mine = await channel.send("from the bot")
+        original = fake.message(mine.id)
+        assert original is not None
+        await fake.push_message(
+            TOKEN, channel_id=GENERAL, content="replying", author=ANN, referenced_message=original
+        )
+        await client.until(lambda: len(client.from_others()) == 1)
+        [reply] = client.from_others()
+        assert reply.type is discord.MessageType.reply
+        assert reply.reference is not None
+        resolved = reply.reference.resolved
+        assert isinstance(resolved, discord.Message) and resolved.author == client.user
+
+
+async def test_strict_errors(fake: FakeDiscord) -> None:
+    dm = fake.add_dm(TOKEN, BOB)
+    fake.block_dm(BOB["id"])
+    fake.forbid(SECRET)
+    async with running() as client:
+        general = client.get_partial_messageable(int(GENERAL))
+        with pytest.raises(discord.HTTPException) as too_long:
+            await general.send("x" * 2001)
+        assert too_long.value.status == 400 and too_long.value.code == 50035
+        assert (
+            too_long.value.text == "Invalid Form Body\nIn content: Must be 2000 or fewer in length."
+        )
+        await general.send("x" * 2000)
+        with pytest.raises(discord.HTTPException) as empty:
+            await general.send("")
+        assert empty.value.code == 50006
+        with pytest.raises(discord.NotFound) as unknown:
+            await client.get_partial_messageable(999999999999999999).send("hi")
+        assert unknown.value.code == 10003 and unknown.value.text == "Unknown Channel"
+        with pytest.raises(discord.Forbidden) as forbidden:
+            await client.get_partial_messageable(int(SECRET)).send("hi")
+        assert forbidden.value.code == 50013
+        with pytest.raises(discord.Forbidden) as blocked:
+            await client.get_partial_messageable(int(dm)).send("hi")
+        assert blocked.value.code == 50007
+        assert blocked.value.text == "Cannot send messages to this user"
+        dangling = {"message_id": 123456789012345678, "channel_id": int(GENERAL)}
+        with pytest.raises(discord.HTTPException) as unknown_reference:
+            await general.send("re", reference=discord.MessageReference(**dangling))
+        assert unknown_reference.value.code == 50035
+        lenient = discord.MessageReference(**dangling, fail_if_not_exists=False)
+        await general.send("re", reference=lenient)
+        assert fake.sent[-1].payload["type"] == 0  # the dangling reference was dropped
+    assert len(fake.sent) == 2
+
+
+async def test_429_with_via_is_retried_by_the_library(fake: FakeDiscord) -> None:
+    fake.rate_limit_next(times=2, retry_after=0.01, route=SEND_MESSAGE)
+    async with running() as client:
+        message = await client.get_partial_messageable(int(GENERAL)).send("eventually")
+    statuses = [r.status for r in fake.requests if r.route == SEND_MESSAGE]
+    assert statuses == [429, 429, 200]
+    assert [m.id for m in fake.sent] == [str(message.id)]
+
+
+async def test_fail_next_injects_any_answer(fake: FakeDiscord) -> None:
+    fake.fail_next(503, {"message": "Service Unavailable", "code": 0}, route=SEND_MESSAGE)
+    fake.fail_next(400, {"message": "Bad", "code": 12345}, route=SEND_MESSAGE)
+    async with running() as client:
+        channel = client.get_partial_messageable(int(GENERAL))
+        with pytest.raises(discord.DiscordServerError):
+            await channel.send("one")
+        with pytest.raises(discord.HTTPException) as bad:
+            await channel.send("two")
+        assert bad.value.code == 12345
+        await channel.send("three")
+    assert [m.content for m in fake.sent] == ["three"]
+
+
+async def test_reconnect_resumes_and_replays_the_gap(fake: FakeDiscord) -> None:
+    async with running() as client:
+        assert await fake.request_reconnect(TOKEN) == 1
+        for n in range(3):
+            await fake.push_message(TOKEN, channel_id=GENERAL, content=f"gap {n}", author=ANN)
+        await client.until(lambda: len(client.messages) == 3 and client.resumed == 1)
+        assert [m.content for m in client.messages] == ["gap 0", "gap 1", "gap 2"]
+        [resume] = fake.resumes
+        assert resume.replayed == 3 and len(fake.identifies) == 1
+
+        assert await fake.drop_connection(TOKEN, code=4000) == 1
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="after drop", author=ANN)
+        await client.until(lambda: len(client.messages) == 4 and client.resumed == 2)
+        assert client.messages[-1].content == "after drop"
+        # A session-ending close makes the client identify afresh.
+        await fake.drop_connection(TOKEN, code=4009)
+        await fake.wait_until(lambda: len(fake.identifies) == 2)
+        await fake.wait_until(lambda: fake.gateway.connected(TOKEN))
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="new session", author=ANN)
+        await client.until(lambda: len(client.messages) == 5)
+
+
+async def test_without_the_content_intent_guild_text_is_blank(fake: FakeDiscord) -> None:
+    dm = fake.add_dm(TOKEN, BOB)
+    me = {"id": BOT_ID, "username": "parley", "bot": True}
+    async with running(message_content=False) as client:
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="not for you", author=ANN)
+        await fake.push_message(
+            TOKEN, channel_id=GENERAL, content=f"<@{BOT_ID}> yes", author=ANN, mentions=[me]
+        )
+        await fake.push_message(TOKEN, channel_id=dm, content="dm text", author=BOB)
+        await client.until(lambda: len(client.messages) == 3)
+        assert [m.content for m in client.messages] == ["", f"<@{BOT_ID}> yes", "dm text"]
+    assert not fake.identifies[0].intents & INTENT_MESSAGE_CONTENT
+
+
+async def test_edits_arrive_as_message_update(fake: FakeDiscord) -> None:
+    async with running() as client:
+        original = await fake.push_message(TOKEN, channel_id=GENERAL, content="v1", author=ANN)
+        await client.until(lambda: len(client.messages) == 1)
+        await fake.push_message(
+            TOKEN,
+            channel_id=GENERAL,
+            content="v2",
+            author=ANN,
+            edited=True,
+            message_id=original["id"],
+        )
+        await client.until(lambda: len(client.edits) == 1)
+        [(before, after)] = client.edits
+        assert (before.content, after.content) == ("v1", "v2")
+        assert after.edited_at is not None and after.id == before.id
+
+
+async def test_events_reach_only_the_addressed_bot(fake: FakeDiscord) -> None:
+    dm = fake.add_dm(OTHER_TOKEN, BOB)
+    async with running() as first, running(OTHER_TOKEN) as second:
+        await fake.push_message(OTHER_TOKEN, channel_id=dm, content="for two", author=BOB)
+        await second.until(lambda: len(second.messages) == 1)
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="for one", author=ANN)
+        await first.until(lambda: len(first.messages) == 1)
+        assert [m.content for m in first.messages] == ["for one"]
+        assert [m.content for m in second.messages] == ["for two"]
+        # The second bot is not in the guild.
+        with pytest.raises(discord.Forbidden) as missing:
+            await second.get_partial_messageable(int(GENERAL)).send("hi")
+        assert missing.value.code == 50001
+
+
+async def test_attachments_stickers_and_dm_opening(fake: FakeDiscord) -> None:
+    async with running() as client:
+        await fake.push_message(
+            TOKEN,
+            channel_id=GENERAL,
+            author=ANN,
+            attachments=[
+                {"filename": "cat.png", "size": 2048, "content_type": "image/png"},
+                {
+                    "filename": "voice-message.ogg",
+                    "size": 9000,
+                    "content_type": "audio/ogg",
+                    "duration_secs": 4.2,
+                    "waveform": "AAAA",
+                },
+            ],
+            stickers=[{"name": "wave"}],
+        )
+        await client.until(lambda: len(client.messages) == 1)
+        [message] = client.messages
+        assert [a.filename for a in message.attachments] == ["cat.png", "voice-message.ogg"]
+        assert message.attachments[1].is_voice_message() and message.flags.voice
+        assert [s.name for s in message.stickers] == ["wave"]
+        # POST /users/@me/channels opens (or finds) the DM with a known user.
+        dm = await client.create_dm(discord.Object(id=int(ANN["id"])))
+        assert str(dm.id) == fake.add_dm(TOKEN, ANN)
+
+
+async def test_gateway_protocol_edges(fake: FakeDiscord) -> None:
+    async with aiohttp.ClientSession() as http:
+
+        async def frames(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+            message = await ws.receive(timeout=LIMIT)
+            assert message.type is aiohttp.WSMsgType.TEXT
+            return json.loads(message.data)
+
+        async with http.ws_connect(f"{fake.gateway_url}?v=10&encoding=json") as ws:
+            hello = await frames(ws)
+            assert hello["op"] == 10 and hello["d"]["heartbeat_interval"] == 41250
+            await ws.send_json({"op": 1, "d": None})
+            assert (await frames(ws))["op"] == 11
+            await ws.send_json({"op": 2, "d": {"token": "nope", "intents": 0}})
+            closing = await ws.receive(timeout=LIMIT)
+            assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 4004
+
+        async with http.ws_connect(fake.gateway_url) as ws:
+            await frames(ws)
+            await ws.send_json({"op": 6, "d": {"token": TOKEN, "session_id": "x", "seq": 3}})
+            assert await frames(ws) == {"op": 9, "d": False, "s": None, "t": None}
+
+        async with http.ws_connect(fake.gateway_url) as ws:
+            await frames(ws)
+            await ws.send_json({"op": 2, "d": {"token": TOKEN, "intents": 513}})
+            ready = await frames(ws)
+            assert ready["t"] == "READY" and ready["s"] == 1
+            assert ready["d"]["resume_gateway_url"] == fake.gateway_url
+            assert ready["d"]["guilds"] == [{"id": GUILD_ID, "unavailable": True}]
+            guild = await frames(ws)
+            assert guild["t"] == "GUILD_CREATE" and guild["s"] == 2
+            await ws.send_json({"op": 2, "d": {"token": TOKEN, "intents": 513}})
+            closing = await ws.receive(timeout=LIMIT)
+            assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 4005
