@@ -154,7 +154,8 @@ class Coverage:
 async def with_gateway(
     home: Path, extra_env: dict[str, str], body: Callable[[], Awaitable[dict[str, Any]]]
 ) -> dict[str, Any]:
-    loaded = load_config(env={**gateway_env(home), **extra_env})
+    lanes = {k: v for k, v in os.environ.items() if k.startswith("PARLEY_LANES__")}
+    loaded = load_config(env={**gateway_env(home), **lanes, **extra_env})
     channels = build_channels(loaded.config.channels)
     gateway = Gateway(loaded, channels=channels, provider=ScriptedProvider("bench-echo"))
     async with gateway:
@@ -193,6 +194,48 @@ async def bench_telegram(chats: int, per_chat: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="parley-bench-") as home:
             result = await with_gateway(Path(home), env, body)
     return {"channel": "telegram", **result}
+
+
+async def baseline_telegram(chats: int, per_chat: int) -> dict[str, Any]:
+    """The same library and fake with no parley: poll, echo each update, nothing stored."""
+    from channels.config import TelegramAccountConfig
+    from channels.telegram import _make_bot
+
+    async with FakeTelegram() as fake:
+        fake.add_bot(TELEGRAM_TOKEN, "parley_bench_bot")
+        account = TelegramAccountConfig(token=TELEGRAM_TOKEN, api_base_url=fake.base_url)
+        bot = _make_bot(account)
+        await bot.initialize()
+
+        async def echo_bot() -> None:
+            offset = 0
+            while True:
+                updates = await bot.get_updates(offset=offset, timeout=1)
+                sends = [
+                    bot.send_message(u.message.chat.id, f"echo: {u.message.text}")
+                    for u in updates
+                    if u.message is not None
+                ]
+                await asyncio.gather(*sends)
+                if updates:
+                    offset = updates[-1].update_id + 1
+
+        def push(chat: int, n: int) -> None:
+            fake.push_message(
+                TELEGRAM_TOKEN, chat_id=10_000 + chat, sender_id=10_000 + chat, text=f"c{chat} m{n}"
+            )
+
+        answered = Coverage(lambda: [m.visible_text for m in fake.sent])
+        task = asyncio.create_task(echo_bot())
+        try:
+            pushed_at = await drive(push, answered, fake.wait_until, chats, per_chat)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await bot.shutdown()
+        replies = [(m.received_at, m.visible_text) for m in fake.sent]
+        return score(replies, pushed_at, chats * per_chat)
 
 
 async def bench_discord(chats: int, per_chat: int) -> dict[str, Any]:
@@ -238,6 +281,59 @@ async def bench_discord(chats: int, per_chat: int) -> dict[str, Any]:
     return {"channel": "discord", **result}
 
 
+async def baseline_discord(chats: int, per_chat: int) -> dict[str, Any]:
+    """discord.py echoing each message from on_message, with no parley."""
+    import discord
+    import yarl
+
+    async with FakeDiscord() as fake:
+        fake.add_bot(DISCORD_TOKEN, DISCORD_BOT_ID, "parley-bench")
+        dm_of = {
+            chat: int(fake.add_dm(DISCORD_TOKEN, {"id": str(800_000 + chat), "username": "u"}))
+            for chat in range(chats)
+        }
+        saved = (discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY)
+        discord.http.Route.BASE = fake.api_base
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(fake.gateway_url)
+        intents = discord.Intents.default()
+        intents.message_content = True
+        client = discord.Client(intents=intents, guild_ready_timeout=0)
+        ready = asyncio.Event()
+
+        @client.event
+        async def on_ready() -> None:
+            ready.set()
+
+        @client.event
+        async def on_message(message: discord.Message) -> None:
+            if client.user is not None and message.author.id != client.user.id:
+                await message.channel.send(f"echo: {message.content}")
+
+        task = asyncio.create_task(client.start(DISCORD_TOKEN))
+        try:
+            async with asyncio.timeout(30):
+                await ready.wait()
+
+            def push(chat: int, n: int) -> Awaitable[dict[str, Any]]:
+                return fake.push_message(
+                    DISCORD_TOKEN,
+                    channel_id=dm_of[chat],
+                    content=f"c{chat} m{n}",
+                    author={"id": str(800_000 + chat), "username": f"user{chat}"},
+                )
+
+            answered = Coverage(lambda: [m.content for m in fake.sent])
+            pushed_at = await drive(push, answered, fake.wait_until, chats, per_chat)
+        finally:
+            await client.close()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            discord.http.Route.BASE = saved[0]
+            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(str(saved[1]))
+        replies = [(m.received_at, m.content) for m in fake.sent]
+        return score(replies, pushed_at, chats * per_chat)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chats", type=int, default=100)
@@ -248,11 +344,27 @@ def main() -> None:
         os.environ.pop(name, None)
     os.environ["NO_PROXY"] = "127.0.0.1,localhost"
     logging.basicConfig(level=logging.ERROR)
-    runs = {"telegram": bench_telegram, "discord": bench_discord}
+    runs = {
+        "telegram": (bench_telegram, baseline_telegram),
+        "discord": (bench_discord, baseline_discord),
+    }
     names = list(runs) if args.channel == "both" else [args.channel]
     for name in names:
-        result = asyncio.run(runs[name](args.chats, args.messages))
-        result.update(python=platform.python_version(), cpus=os.cpu_count())
+        bench, baseline = runs[name]
+        result = asyncio.run(bench(args.chats, args.messages))
+        # The same library and fake without parley, in the same run: machines are noisy.
+        base = asyncio.run(baseline(args.chats, args.messages))
+        result.update(
+            baseline_msgs_per_s=base["msgs_per_s"],
+            baseline_latency_ms_p50=base["added_latency_ms_p50"],
+            baseline_lost=base["lost"],
+            ratio_to_baseline=round(result["msgs_per_s"] / base["msgs_per_s"], 3)
+            if base["msgs_per_s"]
+            else None,
+            lanes_mode=os.environ.get("PARLEY_LANES__MODE", "collect"),
+            python=platform.python_version(),
+            cpus=os.cpu_count(),
+        )
         print(json.dumps(result), flush=True)
 
 

@@ -211,6 +211,8 @@ class Gateway:
             zone=lambda: self.zone,
             now=self.clock,
         )
+        # Load the tokenizer now (~0.3 s), not in the first person's turn.
+        await asyncio.to_thread(self.engine.counter.text, "warm up")
         self.runner = Runner(
             provider=self._provider,
             tools=tools,
