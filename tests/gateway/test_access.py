@@ -5,7 +5,6 @@ group turn text, partial deliveries and the HTTP server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,23 +26,9 @@ from gateway.errors import PairingError
 from gateway.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, normalise_code
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
-from tests.gateway.test_app import Clock, make_config
+from tests.gateway.test_app import Clock, clock, make_config, stack
 
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
-
-
-@pytest.fixture
-async def stack(
-    tmp_path: Path, clock: Clock
-) -> AsyncIterator[tuple[Gateway, RecordingChannel, ScriptedProvider]]:
-    channel = RecordingChannel()
-    provider = ScriptedProvider()
-    gateway = Gateway(make_config(tmp_path), channels=[channel], provider=provider, clock=clock)
-    async with gateway:
-        yield gateway, channel, provider
+__all__ = ["clock", "stack"]  # the shared fixtures
 
 
 async def deliver(gateway: Gateway, channel: RecordingChannel, text: str, **kw: Any) -> None:

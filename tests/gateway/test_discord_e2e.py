@@ -29,7 +29,7 @@ from tests.channels.discord_support import (
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.discord_api import SEND_MESSAGE, FakeDiscord
 from tests.fakes.llm_common import Reply
-from tests.gateway.test_telegram_e2e import said
+from tests.gateway.test_telegram_e2e import gateway_env
 
 
 class World:
@@ -46,15 +46,8 @@ async def world(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, env: dict[str, str] | None = None
 ) -> AsyncIterator[World]:
     async with fake_discord(monkeypatch) as fake, FakeAnthropic() as llm:
-        llm.responder = lambda body: Reply(text=f"echo: {said(body)}")
         settings = {
-            "PARLEY_HOME": str(tmp_path),
-            "PARLEY_SESSION__TIMEZONE": "UTC",
-            "PARLEY_MEMORY__ENABLED": "false",
-            "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
-            "ANTHROPIC_API_KEY": llm.api_key,
-            "ANTHROPIC_BASE_URL": llm.base_url,
-            "PARLEY_PROVIDERS__ANTHROPIC__MODEL": "claude-test-model",
+            **gateway_env(tmp_path, llm),
             "DISCORD_BOT_TOKEN": TOKEN,
             "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
             "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,

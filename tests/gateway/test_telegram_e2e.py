@@ -45,6 +45,20 @@ def said(body: dict[str, Any]) -> str:
     return texts[0] if texts else str(blocks)
 
 
+def gateway_env(home: Path, llm: FakeAnthropic) -> dict[str, str]:
+    """A gateway on the real anthropic SDK against the fake, memory off (no model load)."""
+    llm.responder = lambda body: Reply(text=f"echo: {said(body)}")
+    return {
+        "PARLEY_HOME": str(home),
+        "PARLEY_SESSION__TIMEZONE": "UTC",
+        "PARLEY_MEMORY__ENABLED": "false",
+        "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
+        "ANTHROPIC_API_KEY": llm.api_key,
+        "ANTHROPIC_BASE_URL": llm.base_url,
+        "PARLEY_PROVIDERS__ANTHROPIC__MODEL": "claude-test-model",
+    }
+
+
 class World:
     def __init__(self, fake: FakeTelegram, llm: FakeAnthropic, gateway: Gateway) -> None:
         self.fake, self.llm, self.gateway = fake, llm, gateway
@@ -67,15 +81,8 @@ async def world(
     loopback_only(monkeypatch)
     async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
         fake.add_bot(TOKEN, USERNAME, bot_id=int(TOKEN.split(":")[0]))
-        llm.responder = lambda body: Reply(text=f"echo: {said(body)}")
         settings = {
-            "PARLEY_HOME": str(tmp_path),
-            "PARLEY_SESSION__TIMEZONE": "UTC",
-            "PARLEY_MEMORY__ENABLED": "false",
-            "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
-            "ANTHROPIC_API_KEY": llm.api_key,
-            "ANTHROPIC_BASE_URL": llm.base_url,
-            "PARLEY_PROVIDERS__ANTHROPIC__MODEL": "claude-test-model",
+            **gateway_env(tmp_path, llm),
             "TELEGRAM_BOT_TOKEN": TOKEN,
             "TELEGRAM_API_BASE_URL": fake.base_url,
             "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
