@@ -433,8 +433,15 @@ class Gateway:
             plain = (
                 item.reset_text is None and item.recovered is None and item.compact_focus is None
             )
-            if plain:
+            # One reply goes to one place: a session can span bot accounts or chats (a
+            # person writing to two bots under dm_scope "per-channel-peer"), and a folded
+            # turn must not leave one of them unanswered.
+            if plain and (not group or _reply_route(group[0]) == _reply_route(item)):
                 group.append(item)
+                continue
+            if plain:
+                await self._answer(key, group)
+                group = [item]
                 continue
             if group:
                 await self._answer(key, group)
@@ -788,6 +795,11 @@ async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), refresh)
+
+
+def _reply_route(item: LaneItem) -> tuple[str, str, str, str | None]:
+    message = item.message
+    return (message.channel, message.account, message.chat_id, message.thread_id)
 
 
 def _turn_text(message: InboundMessage) -> str:

@@ -231,3 +231,23 @@ async def test_http_server_serves_channel_webhooks_and_health(tmp_path: Path) ->
 async def test_no_http_server_when_nothing_needs_it(stack: Any) -> None:
     gateway, _, _ = stack
     assert gateway.http is None
+
+
+async def test_a_folded_turn_never_spans_two_reply_routes(tmp_path: Path) -> None:
+    # One person, one session (dm_scope "per-channel-peer"), two chats with the bot
+    # (two bot accounts, say): what queued up is folded per chat, each chat answered.
+    channel = RecordingChannel()
+    gate = asyncio.Event()
+    provider = ScriptedProvider(gate=gate)
+    async with Gateway(make_config(tmp_path), channels=[channel], provider=provider) as gateway:
+        await gateway.handle_inbound(channel.inbound("first", chat_id="chat-a"))
+        await gateway.handle_inbound(channel.inbound("second", chat_id="chat-a"))
+        await gateway.handle_inbound(channel.inbound("third", chat_id="chat-b"))
+        gate.set()
+        await gateway.wait_idle()
+        sent = await channel.wait_sent(3)
+    assert [(m.chat_id, m.text) for m in sent] == [
+        ("chat-a", "echo: first"),
+        ("chat-a", "echo: second"),
+        ("chat-b", "echo: third"),
+    ]
