@@ -86,7 +86,10 @@ class _Delivery:
         return ReplyParameters(message_id=ref[1], allow_sending_without_reply=True)
 
     async def send_part(self, markdown: str) -> None:
-        text, parse_mode = markdown_to_telegram_html(markdown), ParseMode.HTML
+        text: str = markdown_to_telegram_html(markdown)
+        parse_mode: ParseMode | None = ParseMode.HTML
+        if not text.strip():  # e.g. only an empty code block: Telegram refuses empty text
+            text, parse_mode = markdown, None
         floods, migrated = 0, False
         while True:
             try:

@@ -142,6 +142,14 @@ async def test_refused_markup_falls_back_to_plain_text(
     assert sent.visible_text == "bold and code"
 
 
+async def test_a_part_that_renders_to_nothing_goes_out_as_written(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    await channel.send(reply("```\n```"))  # an empty code block renders as no text at all
+    [sent] = fake.sent
+    assert sent.parse_mode is None and sent.visible_text == "```\n```"
+
+
 async def test_flood_control_waits_and_resends(
     fake: FakeTelegram, channel: TelegramChannel, sleeps: Sleeps
 ) -> None:
