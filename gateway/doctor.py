@@ -185,7 +185,11 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
                 status, body = await _probe(f"{account.api_base_url}/bot{token}/getMe", {})
             except (aiohttp.ClientError, TimeoutError) as exc:
                 findings.append(
-                    Finding(check, "error", f"cannot reach {account.api_base_url}: {exc!r}")
+                    Finding(
+                        check,
+                        "error",
+                        f"cannot reach {account.api_base_url}: {exc or type(exc).__name__}",
+                    )
                 )
                 continue
             result = body.get("result") if isinstance(body, dict) else None
@@ -203,7 +207,9 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
             try:
                 status, body = await _probe(f"{base}/users/@me", headers)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                findings.append(Finding(check, "error", f"cannot reach {base}: {exc!r}"))
+                findings.append(
+                    Finding(check, "error", f"cannot reach {base}: {exc or type(exc).__name__}")
+                )
                 continue
             if status == 200 and isinstance(body, dict):
                 findings.append(Finding(check, "ok", f"token accepted: {body.get('username')}"))
