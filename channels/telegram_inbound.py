@@ -23,6 +23,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import ChatType, InboundMessage
 from channels.config import EditRule
+from channels.text import utf16_len
 
 logger = logging.getLogger("parley.channels.telegram")
 
@@ -150,7 +151,7 @@ class _Body:
                 if not target or target.lower() == ours:
                     self.command = True
                     if target:
-                        spans.append((end - _utf16_len(target) - 1, end))
+                        spans.append((end - utf16_len(target) - 1, end))
                 else:
                     self.foreign_command = True
             elif _names_bot(entity, piece, bot):
@@ -165,10 +166,6 @@ def _names_bot(entity: MessageEntity, piece: str, bot: User) -> bool:
     return entity.type == MessageEntity.TEXT_MENTION and (
         entity.user is not None and entity.user.id == bot.id
     )
-
-
-def _utf16_len(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
 
 
 def _utf16_slice(text: str, start: int, end: int) -> str:
