@@ -37,10 +37,11 @@ import json
 import re
 import unicodedata
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import lru_cache
+from typing import Any
 
 from core.errors import TranscriptError
 from core.memory.redact import redact_secrets
@@ -476,6 +477,11 @@ def _header_agent_name(raw: str) -> str | None:
         return None
     if not isinstance(record, dict) or record.get("type") != "session":
         return None
+    return header_agent_name(record)
+
+
+def header_agent_name(record: Mapping[str, Any]) -> str | None:
+    """``meta.agent_name`` of a parsed transcript header, shortened for speaker labels."""
     meta = record.get("meta")
     name = meta.get("agent_name") if isinstance(meta, dict) else None
     if not isinstance(name, str):

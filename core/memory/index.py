@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from core.errors import EmbedderError, MemoryIndexError
-from core.memory.chunking import chunk_markdown, chunk_turns, transcript_turns
+from core.memory.chunking import chunk_markdown, chunk_turns, header_agent_name, transcript_turns
 from core.memory.embedders import Embedder, ResilientEmbedder
 from core.memory.query import cjk_index_text
 from core.memory.search import SearchHit, SearchParams, SearchTrace, run_search
@@ -446,7 +446,12 @@ class MemoryIndex:
             lines = text.split("\n")
             header = read_header(lines[0].encode()) if lines else None
             scope = self.scope_for(header or {})
-            turns = transcript_turns((i, line) for i, line in enumerate(lines, start=1))
+            # The header is parsed once, here: its agent name labels the turns after it.
+            first = 1 if header is None else 2
+            turns = transcript_turns(
+                ((i, line) for i, line in enumerate(lines[first - 1 :], start=first)),
+                agent_name=header_agent_name(header) if header is not None else None,
+            )
             raw = chunk_turns(
                 turns,
                 max_tokens=chunking.transcript_tokens,

@@ -60,9 +60,10 @@ def gateway_env(home: Path, llm: FakeAnthropic) -> dict[str, str]:
 
 
 class World:
-    def __init__(self, fake: FakeTelegram, llm: FakeAnthropic, gateway: Gateway) -> None:
-        self.fake, self.llm, self.gateway = fake, llm, gateway
-        self.sleeps = Sleeps()
+    def __init__(
+        self, fake: FakeTelegram, llm: FakeAnthropic, gateway: Gateway, sleeps: Sleeps
+    ) -> None:
+        self.fake, self.llm, self.gateway, self.sleeps = fake, llm, gateway, sleeps
 
     async def settle(self, update: dict[str, Any], token: str = TOKEN) -> None:
         """Until the adapter acknowledged ``update`` and the gateway finished with it."""
@@ -99,9 +100,7 @@ async def world(
             loaded.config.channels.telegram, sleep=sleeps, backoff=FAST_BACKOFF
         )
         async with Gateway(loaded, channels=[channel]) as gateway:
-            w = World(fake, llm, gateway)
-            w.sleeps = sleeps
-            yield w
+            yield World(fake, llm, gateway, sleeps)
 
 
 def dm(fake: FakeTelegram, text: str, token: str = TOKEN, **kw: Any) -> dict[str, Any]:
