@@ -431,13 +431,16 @@ def _kind(line: str) -> str:
 def _render_lines(chunk: str, as_html: bool) -> str:
     """Render prose (no fences). Each group of lines renders to the same number of lines."""
     lines = chunk.split("\n")
+    # Classified once: a run of quote or text lines would otherwise classify its first
+    # line and the one that ends it twice.
+    kinds = [_kind(line) for line in lines]
     out: list[str] = []
     i = 0
     while i < len(lines):
-        line, kind = lines[i], _kind(lines[i])
+        line, kind = lines[i], kinds[i]
         j = i + 1
         if kind == "quote":
-            while j < len(lines) and _kind(lines[j]) == "quote":
+            while j < len(lines) and kinds[j] == "quote":
                 j += 1
             body = _inline("\n".join(_QUOTE.sub("", q, count=1) for q in lines[i:j]), as_html)
             if not as_html:
@@ -454,11 +457,13 @@ def _render_lines(chunk: str, as_html: bool) -> str:
             assert bullet is not None
             rest = _inline(line[bullet.end() :], as_html)
             out.append(f"{bullet.group(1)}•{bullet.group(2)}{rest}")
-        elif kind in ("rule", "blank", "numbered"):
-            out.append(_inline(line, as_html) if kind == "numbered" else _escape(line, as_html))
+        elif kind == "numbered":
+            out.append(_inline(line, as_html))
+        elif kind in ("rule", "blank"):
+            out.append(_escape(line, as_html))
         else:
             # A paragraph is one inline scope, so emphasis may span its lines.
-            while j < len(lines) and _kind(lines[j]) == "text":
+            while j < len(lines) and kinds[j] == "text":
                 j += 1
             out.append(_inline("\n".join(lines[i:j]), as_html))
         i = j

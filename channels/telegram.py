@@ -45,7 +45,7 @@ from channels.base import (
 )
 from channels.config import TelegramAccountConfig, TelegramConfig
 from channels.telegram_inbound import normalise_update
-from channels.telegram_send import SendSettings, Sleep, deliver
+from channels.telegram_send import MAX_MESSAGE_UTF16, SendSettings, Sleep, deliver
 
 logger = logging.getLogger("parley.channels.telegram")
 
@@ -114,7 +114,7 @@ class _Account:
 class TelegramChannel:
     name = "telegram"
     capabilities = ChannelCapabilities(
-        max_message_chars=4096,
+        max_message_chars=MAX_MESSAGE_UTF16,
         markdown=True,
         typing_indicator=True,
         threads=True,
@@ -265,20 +265,25 @@ class TelegramChannel:
             if not updates and timeout == 0:
                 await self._pause(account, IDLE_POLL_PAUSE_SECONDS)
 
-    async def _dispatch(self, account: _Account, update: Update) -> bool:
-        """Hand one update to the handler, retrying; False if stopping cut the retries."""
-        handler = self._handler
+    def _read(self, account: _Account, update: Update) -> InboundMessage | None:
+        """The update as a message for the gateway; None when it is not for us or cannot be
+        read. A shape we did not foresee is logged and skipped, never retried: it would wedge
+        the account's queue (polling) or be redelivered forever (webhook)."""
         try:
-            message = normalise_update(
+            return normalise_update(
                 update,
                 account=account.id,
                 bot=account.bot.bot,
                 edited_messages=self.config.edited_messages,
             )
         except Exception:
-            # A shape we did not foresee must not wedge the account's queue.
             logger.exception("telegram %s: cannot read update %s", account.id, update.update_id)
-            return True
+            return None
+
+    async def _dispatch(self, account: _Account, update: Update) -> bool:
+        """Hand one update to the handler, retrying; False if stopping cut the retries."""
+        handler = self._handler
+        message = self._read(account, update)
         if message is None or handler is None:
             return True
         for attempt in range(1, MAX_HANDLER_ATTEMPTS + 1):
@@ -336,15 +341,7 @@ class TelegramChannel:
             update = Update.de_json(data, account.bot)
         except (ValueError, TypeError, KeyError):
             return web.Response(status=400)
-        try:
-            message = normalise_update(
-                update, account=name, bot=account.bot.bot,
-                edited_messages=self.config.edited_messages,
-            )  # fmt: skip
-        except Exception:
-            # Answering 500 would make Telegram redeliver an update we can never read.
-            logger.exception("telegram %s: cannot read update %s", name, update.update_id)
-            return web.Response(status=200)
+        message = self._read(account, update)
         if message is not None:
             try:
                 await handler(message)

@@ -107,9 +107,9 @@ def placeholder(message: Message) -> str:
     return ""
 
 
-def _utf16_cut(text: str, spans: list[tuple[int, int]]) -> str:
-    """``text`` without the [start, end) UTF-16 spans, whitespace tidied at each cut."""
-    data = text.encode("utf-16-le")
+def _utf16_cut(data: bytes, spans: list[tuple[int, int]]) -> str:
+    """The UTF-16-LE ``data`` without the [start, end) unit spans, whitespace tidied at
+    each cut."""
     pieces, position = [], 0
     for start, end in sorted(spans):
         pieces.append(data[position * 2 : start * 2].decode("utf-16-le"))
@@ -143,9 +143,11 @@ class _Body:
         entities = message.entities if message.text is not None else message.caption_entities
         spans: list[tuple[int, int]] = []
         ours = (bot.username or "").lower()
+        # Entity offsets count UTF-16 units: encode once, not once per entity and cut.
+        data = raw.encode("utf-16-le")
         for entity in entities:
             end = entity.offset + entity.length
-            piece = _utf16_slice(raw, entity.offset, end)
+            piece = data[entity.offset * 2 : end * 2].decode("utf-16-le", errors="replace")
             if entity.type == MessageEntity.BOT_COMMAND and entity.offset == 0:
                 _, _, target = piece.partition("@")
                 if not target or target.lower() == ours:
@@ -154,22 +156,19 @@ class _Body:
                         spans.append((end - utf16_len(target) - 1, end))
                 else:
                     self.foreign_command = True
-            elif _names_bot(entity, piece, bot):
+            elif _names_bot(entity, piece, bot, ours):
                 self.mentioned = True
                 spans.append((entity.offset, end))
-        self.text = _utf16_cut(raw, spans) if spans else raw.strip()
+        self.text = _utf16_cut(data, spans) if spans else raw.strip()
 
 
-def _names_bot(entity: MessageEntity, piece: str, bot: User) -> bool:
+def _names_bot(entity: MessageEntity, piece: str, bot: User, username: str) -> bool:
+    """Whether the entity names us; ``username`` is the bot's, lowercased."""
     if entity.type == MessageEntity.MENTION:
-        return piece[1:].lower() == (bot.username or "").lower()
+        return piece[1:].lower() == username
     return entity.type == MessageEntity.TEXT_MENTION and (
         entity.user is not None and entity.user.id == bot.id
     )
-
-
-def _utf16_slice(text: str, start: int, end: int) -> str:
-    return text.encode("utf-16-le")[start * 2 : end * 2].decode("utf-16-le", errors="replace")
 
 
 def _is_topic_header(message: Message, reply: Message) -> bool:
