@@ -221,9 +221,10 @@ class _Account:
             self.queue.put_nowait(None)
             await _finish(self._consumer, STOP_GRACE_SECONDS)
 
-    def is_dm(self, channel_id: int) -> bool:
-        cached = self.client.get_channel(channel_id)
-        return channel_id in self.dm_channels or isinstance(cached, discord.DMChannel)
+    def is_dm(self, channel_id: int, channel: discord.abc.Messageable) -> bool:
+        # ``channel`` comes from ``messageable``: a DM is cached as a DMChannel only
+        # sometimes, so the DMs seen inbound count too.
+        return channel_id in self.dm_channels or isinstance(channel, discord.DMChannel)
 
     def messageable(self, channel_id: int) -> discord.abc.Messageable:
         cached = self.client.get_channel(channel_id)
@@ -308,9 +309,9 @@ class DiscordChannel:
         parts = split_message(message.text, MAX_MESSAGE_CHARS)
         if not parts:
             raise DeliveryError("discord: the reply is empty", retryable=False)
-        is_dm = account.is_dm(channel_id)
-        reference = None if is_dm else _reference(message, channel_id)
         channel = account.messageable(channel_id)
+        is_dm = account.is_dm(channel_id, channel)
+        reference = None if is_dm else _reference(message, channel_id)
         delivered: list[str] = []
         for index, part in enumerate(parts):
             try:

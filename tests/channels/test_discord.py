@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -57,43 +58,28 @@ async def test_dm_is_direct_and_answered_without_a_quote(fake: FakeDiscord) -> N
         assert sent.allowed_mentions == {"parse": [], "replied_user": True}
 
 
-async def test_guild_messages_with_and_without_the_mention(fake: FakeDiscord) -> None:
+@pytest.mark.parametrize(
+    ("content", "pings", "text"),
+    [
+        ("just chatting", {}, "just chatting"),
+        (f"<@{BOT_ID}> what time is it?", {"mentions": [ME]}, "what time is it?"),
+        (f"hey <@!{BOT_ID}>, look", {"mentions": [ME]}, "hey, look"),
+        (f"thanks <@&{BOT_ROLE}>!", {"mention_roles": [BOT_ROLE]}, "thanks!"),
+        (f"<@{BOT_ID}>", {"mentions": [ME]}, "@parley"),  # a bare ping still says hello
+    ],
+    ids=["plain", "asked", "inline", "by-role", "bare"],
+)
+async def test_guild_messages_with_and_without_the_mention(
+    fake: FakeDiscord, content: str, pings: dict[str, list[Any]], text: str
+) -> None:
     async with running(fake) as (channel, inbox):
-        await fake.push_message(TOKEN, channel_id=GENERAL, content="just chatting", author=ANN)
-        await fake.push_message(
-            TOKEN,
-            channel_id=GENERAL,
-            content=f"<@{BOT_ID}> what time is it?",
-            author=ANN,
-            mentions=[ME],
-        )
-        await fake.push_message(
-            TOKEN,
-            channel_id=GENERAL,
-            content=f"hey <@!{BOT_ID}>, look",
-            author=ANN,
-            mentions=[ME],
-        )
-        await fake.push_message(
-            TOKEN,
-            channel_id=GENERAL,
-            content=f"thanks <@&{BOT_ROLE}>!",
-            author=ANN,
-            mention_roles=[BOT_ROLE],
-        )
-        await fake.push_message(
-            TOKEN, channel_id=GENERAL, content=f"<@{BOT_ID}>", author=ANN, mentions=[ME]
-        )
-        plain, asked, inline, by_role, bare = await inbox.wait(5)
-        for message in (plain, asked, inline, by_role, bare):
-            assert (message.chat_type, message.chat_id) == ("group", GENERAL)
-            assert message.guild_id == GUILD_ID and message.sender_name == "Annie"
-        assert not plain.mentions_bot and plain.text == "just chatting"
-        assert asked.mentions_bot and asked.text == "what time is it?"
-        assert inline.mentions_bot and inline.text == "hey, look"
-        assert by_role.mentions_bot and by_role.text == "thanks!"
-        assert bare.mentions_bot and bare.text == "@parley"  # a bare ping still says hello
-        assert channel.policy(plain) == ChatPolicy(activation="mention")
+        await fake.push_message(TOKEN, channel_id=GENERAL, content=content, author=ANN, **pings)
+        [message] = await inbox.wait(1)
+        assert (message.chat_type, message.chat_id) == ("group", GENERAL)
+        assert message.guild_id == GUILD_ID and message.sender_name == "Annie"
+        assert message.text == text
+        assert message.mentions_bot == bool(pings)  # mentioned exactly when pinged
+        assert channel.policy(message) == ChatPolicy(activation="mention")
 
 
 async def test_a_guild_not_yet_cached_is_still_a_group(fake: FakeDiscord) -> None:

@@ -218,13 +218,15 @@ def test_policy_per_guild_and_per_channel() -> None:
     )
     channel = DiscordChannel(config)
 
-    def policy(chat_type: str, chat_id: str, guild: str | None, thread: str | None = None) -> str:
+    def policy(
+        chat_type: str, chat_id: str, guild: str | None = None, thread: str | None = None
+    ) -> ChatPolicy:
         message = InboundMessage(
             channel="discord",
             account="default",
             chat_type=chat_type,  # type: ignore[arg-type]
             chat_id=chat_id,
-            sender_id="1",
+            sender_id="42",
             sender_name="x",
             text="t",
             message_id="1",
@@ -232,25 +234,14 @@ def test_policy_per_guild_and_per_channel() -> None:
             thread_id=thread,
             guild_id=guild,
         )
-        return channel.policy(message).activation
+        return channel.policy(message)
 
-    assert policy("group", GENERAL, GUILD_ID) == "always"  # the guild's rule
-    assert policy("group", RANDOM, GUILD_ID) == "mention"  # the channel's rule
-    assert policy("thread", RANDOM, GUILD_ID, thread=THREAD) == "mention"  # inherits parent
-    assert policy("group", "420000000000000001", "320000000000000001") == "always"
-    assert policy("group", "420000000000000002", "320000000000000001") == "mention"
-    assert policy("group", GENERAL, "399999999999999999") == "mention"  # the default
-    dm = InboundMessage(
-        channel="discord",
-        account="default",
-        chat_type="direct",
-        chat_id="5",
-        sender_id="42",
-        sender_name="x",
-        text="t",
-        message_id="2",
-        timestamp=datetime.now(UTC),
-    )
-    assert channel.policy(dm) == ChatPolicy(
+    assert policy("group", GENERAL, GUILD_ID).activation == "always"  # the guild's rule
+    assert policy("group", RANDOM, GUILD_ID).activation == "mention"  # the channel's rule
+    assert policy("thread", RANDOM, GUILD_ID, THREAD).activation == "mention"  # the parent's
+    assert policy("group", "420000000000000001", "320000000000000001").activation == "always"
+    assert policy("group", "420000000000000002", "320000000000000001").activation == "mention"
+    assert policy("group", GENERAL, "399999999999999999").activation == "mention"  # the default
+    assert policy("direct", "5") == ChatPolicy(
         activation="always", dm_policy="allowlist", allow_from=frozenset({"42"})
     )
