@@ -129,15 +129,19 @@ InboundHandler = Callable[[InboundMessage], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class WebhookRoute:
-    """An HTTP endpoint an adapter needs on the gateway's server (Telegram webhooks).
+    """An HTTP endpoint an adapter needs on the gateway's server (Telegram webhooks,
+    the web chat's websocket).
 
     The handler must answer 2xx only after the inbound handler returned: the platform
-    then stops redelivering, so the message has to be durable by then.
+    then stops redelivering, so the message has to be durable by then. The gateway
+    asks for its admin token on every route unless ``public`` says the route checks
+    a credential of its own (Telegram's webhook secret).
     """
 
     method: str
     path: str
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    public: bool = False
 
 
 @runtime_checkable

@@ -315,7 +315,12 @@ class TelegramChannel:
         if self.config.mode != "webhook":
             return []
         return [
-            WebhookRoute("POST", f"/telegram/{name}", functools.partial(self._on_webhook, name))
+            WebhookRoute(
+                "POST",
+                f"/telegram/{name}",
+                functools.partial(self._on_webhook, name),
+                public=True,  # Telegram cannot send our token; the webhook secret is checked
+            )
             for name in self._enabled_accounts()
         ]
 
