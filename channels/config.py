@@ -4,7 +4,8 @@ Telegram and Discord each take one or more bot accounts (``accounts.<id>``); a c
 is on when ``enabled = true``, or when ``enabled`` is left unset and an account has a
 token. Access rules (``dm_policy``, ``allow_from``) can be set for the channel and
 overridden per account; group rules (``activation``) for the channel, per group and,
-on Discord, per guild and per channel.
+on Discord, per guild and per channel. The web chat (``[channels.web]``) is on by
+default when neither Telegram nor Discord is (``ChannelsConfig.web_enabled``).
 """
 
 from __future__ import annotations
@@ -251,13 +252,36 @@ class DiscordConfig(_ChannelAccess):
         return ChatPolicy(activation=activation)
 
 
+class WebConfig(_Strict):
+    # The browser chat at /chat, served by the gateway's HTTP server behind the admin token.
+    enabled: bool | None = Field(
+        None, description="unset: on when no platform channel (telegram, discord) is configured"
+    )
+    backlog: int = Field(
+        100, ge=1, le=10_000, description="replies kept per client while no tab is connected"
+    )
+    max_text_chars: int = Field(
+        20_000, ge=1, le=1_000_000, description="longer messages are refused"
+    )
+    max_clients: int = Field(
+        1000, ge=1, le=100_000, description="browser clients connected (or with replies kept)"
+    )
+
+
 class ChannelsConfig(_Strict):
     terminal: TerminalConfig = TerminalConfig()
     telegram: TelegramConfig = TelegramConfig()
     discord: DiscordConfig = DiscordConfig()
+    web: WebConfig = WebConfig()
 
     def configured(self) -> list[str]:
         """Names of the channels the operator turned on."""
         names = ["terminal"] if self.terminal.enabled else []
         names += [name for name in ("telegram", "discord") if getattr(self, name).is_on()]
         return names
+
+    def web_enabled(self) -> bool:
+        """The web chat: as configured, else on for a local setup (no platform channel)."""
+        if self.web.enabled is not None:
+            return self.web.enabled
+        return not (self.telegram.is_on() or self.discord.is_on())

@@ -89,6 +89,16 @@ class PreparedView:
     threshold: int
 
 
+@dataclass(frozen=True, slots=True)
+class ContextView:
+    """The model's view of a transcript and what shaped it, for inspectors."""
+
+    messages: list[Message]
+    trimmed: int  # tool results soft-trimmed by recorded prunes
+    cleared: int  # tool results replaced by a placeholder
+    dropped_turns: int  # user turns left out by the history turn limit
+
+
 @dataclass(slots=True)
 class TurnEvents:
     """What the engine did during one turn (for the turn result, /status and logs)."""
@@ -255,6 +265,20 @@ class ContextEngine:
         """The model's view of ``entries`` with recorded prunes applied, and its key."""
         messages, key, _ = self._view(entries, chat_type)
         return messages, key
+
+    def inspect_view(self, entries: Sequence[Entry], chat_type: str) -> ContextView:
+        """``view`` plus the counts of what pruning and the turn limit left out."""
+        messages, _, decisions = self._view(entries, chat_type)
+        dropped = 0
+        if self._max_turns(chat_type) > 0:
+            full = build_history(entries, max_turns=0)
+            dropped = max(
+                0,
+                sum(map(is_turn_start, full)) - sum(map(is_turn_start, messages)),
+            )
+        trimmed = {i for d in decisions for i in d.soft}
+        cleared = {i for d in decisions for i in d.hard}
+        return ContextView(messages, len(trimmed - cleared), len(cleared), dropped)
 
     def _view(
         self, entries: Sequence[Entry], chat_type: str

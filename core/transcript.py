@@ -462,6 +462,13 @@ class Transcript:
         ``offset`` and ``limit`` count entry lines, like ``entry_count``, so pages line
         up with it; a corrupt line takes its slot but is not yielded.
         """
+        for _, entry in self.numbered_entries(offset, limit):
+            yield entry
+
+    def numbered_entries(
+        self, offset: int = 0, limit: int | None = None
+    ) -> Iterator[tuple[int, Entry]]:
+        """``entries`` with each entry's 0-based line number among the entry lines."""
         if offset < 0 or (limit is not None and limit < 0):
             raise ValueError("offset and limit must not be negative")
         with self._lock:
@@ -473,7 +480,7 @@ class Transcript:
             if stop is not None and index >= stop:
                 return
             if index >= offset and (entry := _try_entry(line)) is not None:
-                yield entry
+                yield index, entry
 
     # -- appending ----------------------------------------------------------------------
 

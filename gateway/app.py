@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,17 +34,29 @@ from channels.base import (
     OutboundMessage,
     RecipientBlocked,
 )
-from core.context_engine import ContextEngine
-from core.context_report import build_context_report, render_context
-from core.errors import ContextError, CoreError, ProviderError, TranscriptError
+from core.compaction import CompactionOutcome
+from core.context_engine import ContextEngine, ContextView
+from core.context_report import ContextReport, build_context_report, render_context
+from core.errors import (
+    AuthenticationError,
+    ContextError,
+    CoreError,
+    OverloadedError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderTimeoutError,
+    ServerError,
+    TranscriptError,
+)
 from core.memory.index import MemoryIndex
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
 from core.providers.base import Provider
 from core.runner import Runner, TurnRequest
 from core.tools.builtin import default_registry
 from core.tools.memory import memory_tools
-from core.transcript import Transcript
+from core.transcript import ENTRY_COMPACTION, Transcript
 from gateway.access import AccessGate
+from gateway.admin.metrics import GatewayMetrics
 from gateway.commands import (
     HELP_TEXT,
     MEMORY_USAGE,
@@ -52,7 +66,7 @@ from gateway.commands import (
 )
 from gateway.config import LoadedConfig
 from gateway.db import Database
-from gateway.errors import ChannelFailure
+from gateway.errors import ChannelFailure, LaneBusy
 from gateway.http_server import HttpServer
 from gateway.inbox import Inbox, InboxItem
 from gateway.lanes import LaneManager
@@ -103,6 +117,36 @@ class LaneItem:
     compact_focus: str | None = None  # set for /compact: its focus text ("" for none)
 
 
+@dataclass(slots=True)
+class LaneTask:
+    """Work that must not overlap the session's turns (an admin compaction or reset):
+    it runs in the session's lane, in order with its messages."""
+
+    run: Callable[[], Awaitable[Any]]
+    done: asyncio.Future[Any] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    async def execute(self) -> None:
+        try:
+            result = await self.run()
+        except Exception as exc:  # handed to the waiter, who reports it
+            if not self.done.done():
+                self.done.set_exception(exc)
+            return
+        if not self.done.done():
+            self.done.set_result(result)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderHealth:
+    """What the last provider call said; ``ok`` is False only when it was unreachable."""
+
+    ok: bool = True
+    detail: str = "no call yet"
+    at: datetime | None = None
+
+
 class Gateway:
     """Owns state.db, the provider, the lanes and the channels; explicit start/stop."""
 
@@ -128,11 +172,22 @@ class Gateway:
         self.inbox = Inbox(self.db)
         self.pairing = PairingStore(self.db, now=clock)
         self.access = AccessGate(self.pairing)
+        self.metrics = GatewayMetrics()
+        self.metrics.declare_channels(self.channels)
         routes = [r for c in channels for r in c.webhook_routes()]
-        http = self.config.http
-        serve_http = http.enabled if http.enabled is not None else bool(routes)
-        self.http: HttpServer | None = HttpServer(http, routes) if serve_http else None
-        self.lanes: LaneManager[LaneItem] = LaneManager(self.config.lanes, self._run_lane)
+        self.http: HttpServer | None = None
+        if self.config.http.enabled or routes:
+            self.http = HttpServer(
+                self.config.http,
+                routes,
+                token_file=loaded.admin_token_file,
+                gateway=self,
+                metrics=self.metrics,
+            )
+        self.lanes: LaneManager[LaneItem | LaneTask] = LaneManager(
+            self.config.lanes, self._run_lane
+        )
+        self.provider_health = ProviderHealth()
         self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
         self._ready = asyncio.Event()
         self._started = False
@@ -185,6 +240,7 @@ class Gateway:
         offer_tools = getattr(self._provider, "supports_tools", True)
         if self.config.memory.enabled:
             self.memory = build_memory_index(self.loaded)
+            self.memory.on_search = self.metrics.search
             await self.memory.start()  # the first sync runs in the background
             for tool in memory_tools(self.memory):
                 tools.register(tool)
@@ -225,6 +281,7 @@ class Gateway:
             engine=self.engine,
         )
         await self.lanes.start()
+        self._register_gauges()
         if self.http is not None:
             await self.http.start()  # before the channels: a webhook must be reachable
         for channel in self.channels.values():
@@ -274,8 +331,34 @@ class Gateway:
         self._started = False
         self._stopping = False
 
+    @property
+    def ready(self) -> bool:
+        """Started, recovered and not stopping: new messages are answered."""
+        return self._ready.is_set() and not self._stopping
+
     async def wait_idle(self) -> None:
         await self.lanes.wait_idle()
+
+    def _register_gauges(self) -> None:
+        lanes = self.lanes
+        self.metrics.add_gauge(
+            "parley_lane_active_runs", "Turns running now", lambda: lanes.stats().active_runs
+        )
+        self.metrics.add_gauge(
+            "parley_lane_queued", "Messages waiting in session lanes", lambda: lanes.stats().queued
+        )
+        self.metrics.add_gauge(
+            "parley_open_transcripts", "Transcripts kept open", lambda: len(self._transcripts)
+        )
+
+    async def run_in_lane(self, key: str, run: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``run`` in the session's lane (after what is queued there) and return its
+        result; raises ``LaneBusy`` when the lane is full or the gateway is stopping."""
+        task = LaneTask(run)
+        submitted = await self.lanes.submit(key, task)
+        if not submitted.accepted:
+            raise LaneBusy(f"the session's queue is {submitted.status.value.replace('_', ' ')}")
+        return await task.done
 
     # -- inbound ----------------------------------------------------------------------
 
@@ -297,6 +380,7 @@ class Gateway:
                 recorded.item.status,
             )
             return
+        self.metrics.inbound(message.channel)
         await self._ready.wait()
         route = self._route(message)
         item_id = recorded.item.id
@@ -356,7 +440,7 @@ class Gateway:
             config=self.config.session,
         )
 
-    def _window(self, record: SessionRecord | None) -> int:
+    def window_for(self, record: SessionRecord | None) -> int:
         assert self.engine is not None
         model = (record.settings.get("model") if record else None) or self.provider.model
         return self.engine.window(model).tokens
@@ -367,33 +451,42 @@ class Gateway:
             record,
             key=key,
             model=self.provider.model,
-            window=self._window(record),
+            window=self.window_for(record),
             now=self.clock(),
         )
 
     async def _context_text(self, route: SessionRoute, mode: str) -> str:
         """``/context [list|detail|json]``: what the next request would hold, by part."""
-        assert self.engine is not None and self.prompt is not None and self.runner is not None
         record = await self.registry.get_active(route.key)
+        transcript = await self.transcript(record) if record is not None else None
+        report, _ = await self.context_report(record, transcript, route.chat_type)
+        return render_context(report, mode or "list")
+
+    async def context_report(
+        self, record: SessionRecord | None, transcript: Transcript | None, chat_type: str
+    ) -> tuple[ContextReport, ContextView | None]:
+        """What the next request would hold, by part, and how the history was cut."""
+        assert self.engine is not None and self.prompt is not None and self.runner is not None
         prompt = await asyncio.to_thread(self.prompt.build)
         tools = self.runner.tools.specs() if self.runner.offer_tools else ()
         history: list[Any] = []
-        if record is not None:
-            transcript = await self.transcript(record)
-            history, _ = self.engine.view(transcript.live_entries(), route.chat_type)
+        view = None
+        if transcript is not None:
+            view = self.engine.inspect_view(transcript.live_entries(), chat_type)
+            history = view.messages
         report = await asyncio.to_thread(
             build_context_report,
             prompt=prompt,
             tools=tools,
             history=history,
             counter=self.engine.counter,
-            window=self._window(record),
+            window=self.window_for(record),
             workspace=self.loaded.workspace,
             file_max_chars=self.config.context.file_max_chars,
             total_max_chars=self.config.context.total_max_chars,
             session_tokens=record.context_tokens if record else None,
         )
-        return render_context(report, mode or "list")
+        return report, view
 
     async def _memory_text(self, route: SessionRoute, argument: str) -> str:
         """``/memory status`` and ``/memory search <query>`` (this conversation's scopes)."""
@@ -426,10 +519,16 @@ class Gateway:
 
     # -- one lane run -----------------------------------------------------------------
 
-    async def _run_lane(self, key: str, items: list[LaneItem]) -> None:
+    async def _run_lane(self, key: str, items: list[LaneItem | LaneTask]) -> None:
         """Process a batch in order; plain messages next to each other share one turn."""
         group: list[LaneItem] = []
         for item in items:
+            if isinstance(item, LaneTask):
+                if group:
+                    await self._answer(key, group)
+                    group = []
+                await item.execute()
+                continue
             plain = (
                 item.reset_text is None and item.recovered is None and item.compact_focus is None
             )
@@ -478,24 +577,32 @@ class Gateway:
             await self._deliver(ids, last.message, record, reply)
         except Exception:
             log.exception("answering %s in session %s failed", ids, key)
+            self.metrics.error("internal")
             await self._deliver(ids, last.message, None, INTERNAL_ERROR_TEXT)
 
     async def _compact(self, key: str, item: LaneItem) -> tuple[SessionRecord | None, str]:
         """``/compact [focus]``, run in the session's lane like a turn."""
-        assert self.engine is not None and self.runner is not None
         record = await self.registry.get_active(key)
         if record is None:
             return None, "Skipped: there is no conversation in this chat yet."
-        transcript = await self.transcript(record)
-        request = await self.runner.view_request(
-            record.key, record.settings.get("model"), item.route.chat_type
-        )
         try:
-            outcome, events = await self.engine.compact_now(
-                transcript, request, focus=item.compact_focus or ""
+            outcome = await self.compact_session(
+                record, item.route.chat_type, item.compact_focus or ""
             )
         except ContextError as exc:
             return record, describe_context_error(exc)
+        return record, outcome.describe()
+
+    async def compact_session(
+        self, record: SessionRecord, chat_type: str, focus: str
+    ) -> CompactionOutcome:
+        """Compact now; the caller runs this in the session's lane. Raises ContextError."""
+        assert self.engine is not None and self.runner is not None
+        transcript = await self.transcript(record)
+        request = await self.runner.view_request(
+            record.key, record.settings.get("model"), chat_type
+        )
+        outcome, events = await self.engine.compact_now(transcript, request, focus=focus)
         await self.registry.record_compaction(
             record.session_id,
             compactions=1 if outcome.compacted else 0,
@@ -504,9 +611,25 @@ class Gateway:
             entry_count=transcript.entry_count,
             last_entry_id=_last_id(transcript),
         )
-        if outcome.compacted and self.memory is not None:
-            self.memory.notify_compaction()
-        return record, outcome.describe()
+        if outcome.compacted:
+            self.metrics.compaction(outcome.trigger)
+            if self.memory is not None:
+                self.memory.notify_compaction()
+        return outcome
+
+    async def archive_session(self, record: SessionRecord, reason: str) -> None:
+        """End a session without starting the next one (the next message does); the
+        caller runs this in the session's lane. The transcript records why."""
+        transcript = await self.transcript(record)
+        await asyncio.to_thread(transcript.append_custom, "reset", {"reason": reason})
+        await self.registry.record_entries(
+            record.session_id, transcript.entry_count, _last_id(transcript)
+        )
+        await self.registry.archive(record.session_id, reason, self.clock())
+        self._forget_transcript(record.session_id)
+        if self.engine is not None:
+            self.engine.forget(record.key)
+        log.info("session %s archived (%s): %s", record.key, reason, record.session_id)
 
     async def _session_for(self, key: str, item: LaneItem) -> SessionRecord:
         record = await self.registry.get_active(key)
@@ -658,16 +781,29 @@ class Gateway:
             memory_scopes=search_scopes(first.route, self.config.memory) if self.memory else (),
         )
         entries_before = transcript.entry_count
+        started = time.perf_counter()
         try:
             async with self._typing(message):
                 result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
         except (ProviderError, ContextError) as exc:
+            self.metrics.turn(message.channel, time.perf_counter() - started, ok=False)
+            self.metrics.error(_error_kind(exc))
+            if isinstance(exc, ProviderError):
+                self._note_provider(exc)
             await self.registry.record_entries(
                 record.session_id, transcript.entry_count, _last_id(transcript)
             )
             if isinstance(exc, ContextError):
                 return describe_context_error(exc)
             return describe_provider_error(exc, attempts)
+        self.metrics.turn(message.channel, time.perf_counter() - started, ok=True)
+        self.metrics.tokens(result.usage)
+        self._note_provider(None)
+        if result.compactions:
+            for trigger in await asyncio.to_thread(
+                _compaction_triggers, transcript, entries_before
+            ):
+                self.metrics.compaction(trigger)
         if self.memory is not None:
             self.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
             if result.compactions:
@@ -683,6 +819,16 @@ class Gateway:
             now=self.clock(),
         )
         return result.reply or EMPTY_REPLY_TEXT
+
+    def _note_provider(self, error: ProviderError | None) -> None:
+        """Remember whether the provider could be reached, for /health."""
+        now = self.clock()
+        if error is None:
+            self.provider_health = ProviderHealth(True, "last call succeeded", now)
+        elif isinstance(error, _UNREACHABLE):
+            self.provider_health = ProviderHealth(False, f"last call failed: {error}", now)
+        else:  # it answered, with a refusal about this request: reachable
+            self.provider_health = ProviderHealth(True, f"last call refused: {error}", now)
 
     @contextlib.asynccontextmanager
     async def _typing(self, message: InboundMessage) -> AsyncIterator[None]:
@@ -758,10 +904,14 @@ class Gateway:
         if result is None:
             await self.inbox.mark_failed(ids, error or "delivery failed")
             log.warning("delivery to %s failed: %s", route, error)
+            self.metrics.reply(message.channel, "failed")
+            self.metrics.error("delivery_failed")
         elif final_status == "rejected":
             await self.inbox.mark_rejected(ids, "queue full")
+            self.metrics.reply(message.channel, "rejected")
         else:
             await self.inbox.mark_delivered(ids)
+            self.metrics.reply(message.channel, "delivered")
         if record is None:
             return
         delivery = {
@@ -795,6 +945,31 @@ async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), refresh)
+
+
+# Provider failures that mean it could not be reached (as opposed to a refusal).
+_UNREACHABLE = (
+    ProviderConnectionError,
+    ProviderTimeoutError,
+    ServerError,
+    OverloadedError,
+    AuthenticationError,
+)
+
+
+def _error_kind(exc: Exception) -> str:
+    """A bounded metrics label: ContextOverflowError -> context_overflow."""
+    name = type(exc).__name__.removesuffix("Error") or "error"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _compaction_triggers(transcript: Transcript, since: int) -> list[str]:
+    """The triggers of the compactions written after entry line ``since`` (reads disk)."""
+    return [
+        str(entry.payload.get("trigger") or "unknown")
+        for entry in transcript.entries(since)
+        if entry.type == ENTRY_COMPACTION
+    ]
 
 
 def _reply_route(item: LaneItem) -> tuple[str, str, str, str | None]:

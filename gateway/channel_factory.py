@@ -15,7 +15,8 @@ def build_channels(
     banner: str | None = None,
     on_terminal_close: Callable[[], None] | None = None,
 ) -> list[Channel]:
-    """The terminal chat when asked for, or when nothing else is configured."""
+    """The terminal chat when asked for, or when nothing else is configured; the web chat
+    when ``config.web_enabled()`` (never with ``terminal_only``)."""
     configured = [] if terminal_only else config.configured()
     channels: list[Channel] = []
     if terminal_only or not configured or "terminal" in configured:
@@ -30,4 +31,8 @@ def build_channels(
         from channels.discord_adapter import DiscordChannel
 
         channels.append(DiscordChannel(config.discord))
+    if not terminal_only and config.web_enabled():
+        from channels.web import WebChannel
+
+        channels.append(WebChannel(config.web))
     return channels

@@ -7,7 +7,8 @@ it exists, else the built-in defaults. Then the environment:
   ``OPENAI_BASE_URL`` fill the provider sections when the file leaves them unset;
   ``TELEGRAM_BOT_TOKEN`` and ``DISCORD_BOT_TOKEN`` the ``default`` bot account's
   token; ``TELEGRAM_API_BASE_URL`` overrides the ``default`` Telegram account's Bot
-  API server;
+  API server; ``PARLEY_ADMIN_HOST``, ``PARLEY_ADMIN_PORT`` and ``PARLEY_ADMIN_TOKEN``
+  override the HTTP server's ``[http]`` host, port and token;
 - overrides: ``PARLEY_<SECTION>__<FIELD>[__<FIELD>...]=value`` set any field (the
   value is read as a TOML value when it parses as one, else as a string), e.g.
   ``PARLEY_LANES__MAX_CONCURRENT_RUNS=8``; ``PARLEY_LOG_LEVEL`` is short for
@@ -52,6 +53,12 @@ _SECRET_ENV: dict[str, tuple[str, ...]] = {
 _OVERRIDE_ENV: dict[str, tuple[str, ...]] = {
     "TELEGRAM_API_BASE_URL": ("channels", "telegram", "accounts", "default", "api_base_url"),
 }
+# Overrides of the admin server's address and token: they win over the file.
+_ADMIN_ENV: dict[str, tuple[str, ...]] = {
+    "PARLEY_ADMIN_HOST": ("http", "host"),
+    "PARLEY_ADMIN_PORT": ("http", "port"),
+    "PARLEY_ADMIN_TOKEN": ("http", "token"),
+}
 
 
 class _Strict(BaseModel):
@@ -73,13 +80,17 @@ class LoggingConfig(_Strict):
 
 
 class HttpConfig(_Strict):
-    # The gateway's own HTTP server: Telegram webhooks now, the admin API later.
-    enabled: bool | None = Field(
-        None, description="unset: on when a channel needs it (Telegram in webhook mode)"
-    )
+    # The gateway's one HTTP server: the admin API, the inspector and web chat pages,
+    # and channel endpoints (Telegram webhooks, the web chat's websocket).
+    enabled: bool = Field(True, description="serve the admin API and pages with `parley run`")
     host: str = Field("127.0.0.1", min_length=1, description="listen address")
     port: int = Field(8787, ge=0, le=65535, description="0 picks a free port")
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20, description="larger is refused")
+    token: SecretStr | None = Field(
+        None,
+        description="bearer token for every route but /health; unset on a loopback address: "
+        "one is generated and kept in $PARLEY_HOME/admin.token",
+    )
 
 
 class ParleyConfig(_Strict):
@@ -104,6 +115,10 @@ class LoadedConfig:
     @property
     def workspace(self) -> Path:
         return self.config.agent.workspace or self.home / "workspace"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.home / "admin.token"
 
     @property
     def state_db(self) -> Path:
@@ -140,6 +155,9 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
             _set_path(data, dotted, env[var])
     for var, dotted in _OVERRIDE_ENV.items():
         if env.get(var) and isinstance(_get_path(data, dotted[:-1]), Mapping):
+            _set_path(data, dotted, env[var])
+    for var, dotted in _ADMIN_ENV.items():
+        if env.get(var):
             _set_path(data, dotted, env[var])
     try:
         config = ParleyConfig.model_validate(data)

@@ -6,7 +6,10 @@ GatewayError
 │   └── SchemaTooNewError   state.db was written by a newer parley
 ├── SessionNotFound      no session matches the id or key given
 ├── PairingError         a pairing code is unknown, expired or already decided
-└── ChannelFailure       a channel adapter could not start (bad token, unreachable API)
+├── ChannelFailure       a channel adapter could not start (bad token, unreachable API)
+├── LaneBusy             a session's lane cannot take more work now
+├── AdminServerError     the HTTP server cannot start (no token on a public address, port taken)
+└── ApiError             an admin API request cannot be served; carries the HTTP status
 """
 
 from __future__ import annotations
@@ -45,3 +48,21 @@ class PairingError(GatewayError):
 
 class ChannelFailure(GatewayError):
     pass
+
+
+class LaneBusy(GatewayError):
+    pass
+
+
+class AdminServerError(GatewayError):
+    pass
+
+
+class ApiError(GatewayError):
+    """Answered as ``{"error": code, "message": message}`` with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message

@@ -1,34 +1,54 @@
-"""The gateway's HTTP server (aiohttp): channel webhooks and a health check.
+"""The gateway's HTTP server (aiohttp): the admin API and pages, metrics, and the
+channels' endpoints (Telegram webhooks, the web chat's websocket).
 
 It starts before the channels (a webhook must be reachable once Telegram is told
-about it) and stops after them. Bodies larger than ``max_body_bytes`` are refused by
-aiohttp with 413 before any handler runs.
+about it) and stops after them. Bodies larger than ``max_body_bytes`` are refused
+with 413 before any handler reads them. The admin token is resolved at start (see
+``gateway.admin.auth``): a server on a non-loopback address without one refuses to
+start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from channels.base import WebhookRoute
+from gateway.admin.auth import AdminToken, resolve_token
+from gateway.admin.metrics import GatewayMetrics
+from gateway.admin.web_app import build_app
 from gateway.config import HttpConfig
-from gateway.errors import ChannelFailure
+from gateway.errors import AdminServerError
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
 
 log = logging.getLogger("parley.gateway.http")
 
 
-async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
-
-
 class HttpServer:
-    def __init__(self, config: HttpConfig, routes: Sequence[WebhookRoute]) -> None:
+    def __init__(
+        self,
+        config: HttpConfig,
+        routes: Sequence[WebhookRoute],
+        *,
+        token_file: Path,
+        gateway: Gateway,
+        metrics: GatewayMetrics,
+    ) -> None:
         self.config = config
         self.routes = list(routes)
+        self.token_file = token_file
+        self._gateway = gateway
+        self._metrics = metrics
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._token: AdminToken | None = None
 
     @property
     def port(self) -> int:
@@ -36,13 +56,30 @@ class HttpServer:
             raise RuntimeError("the HTTP server is not running")
         return self._port
 
+    @property
+    def token(self) -> AdminToken:
+        if self._token is None:
+            raise RuntimeError("the HTTP server is not running")
+        return self._token
+
+    def url(self, path: str = "/") -> str:
+        host = self.config.host
+        if ":" in host:  # an IPv6 literal
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}{path}"
+
     async def start(self) -> None:
         if self._runner is not None:
             return
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.router.add_get("/healthz", _health)
-        for route in self.routes:
-            app.router.add_route(route.method, route.path, route.handler)
+        secret = self.config.token.get_secret_value() if self.config.token else None
+        token = await asyncio.to_thread(resolve_token, secret, self.config.host, self.token_file)
+        app = build_app(
+            self._gateway,
+            token=token,
+            metrics=self._metrics,
+            channel_routes=self.routes,
+            max_body_bytes=self.config.max_body_bytes,
+        )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
@@ -50,17 +87,16 @@ class HttpServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise ChannelFailure(
+            raise AdminServerError(
                 f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}"
-                " (set [http] port, or PARLEY_HTTP__PORT)"
+                " (set [http] port, or PARLEY_ADMIN_PORT)"
             ) from exc
         self._runner = runner
+        self._token = token
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or ()
         self._port = sockets[0].getsockname()[1] if sockets else self.config.port
-        log.info(
-            "HTTP server on %s:%s (%d route(s))", self.config.host, self._port, len(self.routes)
-        )
+        log.info("HTTP server on %s (token from %s)", self.url(), token.source)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

@@ -231,6 +231,8 @@ class MemoryIndex:
         self._pending_bytes = 0
         self._pending_messages = 0
         self._closed = False
+        # Called with each search's seconds (the gateway's latency histogram).
+        self.on_search: Callable[[float], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -678,13 +680,16 @@ class MemoryIndex:
             )
         if query_vector is None and fallback is None and trace.mode == "keyword":
             fallback = "the index holds no vectors yet"
+        elapsed = time.perf_counter() - started
+        if self.on_search is not None:
+            self.on_search(elapsed)
         return SearchResult(
             hits=hits,
             mode=trace.mode,
             provider=provider,
             model=model,
             fallback=fallback,
-            search_ms=(time.perf_counter() - started) * 1000,
+            search_ms=elapsed * 1000,
             synced_first=synced_first,
             trace=trace,
         )

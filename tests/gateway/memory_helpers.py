@@ -47,6 +47,7 @@ def memory_config(home: Path, **env: str) -> LoadedConfig:
         "PARLEY_HOME": str(home),
         "PARLEY_SESSION__TIMEZONE": "UTC",
         "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
+        "PARLEY_HTTP__PORT": "0",
         **QUIET_MEMORY,
     }
     return load_config(env={**base, **env})

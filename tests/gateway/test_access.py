@@ -216,21 +216,31 @@ async def test_http_server_serves_channel_webhooks_and_health(tmp_path: Path) ->
     channel = WebhookChannel()
     config = make_config(tmp_path, PARLEY_HTTP__PORT="0", PARLEY_HTTP__MAX_BODY_BYTES="2048")
     async with Gateway(config, channels=[channel], provider=ScriptedProvider()) as gateway:
-        assert gateway.http is not None  # on because a channel asked for a route
+        assert gateway.http is not None
         base = f"http://127.0.0.1:{gateway.http.port}"
+        auth = {"Authorization": f"Bearer {gateway.http.token.value}"}
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{base}/healthz") as response:
-                assert response.status == 200 and await response.json() == {"ok": True}
+            async with session.get(f"{base}/health") as response:
+                assert response.status == 200 and (await response.json())["ready"] is True
             async with session.post(f"{base}/hooked/default", data=b"update") as response:
+                assert response.status == 401  # a channel route is the admin's unless public
+            async with session.post(
+                f"{base}/hooked/default", data=b"update", headers=auth
+            ) as response:
                 assert response.status == 200
-            async with session.post(f"{base}/hooked/default", data=b"x" * 4096) as response:
+            async with session.post(
+                f"{base}/hooked/default", data=b"x" * 4096, headers=auth
+            ) as response:
                 assert response.status == 413
     assert channel.posted == [b"update"]
 
 
-async def test_no_http_server_when_nothing_needs_it(stack: Any) -> None:
-    gateway, _, _ = stack
-    assert gateway.http is None
+async def test_http_server_off_unless_enabled_or_a_channel_needs_it(tmp_path: Path) -> None:
+    config = make_config(tmp_path, PARLEY_HTTP__ENABLED="false")
+    async with Gateway(config, channels=[RecordingChannel()], provider=ScriptedProvider()) as gw:
+        assert gw.http is None
+    async with Gateway(config, channels=[WebhookChannel()], provider=ScriptedProvider()) as gw:
+        assert gw.http is not None  # Telegram webhooks need it whatever the setting
 
 
 async def test_a_folded_turn_never_spans_two_reply_routes(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ class Clock:
 
 def make_config(home: Path, **env: str) -> LoadedConfig:
     base = {"PARLEY_HOME": str(home), "PARLEY_SESSION__TIMEZONE": "UTC"}
+    base["PARLEY_HTTP__PORT"] = "0"  # the admin server on a free port
     # Retries on the scripted provider would only slow tests down.
     base["PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS"] = "1"
     return load_config(env={**base, **env})

@@ -84,6 +84,7 @@ def make_config(home: Path, **env: str) -> LoadedConfig:
         "PARLEY_HOME": str(home),
         "PARLEY_SESSION__TIMEZONE": "UTC",
         "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
+        "PARLEY_HTTP__PORT": "0",
     }
     return load_config(env={**base, **env})
 

@@ -56,6 +56,7 @@ def gateway_env(home: Path, llm: FakeAnthropic) -> dict[str, str]:
         "ANTHROPIC_API_KEY": llm.api_key,
         "ANTHROPIC_BASE_URL": llm.base_url,
         "PARLEY_PROVIDERS__ANTHROPIC__MODEL": "claude-test-model",
+        "PARLEY_HTTP__PORT": "0",
     }
 
 

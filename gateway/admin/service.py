@@ -1,0 +1,430 @@
+"""What the admin API answers, computed from the running gateway.
+
+The handlers stay thin: they validate input and serialise; this module reads the
+registry, the transcripts and the memory index. Anything that changes a session
+(compact, reset) runs in that session's lane, so it never overlaps a turn.
+
+Archived transcripts are opened read-only (an inspector must never repair or append
+to a file) and a few are kept open between requests: paging through a long archived
+transcript would otherwise re-read it from the start for every page. ``close()``
+releases them; the web app pairs it with its setup through a cleanup context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import re
+from collections import OrderedDict
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from core.compaction import CompactionOutcome
+from core.context_report import ContextReport
+from core.errors import ContextError, CoreError, TranscriptError
+from core.prompt import SECTION_PROJECT_CONTEXT
+from core.transcript import ENTRY_COMPACTION, Transcript
+from gateway.admin import schemas as s
+from gateway.errors import ApiError, LaneBusy
+from gateway.registry import SessionRecord
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("parley.gateway.admin")
+
+ARCHIVED_TRANSCRIPTS_KEPT = 8
+_SESSION_ID = re.compile(s.SESSION_ID_PATTERN)
+ADMIN_RESET_REASON = "admin"
+
+
+class AdminService:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._archived: OrderedDict[str, tuple[tuple[int, int], Transcript]] = OrderedDict()
+        self._archived_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        async with self._archived_lock:
+            for _, transcript in self._archived.values():
+                transcript.close()
+            self._archived.clear()
+
+    # -- health ---------------------------------------------------------------------------
+
+    async def health(self) -> s.Health:
+        gateway = self.gateway
+        try:
+            await gateway.db.run(lambda: gateway.db.conn.execute("SELECT 1").fetchone())
+            state = s.HealthCheck(ok=True, detail=str(gateway.loaded.state_db))
+        except Exception as exc:  # any failure here is the answer, not a crash
+            state = s.HealthCheck(ok=False, detail=f"state.db unavailable: {exc}")
+        channels = {}
+        for name, channel in gateway.channels.items():
+            probe = getattr(channel, "connected", None)
+            try:
+                up = bool(probe()) if callable(probe) else True
+            except Exception as exc:
+                up, detail = False, f"status unknown: {exc}"
+            else:
+                detail = "connected" if up else "not connected"
+            channels[name] = s.HealthCheck(ok=up, detail=detail)
+        health = gateway.provider_health
+        provider = s.HealthCheck(ok=health.ok, detail=_provider_detail(gateway, health.detail))
+        ready = state.ok and provider.ok and all(c.ok for c in channels.values())
+        ready = ready and gateway.ready
+        return s.Health(
+            status="ok" if ready else "degraded",
+            live=True,
+            ready=ready,
+            checks=s.HealthChecks(state_db=state, channels=channels, provider=provider),
+        )
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def sessions(self, query: s.SessionListQuery) -> s.SessionPage:
+        page = await self.gateway.registry.list(
+            status=query.status,
+            channel=query.channel,
+            agent_id=query.agent,
+            query=query.q,
+            limit=query.limit,
+            cursor=_decode_cursor(query.cursor) if query.cursor else None,
+        )
+        return s.SessionPage(
+            items=[_summary(r) for r in page.sessions],
+            next_cursor=_encode_cursor(page.next_cursor) if page.next_cursor else None,
+        )
+
+    async def session(self, session_id: str) -> s.SessionDetail:
+        record = await self._record(session_id)
+        usage = record.usage
+        read_base = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        return s.SessionDetail(
+            **_summary(record).model_dump(),
+            peer=record.peer,
+            parent_key=record.parent_key,
+            archived_at=_iso(record.archived_at),
+            settings=record.settings,
+            last_route=record.last_route,
+            delivery_error=record.delivery_error,
+            last_entry_id=record.last_entry_id,
+            tokens=s.TokenCounts(
+                input=usage.input_tokens,
+                output=usage.output_tokens,
+                cache_read=usage.cache_read_tokens,
+                cache_write=usage.cache_write_tokens,
+            ),
+            cache_read_share=round(usage.cache_read_tokens / read_base, 4) if read_base else None,
+            window_tokens=self.gateway.window_for(record),
+        )
+
+    async def transcript(self, session_id: str, query: s.TranscriptQuery) -> s.TranscriptPage:
+        record = await self._record(session_id)
+        transcript = await self._open(record)
+        offset = int(query.cursor) if query.cursor else 0
+        total, numbered = await asyncio.to_thread(_page, transcript, offset, query.limit)
+        end = offset + query.limit
+        return s.TranscriptPage(
+            session_id=record.session_id,
+            total=total,
+            items=[s.TranscriptEntry(index=i, **entry) for i, entry in numbered],
+            next_cursor=str(end) if end < total else None,
+        )
+
+    async def context(self, session_id: str) -> s.ContextBreakdown:
+        record = await self._record(session_id)
+        transcript = await self._open(record)
+        report, view = await self.gateway.context_report(record, transcript, record.chat_type)
+        pruned = s.PrunedCounts(
+            trimmed=view.trimmed if view else 0,
+            cleared=view.cleared if view else 0,
+            dropped_turns=view.dropped_turns if view else 0,
+        )
+        return s.ContextBreakdown(
+            session_id=record.session_id,
+            status=record.status,  # type: ignore[arg-type]
+            total_tokens=report.total_tokens,
+            window_tokens=report.window,
+            share=round(report.share, 4),
+            sections=context_sections(report),
+            pruned=pruned,
+            report=report.to_dict(),
+        )
+
+    async def compactions(self, session_id: str) -> s.CompactionList:
+        record = await self._record(session_id)
+        transcript = await self._open(record)
+        entries = await asyncio.to_thread(_compaction_entries, transcript)
+        items = []
+        for entry in entries:
+            payload = entry.payload
+            details = payload.get("details") if isinstance(payload.get("details"), dict) else {}
+            items.append(
+                s.CompactionItem(
+                    entry_id=entry.id,
+                    ts=entry.ts,
+                    trigger=str(payload.get("trigger") or "unknown"),
+                    tokens_before=_int(payload.get("tokens_before")),
+                    tokens_after=_int(payload.get("tokens_after")),
+                    summary=str(payload.get("summary") or ""),
+                    ledger=details.get("ledger"),
+                    first_kept_entry_id=payload.get("first_kept_entry_id"),
+                )
+            )
+        return s.CompactionList(session_id=record.session_id, items=items)
+
+    async def compact(self, session_id: str, focus: str) -> s.CompactResult:
+        record = await self._active(session_id)
+
+        async def run() -> CompactionOutcome | str:
+            current = await self._still_active(record)
+            try:
+                return await self.gateway.compact_session(current, current.chat_type, focus)
+            except ContextError as exc:
+                return str(exc)
+
+        outcome = await self._in_lane(record, run)
+        if isinstance(outcome, str):
+            return s.CompactResult(
+                session_id=record.session_id,
+                outcome="failed",
+                message=f"Compaction failed: {outcome}. Nothing was lost: the history is kept.",
+                tokens_before=None,
+                tokens_after=None,
+            )
+        compacted = outcome.compacted
+        return s.CompactResult(
+            session_id=record.session_id,
+            outcome=outcome.status,
+            message=outcome.describe(),
+            tokens_before=outcome.tokens_before if compacted else None,
+            tokens_after=outcome.tokens_after if compacted else None,
+        )
+
+    async def reset(self, session_id: str) -> s.ResetResult:
+        record = await self._active(session_id)
+
+        async def run() -> None:
+            current = await self._still_active(record)
+            await self.gateway.archive_session(current, ADMIN_RESET_REASON)
+
+        await self._in_lane(record, run)
+        return s.ResetResult(
+            session_id=record.session_id, status="archived", archived_reason=ADMIN_RESET_REASON
+        )
+
+    # -- memory ---------------------------------------------------------------------------
+
+    async def memory_status(self) -> s.MemoryStatusBody:
+        memory = self.gateway.memory
+        if memory is None:
+            return s.MemoryStatusBody(enabled=False)
+        status = await self._memory_call(memory.status())
+        return s.MemoryStatusBody(enabled=True, **status.to_dict())
+
+    async def memory_search(self, query: s.MemorySearchQuery) -> s.MemorySearchBody:
+        memory = self.gateway.memory
+        if memory is None:
+            raise ApiError(409, "conflict", "long-term memory is turned off ([memory] enabled)")
+        scopes = [query.scope] if query.scope else await self._memory_call(memory.scopes())
+        result = await self._memory_call(
+            memory.search(query.q, scopes=scopes, max_results=query.limit)
+        )
+        notes = [f"keyword-only: {result.fallback}"] if result.fallback else []
+        return s.MemorySearchBody(
+            query=query.q,
+            mode=result.mode,
+            notes=notes,
+            scopes=list(scopes),
+            items=[
+                s.MemoryHit(
+                    path=h.path,
+                    start_line=h.start_line,
+                    end_line=h.end_line,
+                    score=round(h.score, 4),
+                    snippet=h.snippet,
+                    source=h.source,
+                    scope=h.scope,
+                    ts=h.ts,
+                )
+                for h in result.hits
+            ],
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _record(self, session_id: str) -> SessionRecord:
+        if not _SESSION_ID.match(session_id):
+            raise ApiError(400, "bad_request", "a session id is 32 lowercase hex characters")
+        record = await self.gateway.registry.get(session_id)
+        if record is None:
+            raise ApiError(404, "not_found", f"no session {session_id}")
+        return record
+
+    async def _active(self, session_id: str) -> SessionRecord:
+        record = await self._record(session_id)
+        if record.status != "active":
+            raise ApiError(409, "conflict", f"session {session_id} is archived")
+        return record
+
+    async def _still_active(self, record: SessionRecord) -> SessionRecord:
+        """Re-read in the lane: a turn queued before us may have reset the session."""
+        current = await self.gateway.registry.get(record.session_id)
+        if current is None or current.status != "active":
+            raise ApiError(409, "conflict", f"session {record.session_id} was archived meanwhile")
+        return current
+
+    async def _in_lane(self, record: SessionRecord, run: Any) -> Any:
+        try:
+            return await self.gateway.run_in_lane(record.key, run)
+        except LaneBusy as exc:
+            raise ApiError(503, "unavailable", f"try again shortly: {exc}") from exc
+
+    async def _memory_call(self, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except CoreError as exc:
+            raise ApiError(503, "unavailable", f"memory is unavailable: {exc}") from exc
+
+    async def _open(self, record: SessionRecord) -> Transcript:
+        try:
+            if record.status == "active":
+                return await self.gateway.transcript(record)
+            return await self._open_archived(record)
+        except TranscriptError as exc:
+            raise ApiError(404, "not_found", f"the transcript cannot be read: {exc}") from exc
+
+    async def _open_archived(self, record: SessionRecord) -> Transcript:
+        path = self.gateway.loaded.sessions_dir / f"{record.session_id}.jsonl"
+        async with self._archived_lock:
+            try:
+                stat = await asyncio.to_thread(path.stat)
+            except FileNotFoundError:
+                raise TranscriptError(f"transcript not found: {path.name}") from None
+            stamp = (stat.st_size, stat.st_mtime_ns)
+            cached = self._archived.get(record.session_id)
+            if cached is not None and cached[0] == stamp:
+                self._archived.move_to_end(record.session_id)
+                return cached[1]
+            if cached is not None:
+                cached[1].close()
+            transcript = await asyncio.to_thread(Transcript.open, path, read_only=True)
+            self._archived[record.session_id] = (stamp, transcript)
+            while len(self._archived) > ARCHIVED_TRANSCRIPTS_KEPT:
+                _, (_, evicted) = self._archived.popitem(last=False)
+                evicted.close()
+            return transcript
+
+
+def context_sections(report: ContextReport) -> list[s.ContextSection]:
+    """The bar's segments: each prompt section (workspace files split out of the
+    project context by their share of its characters), tools, summary, history. They
+    add up to ``report.total_tokens`` exactly."""
+    sections: list[s.ContextSection] = []
+    for section in report.sections:
+        if section.name != SECTION_PROJECT_CONTEXT:
+            sections.append(
+                s.ContextSection(kind="system", name=section.name, tokens=section.tokens)
+            )
+            continue
+        injected = [f for f in report.files if f.injected_chars > 0]
+        chars = max(section.chars, sum(f.injected_chars for f in injected), 1)
+        given = 0
+        for file in injected:
+            tokens = section.tokens * file.injected_chars // chars
+            given += tokens
+            sections.append(s.ContextSection(kind="file", name=file.name, tokens=tokens))
+        if section.tokens - given:
+            sections.append(
+                s.ContextSection(kind="system", name=section.name, tokens=section.tokens - given)
+            )
+    # Sections tokenised one by one differ slightly from the whole prompt tokenised
+    # at once (joins); the difference goes to the largest system segment.
+    gap = report.system_tokens - sum(x.tokens for x in sections)
+    if gap and sections:
+        largest = max(range(len(sections)), key=lambda i: sections[i].tokens)
+        fixed = sections[largest]
+        sections[largest] = fixed.model_copy(update={"tokens": max(0, fixed.tokens + gap)})
+    elif gap > 0:
+        sections.append(s.ContextSection(kind="system", name="system prompt", tokens=gap))
+    if report.tool_tokens:
+        name = f"tools ({report.tool_count})"
+        sections.append(s.ContextSection(kind="tools", name=name, tokens=report.tool_tokens))
+    summary = report.summary_tokens or 0
+    if summary:
+        sections.append(s.ContextSection(kind="summary", name="summary", tokens=summary))
+    if report.history_tokens - summary > 0:
+        sections.append(
+            s.ContextSection(
+                kind="history",
+                name=f"history ({report.history_messages} messages)",
+                tokens=report.history_tokens - summary,
+            )
+        )
+    return sections
+
+
+def _summary(record: SessionRecord) -> s.SessionSummary:
+    return s.SessionSummary(
+        id=record.session_id,
+        key=record.key,
+        agent_id=record.agent_id,
+        channel=record.channel,
+        account=record.account,
+        chat_type=record.chat_type,
+        display_name=record.display_name,
+        status=record.status,  # type: ignore[arg-type]
+        created_at=record.created_at.isoformat(),
+        updated_at=record.updated_at.isoformat(),
+        archived_reason=record.archived_reason,
+        model=record.model,
+        turn_count=record.turn_count,
+        entry_count=record.entry_count,
+        context_tokens=record.context_tokens,
+        compaction_count=record.compaction_count,
+    )
+
+
+def _encode_cursor(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    """The registry's cursor, checked: a forged one is a 400, never a SQL surprise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
+        stamp, _, session_id = raw.partition("|")
+        datetime.fromisoformat(stamp)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ApiError(400, "bad_request", "the cursor is not one this API gave out") from None
+    if not _SESSION_ID.match(session_id):
+        raise ApiError(400, "bad_request", "the cursor is not one this API gave out")
+    return raw
+
+
+def _page(transcript: Transcript, offset: int, limit: int) -> tuple[int, list[tuple[int, dict]]]:
+    total = transcript.entry_count
+    return total, [(i, e.to_dict()) for i, e in transcript.numbered_entries(offset, limit)]
+
+
+def _compaction_entries(transcript: Transcript) -> list[Any]:
+    return [e for e in transcript.entries() if e.type == ENTRY_COMPACTION]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _provider_detail(gateway: Gateway, detail: str) -> str:
+    try:
+        provider = gateway.provider
+    except RuntimeError:
+        return f"not started; {detail}"
+    return f"{provider.name} {provider.model}: {detail}"
