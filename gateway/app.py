@@ -158,7 +158,11 @@ class Gateway:
         provider: Provider | None = None,
         banner: str | None = None,
         clock: Callable[[], datetime] = utcnow,
+        serve_http: bool | None = None,
+        announce: Callable[[str], None] | None = None,
     ) -> None:
+        """``serve_http`` overrides ``[http] enabled`` (``parley chat`` passes False);
+        ``announce`` is told where the pages are once the HTTP server listens."""
         self.loaded = loaded
         self.config = loaded.config
         self.channels = {c.name: c for c in channels}
@@ -176,7 +180,9 @@ class Gateway:
         self.metrics.declare_channels(self.channels)
         routes = [r for c in channels for r in c.webhook_routes()]
         self.http: HttpServer | None = None
-        if self.config.http.enabled or routes:
+        self.announce = announce
+        wanted = self.config.http.enabled if serve_http is None else serve_http
+        if wanted or routes:  # a channel's endpoint (a webhook) needs the server regardless
             self.http = HttpServer(
                 self.config.http,
                 routes,
@@ -284,6 +290,8 @@ class Gateway:
         self._register_gauges()
         if self.http is not None:
             await self.http.start()  # before the channels: a webhook must be reachable
+            if self.announce is not None:
+                self.announce(self._page_links(self.http))
         for channel in self.channels.values():
             try:
                 await channel.start(self.handle_inbound)
@@ -338,6 +346,16 @@ class Gateway:
 
     async def wait_idle(self) -> None:
         await self.lanes.wait_idle()
+
+    def _page_links(self, http: HttpServer) -> str:
+        # A generated token rides in the fragment (never sent to the server, never
+        # logged); an operator who configured one already knows it.
+        token = http.token
+        fragment = f"#token={token.value}" if token.source != "config" else ""
+        lines = [f"Inspector: {http.url('/')}{fragment}"]
+        if "web" in self.channels:
+            lines.append(f"Web chat:  {http.url('/chat')}{fragment}")
+        return "\n".join(lines)
 
     def _register_gauges(self) -> None:
         lanes = self.lanes

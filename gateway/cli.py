@@ -176,7 +176,14 @@ async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     channels = build_channels(
         config.channels, terminal_only=terminal_only, banner=banner, on_terminal_close=eof.set
     )
-    gateway = Gateway(loaded, channels=channels, provider=provider, banner=banner)
+    gateway = Gateway(
+        loaded,
+        channels=channels,
+        provider=provider,
+        banner=banner,
+        serve_http=False if terminal_only else None,
+        announce=lambda links: print(links, flush=True),
+    )
     try:
         await gateway.start()
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(eof.wait())]

@@ -694,6 +694,11 @@ class MemoryIndex:
             trace=trace,
         )
 
+    async def catch_up(self) -> bool:
+        """Sync now if anything changed (bounded by ``search_wait_seconds``), as a
+        search would; for callers that list scopes before searching them."""
+        return await self._catch_up()
+
     async def _catch_up(self) -> bool:
         """Sync before a search when the index is dirty; wait for an empty one."""
         if not self.settings.sync.on_search:

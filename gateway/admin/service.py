@@ -229,7 +229,11 @@ class AdminService:
         memory = self.gateway.memory
         if memory is None:
             raise ApiError(409, "conflict", "long-term memory is turned off ([memory] enabled)")
-        scopes = [query.scope] if query.scope else await self._memory_call(memory.scopes())
+        if query.scope:
+            scopes = [query.scope]
+        else:  # every scope the index holds, once it has caught up with the transcripts
+            await self._memory_call(memory.catch_up())
+            scopes = await self._memory_call(memory.scopes())
         result = await self._memory_call(
             memory.search(query.q, scopes=scopes, max_results=query.limit)
         )

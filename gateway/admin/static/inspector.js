@@ -417,7 +417,7 @@ function renderMessage(entry) {
     : null;
   const node = el("div", { class: `entry message ${role}`, dataset: { type: "message", role } },
     entryHead(entry,
-      el("span", { class: "role", text: role }),
+      el("span", { class: "role", text: role.replace(/_/g, " ") }),
       usageText ? el("span", { text: usageText }) : null));
   const content = typeof message.content === "string"
     ? [{ type: "text", text: message.content }]
@@ -429,6 +429,10 @@ function renderMessage(entry) {
 function renderBlock(block) {
   switch (block.type) {
     case "text":
+      // The gateway appends a <turn-context> block (time, channel, sender) to each user turn.
+      if (/^<turn-context>/.test(block.text || "")) {
+        return el("div", { class: "text turn-context", text: block.text });
+      }
       return el("div", { class: "text", text: block.text });
     case "tool_use":
       view.toolNames.set(block.id, block.name);
@@ -500,6 +504,18 @@ async function loadContext(gen) {
     });
     segment.style.width = `${pctOfWindow(s.tokens).toFixed(3)}%`;
     return segment;
+  }));
+
+  // The same sections scaled to the total: with a large window the bar above is a sliver.
+  const sum = sections.reduce((acc, s) => acc + s.tokens, 0);
+  $("#context-mix").replaceChildren(...sections.map((s) => {
+    const part = el("div", {
+      class: "mix-segment",
+      dataset: { kind: s.kind },
+      title: `${s.name} (${s.kind}): ${fmtInt(s.tokens)} tokens, ${fmtPct(sum ? s.tokens / sum : 0)} of the context`,
+    });
+    part.style.width = `${(sum ? (s.tokens / sum) * 100 : 0).toFixed(3)}%`;
+    return part;
   }));
 
   const share = typeof ctx.share === "number" ? ctx.share : pctOfWindow(ctx.total_tokens) / 100;

@@ -74,7 +74,9 @@ async def seed_session(world: AdminWorld, sender: str = "alice") -> str:
 
 
 @pytest.fixture
-async def admin_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AdminWorld]:
+async def admin_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[AdminWorld]:
     use_hashing_embedder(monkeypatch)
     home = tmp_path / "home"
     loaded = memory_config(home)
