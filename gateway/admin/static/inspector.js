@@ -171,16 +171,21 @@ function start() {
 
 // ---------------------------------------------------------------- health pill
 
+/** "name: detail" for each failed check; "channels" nests one check per channel. */
+function failingChecks(checks, prefix = "") {
+  return Object.entries(checks).flatMap(([name, check]) => {
+    if (!check || typeof check !== "object") return [];
+    if (typeof check.ok !== "boolean") return failingChecks(check, `${prefix}${name}/`);
+    return check.ok ? [] : [`${prefix}${name}: ${check.detail}`];
+  });
+}
+
 async function loadHealth() {
   const pill = $("#health");
   try {
     const response = await fetch("/health");
     const data = await response.json();
-    const failing = Object.entries(data.checks || {})
-      .flatMap(([name, check]) =>
-        typeof check.ok === "boolean"
-          ? check.ok ? [] : [`${name}: ${check.detail}`]
-          : Object.entries(check).filter(([, c]) => !c.ok).map(([n, c]) => `${name}/${n}: ${c.detail}`));
+    const failing = failingChecks(data.checks || {});
     pill.dataset.state = data.status === "ok" ? "ok" : "degraded";
     pill.textContent = data.ready ? data.status : `${data.status}, not ready`;
     pill.title = failing.length ? failing.join("\n") : "all checks pass";
@@ -329,7 +334,7 @@ async function loadDetail(gen) {
   const badge = $("#session-status");
   badge.textContent = detail.status;
   badge.dataset.state = detail.status;
-  $("#reset-btn").disabled = detail.status !== "active";
+  setActionsEnabled();
   $("#session-facts").replaceChildren(...sessionFacts(detail));
 }
 
@@ -580,6 +585,14 @@ function setNotice(text, outcome) {
   notice.hidden = !text;
 }
 
+/** Compact and reset apply to an active session only (the API answers 409 otherwise). */
+function setActionsEnabled() {
+  const active = !view.detail || view.detail.status === "active";
+  $("#compact-btn").disabled = !active;
+  $("#reset-btn").disabled = !active;
+  $("#compact-focus").disabled = !active;
+}
+
 async function runAction(work) {
   const buttons = [$("#compact-btn"), $("#reset-btn")];
   for (const b of buttons) b.disabled = true;
@@ -588,8 +601,7 @@ async function runAction(work) {
   } catch {
     setNotice("");
   } finally {
-    $("#compact-btn").disabled = false;
-    $("#reset-btn").disabled = view.detail ? view.detail.status !== "active" : false;
+    setActionsEnabled();
   }
   if (view.id) showSession(view.id); // refresh every panel
 }

@@ -79,7 +79,12 @@ async def admin_server(
 ) -> AsyncIterator[AdminWorld]:
     use_hashing_embedder(monkeypatch)
     home = tmp_path / "home"
-    loaded = memory_config(home)
+    # Keep little verbatim, so a manual compaction has something to fold.
+    loaded = memory_config(
+        home,
+        PARLEY_CONTEXT__COMPACTION__KEEP_RECENT_TOKENS="200",
+        PARLEY_CONTEXT__COMPACTION__KEEP_RECENT_TURNS="1",
+    )
     channel = RecordingChannel()
     web = WebChannel(loaded.config.channels.web)
     provider = ScriptedProvider()

@@ -194,3 +194,33 @@ async def test_web_chat_with_a_wrong_token_asks_again(admin_server: Any, tab: Ta
     await expect(page.locator("#chat-status")).to_have_attribute(
         "data-state", "connected", timeout=TIMEOUT_MS
     )
+
+
+async def test_compact_then_reset_from_the_inspector(
+    admin_server: Any, tab: Tab, tmp_path: Path
+) -> None:
+    page, server = tab.page, admin_server
+    await page.goto(f"{server.base_url}/#token={server.token}")
+    await page.goto(f"{server.base_url}/#/session/{server.session_id}")
+    badge = page.locator("#session-status")
+    await expect(badge).to_have_text("active", timeout=TIMEOUT_MS)
+
+    await page.locator("#compact-focus").fill("the file list")
+    await page.locator("#compact-btn").click()
+    notice = page.locator("#action-result")
+    await expect(notice).to_have_attribute(
+        "data-outcome", re.compile(r"^(compacted|skipped|failed)$"), timeout=TIMEOUT_MS
+    )
+    await expect(page.locator("#compact-focus")).to_have_value("")
+
+    # Reset asks first: dismissing changes nothing, accepting archives the session.
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    await page.locator("#reset-btn").click()
+    await expect(badge).to_have_text("active")
+    page.once("dialog", lambda dialog: dialog.accept())
+    await page.locator("#reset-btn").click()
+    await expect(badge).to_have_text("archived", timeout=TIMEOUT_MS)
+    await expect(page.locator("#reset-btn")).to_be_disabled()
+    await expect(page.locator("#compact-btn")).to_be_disabled()
+    await expect(page.locator("#error-banner")).to_be_hidden()
+    await page.screenshot(path=tmp_path / "after-reset.png", full_page=True)
