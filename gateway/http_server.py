@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("parley.gateway.http")
 
+MAX_REQUEST_LINE = 32_768
+
 
 class HttpServer:
     def __init__(
@@ -80,7 +82,11 @@ class HttpServer:
             channel_routes=self.routes,
             max_body_bytes=self.config.max_body_bytes,
         )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A request line may carry a 1,000-character query of 4-byte characters,
+        # percent-encoded: 12 bytes each, past aiohttp's default 8,190.
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, max_line_size=MAX_REQUEST_LINE
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
         try:

@@ -1,8 +1,9 @@
-"""Property-based run of the admin API against its own OpenAPI document (schemathesis).
+"""Property-based runs of the admin API against its own OpenAPI document (schemathesis).
 
-For every operation the document lists, hypothesis draws schema-valid requests (with the
-valid bearer token) and each response must: not be a 5xx, have a documented status code,
-have a documented content type, and match the documented response schema.
+Positive run: for every operation the document lists, hypothesis draws schema-valid
+requests (with the valid bearer token) and each response must not be a 5xx, must have a
+documented status code and content type, and must match the documented response schema.
+Negative run: requests that violate the document must never get a 5xx.
 
 Event loop and threads: the `admin_server` fixture serves from this test's event loop,
 while schemathesis' `case.call` is synchronous (`requests`). Calling it on the loop would
@@ -10,8 +11,8 @@ block the very loop that must answer it (a deadlock until the request times out)
 operation's whole hypothesis run executes in a worker thread via `asyncio.to_thread`: the
 loop stays free to serve while it awaits the thread, and only one thread talks to the
 server at a time, so runs stay repeatable. (schemathesis' ASGI/WSGI transports do not
-apply: the admin API is an aiohttp app, and going through a real loopback socket also
-covers the middlewares and aiohttp's own parsing.)
+apply: the admin API is an aiohttp app, and a real loopback socket also covers the
+middlewares and aiohttp's own request parsing.)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 
@@ -35,37 +38,46 @@ import gateway.admin
 
 MAX_EXAMPLES = 25
 
-STATIC_FILES = sorted(p.name for p in (Path(gateway.admin.__file__).parent / "static").iterdir())
-
-# GET /chat/ws succeeds only with 101 Switching Protocols, which a plain HTTP request
-# cannot get: it is fuzzed like the rest (no 5xx, documented status and body), but is
-# exempt from the "succeeded at least once" guard at the end.
-NO_PLAIN_HTTP_SUCCESS = {"GET /chat/ws"}
-
-CHECKS = [
+CONFORMANCE = [
     schemathesis.checks.not_a_server_error,
     schemathesis.checks.status_code_conformance,
     schemathesis.checks.content_type_conformance,
     schemathesis.checks.response_schema_conformance,
 ]
+NO_SERVER_ERROR = [schemathesis.checks.not_a_server_error]
 
-HYPOTHESIS = settings(
-    max_examples=MAX_EXAMPLES,
-    deadline=None,
-    derandomize=True,  # the same examples on every run: CI failures reproduce locally
-    database=None,  # nothing written to .hypothesis/
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+STATIC_FILES = sorted(p.name for p in (Path(gateway.admin.__file__).parent / "static").iterdir())
 
-# Operations that change the fixture session run after every other one. Reset archives
-# the session, after which compact answers 409 and the read-only session operations
-# would see only an archived session; so compact runs before reset, and reset last.
-LAST = {("POST", "/api/sessions/{id}/compact"): 1, ("POST", "/api/sessions/{id}/reset"): 2}
+RESET = ("POST", "/api/sessions/{id}/reset")
+COMPACT = ("POST", "/api/sessions/{id}/compact")
+
+# GET /chat/ws succeeds only with 101 Switching Protocols, which a plain HTTP request
+# cannot get: it is fuzzed like the rest (no 5xx, documented status and body), but is
+# exempt from the "succeeded at least once" guard.
+NO_PLAIN_HTTP_SUCCESS = {"GET /chat/ws"}
+
+# Operations left out of the negative run, each because its document leaves nothing to
+# violate: GET /static/{name} takes any string as its one (path) parameter, so hypothesis
+# could draw no invalid request at all (it reports Unsatisfiable). Operations without
+# parameters or a body are left out for the same reason, by the filter in the test.
+NOTHING_TO_VIOLATE = {("GET", "/static/{name}")}
 
 
-def _order(operation: Any) -> tuple[int, str, str]:
-    key = (operation.method.upper(), operation.path)
-    return (LAST.get(key, 0), operation.path, operation.method.upper())
+@dataclass
+class Step:
+    operation: Any  # schemathesis APIOperation
+    mode: GenerationMode
+    checks: list[Any]
+    max_examples: int = MAX_EXAMPLES
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.operation.label}{self.note}"
+
+
+def _key(operation: Any) -> tuple[str, str]:
+    return (operation.method.upper(), operation.path)
 
 
 def _describe(exc: BaseException) -> str:
@@ -78,7 +90,7 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(exc)).strip()
 
 
-async def _fetch_document(base_url: str, token: str) -> dict[str, Any]:
+async def _load_operations(base_url: str, token: str) -> list[Any]:
     async with (
         aiohttp.ClientSession() as http,
         http.get(
@@ -86,80 +98,116 @@ async def _fetch_document(base_url: str, token: str) -> dict[str, Any]:
         ) as response,
     ):
         assert response.status == 200, await response.text()
-        return await response.json()
+        document = await response.json()
+    # An explicit default config: no schemathesis.toml found up the tree changes the run.
+    schema = schemathesis.openapi.from_dict(document, config=SchemathesisConfig())
+    schema.validate()  # the document itself is valid OpenAPI 3.1
+    # An operation schemathesis cannot read fails here (`ok()` raises), none is dropped.
+    operations = [result.ok() for result in schema.get_all_operations()]
+    keys = {_key(op) for op in operations}
+    assert {RESET, COMPACT} <= keys, "the ordering below refers to operations that are gone"
+    return sorted(operations, key=lambda op: (op.path, op.method.upper()))
 
 
-def _fuzz_operation(
-    operation: Any,
-    base_url: str,
-    auth: dict[str, str],
-    session_id: str,
-    statuses: collections.Counter[int],
-) -> None:
-    """Run hypothesis for one operation; synchronous, meant for a worker thread."""
-    strategy = operation.as_strategy(headers=auth)
-    # Generated path parameters almost never name something that exists, so they would only
-    # exercise the 404 branch: draw real ones too (the fixture's session, the shipped files).
-    real: dict[str, list[str]] = {"{id}": [session_id], "{name}": STATIC_FILES}
-    for placeholder, values in real.items():
-        if placeholder in operation.path:
-            name = placeholder.strip("{}")
-            existing = [
-                operation.as_strategy(headers=auth, path_parameters={name: value})
-                for value in values
-            ]
-            strategy = st.one_of(*existing, strategy)
+def _fuzz(step: Step, base_url: str, auth: dict[str, str], session_id: str) -> dict[int, int]:
+    """One operation's hypothesis run; synchronous, meant for a worker thread."""
+    statuses: collections.Counter[int] = collections.Counter()
+    operation = step.operation
 
-    @HYPOTHESIS
-    @given(case=strategy)
+    def strategy(**fixed: str) -> st.SearchStrategy[Any]:
+        return operation.as_strategy(step.mode, headers=auth, path_parameters=fixed or None)
+
+    # Generated path parameters almost never name something that exists, so they would
+    # only exercise the 404 branch: draw real ones too (the fixture's session, the files).
+    options = [strategy()]
+    if "{id}" in operation.path:
+        options.insert(0, strategy(id=session_id))
+    if "{name}" in operation.path:
+        options[:0] = [strategy(name=name) for name in STATIC_FILES]
+
+    @settings(
+        max_examples=step.max_examples,
+        deadline=None,
+        derandomize=True,  # the same examples on every run: a CI failure reproduces locally
+        database=None,  # nothing written to .hypothesis/
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    @given(case=st.one_of(*options))
     def run(case: Any) -> None:
         with requests.Session() as http:
             response = case.call(base_url=base_url, session=http, headers=auth)
         statuses[response.status_code] += 1
-        case.validate_response(response, checks=CHECKS)
+        case.validate_response(response, checks=step.checks)
 
     run()
+    return dict(sorted(statuses.items()))
 
 
-async def test_every_operation_conforms_to_the_openapi_document(admin_server: Any) -> None:
-    base_url = admin_server.base_url
-    auth = {"Authorization": f"Bearer {admin_server.token}"}
-    document = await _fetch_document(base_url, admin_server.token)
-
-    # An explicit default config: no schemathesis.toml found up the tree changes this run.
-    schema = schemathesis.openapi.from_dict(document, config=SchemathesisConfig())
-    schema.validate()  # the document itself is valid OpenAPI
-
-    operations = []
-    for result in schema.get_all_operations():
-        operations.append(result.ok())  # an operation schemathesis cannot read fails here
-    assert operations, "the document lists no operations"
-    operations.sort(key=_order)
-    documented = {(op.method.upper(), op.path) for op in operations}
-    assert set(LAST) <= documented, (
-        f"ordering refers to unknown operations: {set(LAST) - documented}"
-    )
-
+async def _run(world: Any, steps: list[Step]) -> dict[str, dict[int, int]]:
+    """Every step in order; all failures reported together, with the statuses seen."""
+    auth = {"Authorization": f"Bearer {world.token}"}
     failures: list[str] = []
-    seen: dict[str, collections.Counter[int]] = {}
-    for operation in operations:
-        statuses: collections.Counter[int] = collections.Counter()
-        seen[operation.label] = statuses
+    seen: dict[str, dict[int, int]] = {}
+    for step in steps:
         try:
-            await asyncio.to_thread(
-                _fuzz_operation, operation, base_url, auth, admin_server.session_id, statuses
+            seen[step.label] = await asyncio.to_thread(
+                _fuzz, step, world.base_url, auth, world.session_id
             )
         # FailureGroup (and hypothesis' group around several) is a BaseExceptionGroup.
         except (Exception, BaseExceptionGroup) as exc:
-            failures.append(f"{operation.label}:\n{_describe(exc)}")
-    report = "\n".join(f"  {label}: {dict(sorted(c.items()))}" for label, c in seen.items())
+            seen[step.label] = {}
+            failures.append(f"{step.label}:\n{_describe(exc)}")
+    report = "\n".join(f"  {label}: {statuses}" for label, statuses in seen.items())
     if failures:
         pytest.fail("\n\n".join(failures) + f"\n\nstatuses seen:\n{report}", pytrace=False)
-    # Guard against a vacuous pass (say, every request answered 401 and 401 is documented):
-    # every operation must have succeeded at least once.
-    never_ok = [
-        label
-        for label, c in seen.items()
-        if label not in NO_PLAIN_HTTP_SUCCESS and not any(200 <= s < 300 for s in c)
+    return seen
+
+
+async def test_valid_requests_get_documented_answers(admin_server: Any) -> None:
+    operations = await _load_operations(admin_server.base_url, admin_server.token)
+    by_key = {_key(op): op for op in operations}
+    # Compact and reset change the fixture session, so they run after everything else, and
+    # reset (which archives it) last of all. Then the session operations run once more,
+    # briefly, against the archived session: compact must answer 409 there, the reads
+    # must still conform.
+    first = [op for op in operations if _key(op) not in (COMPACT, RESET)]
+    steps = [Step(op, GenerationMode.POSITIVE, CONFORMANCE) for op in first]
+    steps += [
+        Step(by_key[COMPACT], GenerationMode.POSITIVE, CONFORMANCE),
+        Step(by_key[RESET], GenerationMode.POSITIVE, CONFORMANCE),
     ]
-    assert not never_ok, f"never a 2xx: {never_ok}\nstatuses seen:\n{report}"
+    steps += [
+        Step(op, GenerationMode.POSITIVE, CONFORMANCE, max_examples=10, note=" (archived)")
+        for op in operations
+        if "{id}" in op.path and _key(op) != RESET
+    ]
+    seen = await _run(admin_server, steps)
+
+    # Guard against a vacuous pass (say, every request answered 401, which is documented):
+    # every operation must have succeeded at least once in its main run.
+    never_ok = [
+        step.label
+        for step in steps
+        if not step.note
+        and step.label not in NO_PLAIN_HTTP_SUCCESS
+        and not any(200 <= status < 300 for status in seen[step.label])
+    ]
+    assert not never_ok, f"never a 2xx: {never_ok}\nstatuses seen: {seen}"
+    assert seen[by_key[RESET].label].get(200) == 1  # archived once, then 409 / 404
+    archived = seen[f"{by_key[COMPACT].label} (archived)"]
+    assert archived.get(409), f"compact of an archived session: {archived}"
+
+
+async def test_invalid_requests_never_get_a_server_error(admin_server: Any) -> None:
+    # Only operations with something to violate: without parameters or a body, negative
+    # generation has nothing to draw from (hypothesis would report Unsatisfiable). The
+    # token header is always the valid one (a wrong token is covered by the auth tests).
+    operations = await _load_operations(admin_server.base_url, admin_server.token)
+    assert {_key(op) for op in operations} >= NOTHING_TO_VIOLATE
+    steps = [
+        Step(op, GenerationMode.NEGATIVE, NO_SERVER_ERROR)
+        for op in sorted(operations, key=lambda op: _key(op) == RESET)  # reset last
+        if (op.path_parameters or op.query or op.body) and _key(op) not in NOTHING_TO_VIOLATE
+    ]
+    assert steps
+    await _run(admin_server, steps)

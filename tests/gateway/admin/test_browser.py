@@ -69,8 +69,7 @@ async def tab() -> AsyncIterator[Tab]:
             context.set_default_timeout(TIMEOUT_MS)
             tab = Tab(await context.new_page())
             yield tab
-            # A step that left an error behind fails even when every assertion held;
-            # websocket closes at teardown are not page errors.
+            # A script error or CSP refusal fails the test even when every assertion held.
             assert tab.problems == []
         finally:
             await browser.close()
