@@ -31,7 +31,7 @@ class Operation:
     summary: str
     tag: str
     response: type[BaseModel] | None = None  # the 200 body; None: not JSON
-    media_type: str = "application/json"
+    media_type: str = "application/json"  # several: comma-separated
     errors: tuple[int, ...] = AUTH_ERRORS
     query: type[BaseModel] | None = None
     body: type[BaseModel] | None = None

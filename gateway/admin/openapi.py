@@ -81,7 +81,8 @@ def _operation(op: Operation) -> dict[str, Any]:
     if op.response is not None:
         ok["content"] = {op.media_type: {"schema": _ref(op.response)}}
     else:
-        ok["content"] = {op.media_type: {"schema": {"type": "string"}}}
+        plain = {"type": "object"} if op.media_type == "application/json" else {"type": "string"}
+        ok["content"] = {media: {"schema": plain} for media in op.media_type.split(",")}
     responses: dict[str, Any] = {"200": ok}
     for status in op.errors:
         responses[str(status)] = _error(_REASONS[status])

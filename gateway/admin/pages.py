@@ -14,6 +14,7 @@ STATIC_DIR = Path(__file__).with_name("static")
 ASSET_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}\.(js|css|svg)$"
 _ASSET = re.compile(ASSET_PATTERN)
 _TYPES = {"js": "text/javascript", "css": "text/css", "svg": "image/svg+xml"}
+ASSET_TYPES = tuple(_TYPES.values())
 # The pages load only their own files and talk only to this server.
 _HEADERS = {
     "Content-Security-Policy": (

@@ -45,7 +45,7 @@ PAGE_OPERATIONS: tuple[api.Operation, ...] = (
     ),
     api.Operation(
         "GET", "/static/{name}", pages.asset, "A file the pages load", "pages", None,
-        media_type="text/plain", errors=(404,), public=True,
+        media_type=",".join(pages.ASSET_TYPES), errors=(404,), public=True,
     ),
 )  # fmt: skip
 
