@@ -169,4 +169,7 @@ class Channel(Protocol):
         """The access and activation rules that apply to this message."""
 
     def webhook_routes(self) -> Sequence[WebhookRoute]:
-        """Endpoints to mount on the gateway's HTTP server (none for most adapters)."""
+        """Endpoints to mount on the gateway's HTTP server (none for most adapters).
+
+        An adapter may also define ``connected() -> bool`` (the gateway's /health asks
+        it; one without it counts as connected while it runs)."""

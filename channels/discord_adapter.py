@@ -120,7 +120,7 @@ class _Account:
         self.client = _GatewayClient(self)
         self.queue: asyncio.Queue[InboundMessage | None] = asyncio.Queue()
         self.dm_channels: set[int] = set()  # learnt from inbound DMs
-        self._connected = asyncio.Event()
+        self._connected = asyncio.Event()  # set while the gateway websocket is up
         self._runner: asyncio.Task[None] | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._stopped = False
@@ -169,8 +169,11 @@ class _Account:
             self.queue.put_nowait(message)
 
     def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
-        if event == "connect":
+        if event == "connect":  # every (re)connect, resumes included
             self._connected.set()
+            return None
+        if event == "disconnect":
+            self._connected.clear()
             return None
         if event == "resumed":
             logger.info("discord %s: gateway session resumed", self.name)
@@ -204,6 +207,11 @@ class _Account:
                     self.name,
                     message.message_id,
                 )
+
+    @property
+    def up(self) -> bool:
+        """The gateway websocket is connected (cleared on a disconnect until it is back)."""
+        return self._connected.is_set() and not self.client.is_closed()
 
     async def stop(self) -> None:
         if self._stopped:
@@ -291,6 +299,10 @@ class DiscordChannel:
     async def stop(self) -> None:
         accounts, self._accounts = list(self._accounts.values()), {}
         await asyncio.gather(*(a.stop() for a in accounts))
+
+    def connected(self) -> bool:
+        """Every account's gateway session is up (for /health); False while resuming."""
+        return bool(self._accounts) and all(a.up for a in self._accounts.values())
 
     def _running(self, account: str) -> _Account:
         running = self._accounts.get(account)

@@ -164,6 +164,12 @@ class TelegramChannel:
                 )
         logger.info("telegram: %d account(s) up (%s)", len(started), self.config.mode)
 
+    def connected(self) -> bool:
+        """Started, and in polling mode every account's poller is alive (for /health)."""
+        if not self._accounts:
+            return False
+        return all(a.task is None or not a.task.done() for a in self._accounts.values())
+
     async def _connect(self, name: str, account_config: TelegramAccountConfig) -> _Account:
         bot = _make_bot(account_config)
         try:

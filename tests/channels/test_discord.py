@@ -260,6 +260,7 @@ async def test_reconnect_resumes_and_messages_keep_flowing(fake: FakeDiscord) ->
         messages = await inbox.wait(3)
         assert [m.text for m in messages] == ["before", "during", "after"]
         assert len(fake.identifies) == 1  # resumed, not a new session
+        assert channel.connected()  # up again after the resume (what /health reports)
         await channel.send(reply(messages[-1], "still here"))
     assert [s.content for s in fake.sent] == ["still here"]
 

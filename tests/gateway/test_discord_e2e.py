@@ -76,6 +76,8 @@ async def test_direct_message_is_answered(tmp_path: Path, monkeypatch: pytest.Mo
         key = f"agent:main:discord:direct:{ANN['id']}"
         record = await w.gateway.registry.get_active(key)
         assert record is not None and record.last_message_ids == [reply.id]
+        assert w.gateway.channels["discord"].connected()  # what /health reports
+    assert not w.gateway.channels["discord"].connected()
 
 
 async def test_guild_answers_only_when_mentioned(

@@ -121,6 +121,8 @@ async def test_direct_message_is_answered_and_recorded(
         record = await w.gateway.registry.get_active("agent:main:telegram:direct:5001")
         assert record is not None
         assert record.last_message_ids == [f"{ALICE}:{sent.message_id}"]
+        assert w.gateway.channels["telegram"].connected()  # what /health reports
+    assert not w.gateway.channels["telegram"].connected()
     transcript = Transcript.open(tmp_path / "sessions" / f"{record.session_id}.jsonl")
     delivery = [e.payload["data"] for e in transcript.entries() if e.type == "custom"][-1]
     assert delivery["ok"] and delivery["platform_message_ids"] == [f"{ALICE}:{sent.message_id}"]

@@ -5,17 +5,16 @@
 // client-made id and stays "pending" until the server acks it (it is then durable in the
 // inbox); after a reconnect every pending message is sent again with the same id and the
 // server drops the duplicates. Bot text is untrusted: it is rendered with textContent only.
+// Needs common.js (the `parley` global) loaded first.
 "use strict";
 
-const TOKEN_KEY = "parley.token";
+const { $, showError, hideError } = parley;
 const CLIENT_KEY = "parley.chat.client";
 const ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
 const BACKOFF_MIN_MS = 1000;
 const BACKOFF_MAX_MS = 10000;
 // The server repeats "typing" while it works; if it goes quiet without a reply, stop showing it.
 const TYPING_TIMEOUT_MS = 30000;
-
-const $ = (selector) => document.querySelector(selector);
 
 const state = {
   token: null,
@@ -51,16 +50,6 @@ function loadClientId() {
   return id;
 }
 
-function showError(message) {
-  const banner = $("#error-banner");
-  banner.querySelector(".banner-text").textContent = message;
-  banner.hidden = false;
-}
-
-function hideError() {
-  $("#error-banner").hidden = true;
-}
-
 function setStatus(kind, text) {
   const status = $("#chat-status");
   status.dataset.state = kind;
@@ -71,35 +60,21 @@ const clock = () => new Date().toLocaleTimeString([], { hour: "2-digit", minute:
 
 // ---------------------------------------------------------------- token
 
-function adoptTokenFromFragment() {
-  const match = /^#token=([^&]+)/.exec(location.hash);
-  if (!match) return;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
-  history.replaceState(null, "", location.pathname + location.search);
-}
-
 function promptForToken(reason) {
   state.token = null;
-  sessionStorage.removeItem(TOKEN_KEY);
   disconnect();
   setStatus("disconnected");
   $("#chat").hidden = true;
-  const hint = $("#token-hint");
-  hint.textContent = reason || "";
-  hint.hidden = !reason;
-  $("#token-form").hidden = false;
-  const input = $("#token-input");
-  input.value = "";
-  input.focus();
+  parley.showTokenForm(reason);
 }
 
 function start() {
-  state.token = sessionStorage.getItem(TOKEN_KEY);
+  state.token = parley.storedToken();
   if (!state.token) {
     promptForToken();
     return;
   }
-  $("#token-form").hidden = true;
+  parley.hideTokenForm();
   $("#chat").hidden = false;
   $("#chat-input").focus();
   state.backoff = BACKOFF_MIN_MS;
@@ -359,17 +334,7 @@ function submit(event) {
 
 function init() {
   state.clientId = loadClientId();
-  adoptTokenFromFragment();
-  $("#token-form").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const value = $("#token-input").value.trim();
-    if (!value) return;
-    sessionStorage.setItem(TOKEN_KEY, value);
-    hideError();
-    start();
-  });
-  $("#forget-token").addEventListener("click", () => promptForToken());
-  $("#error-banner .banner-close").addEventListener("click", hideError);
+  parley.initToken({ onToken: start, onForget: () => promptForToken() });
   $("#chat-form").addEventListener("submit", submit);
   const input = $("#chat-input");
   input.addEventListener("input", autosize);

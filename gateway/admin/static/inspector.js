@@ -4,14 +4,14 @@
 //   #/                     sessions list (filters as a query: #/?channel=telegram&status=active)
 //   #/session/<id>         one session
 // Everything that comes from the API is untrusted: it only ever reaches the page through
-// textContent / createElement (the el() helper below), never through innerHTML.
+// textContent / createElement (the el() helper from common.js), never through innerHTML.
+// Needs common.js (the `parley` global) loaded first.
 "use strict";
 
-const TOKEN_KEY = "parley.token";
+const { $, el, showError, hideError } = parley;
 const PAGE_SESSIONS = 50;
 const PAGE_TRANSCRIPT = 100;
 
-const $ = (selector) => document.querySelector(selector);
 const numberFormat = new Intl.NumberFormat();
 
 let token = null;
@@ -20,23 +20,6 @@ let token = null;
 let viewGen = 0;
 
 // ---------------------------------------------------------------- small helpers
-
-/** Create an element. Attributes: class, text, dataset, title…; children: nodes or strings. */
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === null || value === undefined || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = String(value);
-    else if (key === "dataset") Object.assign(node.dataset, value);
-    else node.setAttribute(key, value === true ? "" : String(value));
-  }
-  for (const child of children.flat()) {
-    if (child === null || child === undefined || child === false) continue;
-    node.append(child instanceof Node ? child : String(child));
-  }
-  return node;
-}
 
 const fmtInt = (n) => (typeof n === "number" ? numberFormat.format(n) : "–");
 const fmtPct = (x) => (typeof x === "number" ? `${Math.round(x * 100)}%` : "–");
@@ -67,16 +50,6 @@ function isEmpty(value) {
 
 // ---------------------------------------------------------------- errors and token
 
-function showError(message) {
-  const banner = $("#error-banner");
-  banner.querySelector(".banner-text").textContent = message;
-  banner.hidden = false;
-}
-
-function hideError() {
-  $("#error-banner").hidden = true;
-}
-
 class ApiError extends Error {
   constructor(status, code, message) {
     super(message);
@@ -85,25 +58,10 @@ class ApiError extends Error {
   }
 }
 
-/** Take a token handed over in the fragment (#token=…) and drop it from the address bar. */
-function adoptTokenFromFragment() {
-  const match = /^#token=([^&]+)/.exec(location.hash);
-  if (!match) return;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
-  history.replaceState(null, "", location.pathname + location.search);
-}
-
 function promptForToken(reason) {
   token = null;
-  sessionStorage.removeItem(TOKEN_KEY);
   $("#app").hidden = true;
-  const hint = $("#token-hint");
-  hint.textContent = reason || "";
-  hint.hidden = !reason;
-  $("#token-form").hidden = false;
-  const input = $("#token-input");
-  input.value = "";
-  input.focus();
+  parley.showTokenForm(reason);
 }
 
 /**
@@ -158,12 +116,12 @@ function route() {
 }
 
 function start() {
-  token = sessionStorage.getItem(TOKEN_KEY);
+  token = parley.storedToken();
   if (!token) {
     promptForToken();
     return;
   }
-  $("#token-form").hidden = true;
+  parley.hideTokenForm();
   $("#app").hidden = false;
   loadHealth();
   route();
@@ -662,17 +620,7 @@ async function searchMemory(event) {
 // ---------------------------------------------------------------- wiring
 
 function init() {
-  adoptTokenFromFragment();
-  $("#token-form").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const value = $("#token-input").value.trim();
-    if (!value) return;
-    sessionStorage.setItem(TOKEN_KEY, value);
-    hideError();
-    start();
-  });
-  $("#forget-token").addEventListener("click", () => promptForToken());
-  $("#error-banner .banner-close").addEventListener("click", hideError);
+  parley.initToken({ onToken: start, onForget: () => promptForToken() });
   $("#filters").addEventListener("submit", applyFilters);
   $("#filter-clear").addEventListener("click", () => {
     location.hash = "#/";
