@@ -169,13 +169,14 @@ class _Account:
             self.queue.put_nowait(message)
 
     def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
-        if event == "connect":  # every (re)connect, resumes included
+        if event == "connect":  # READY: a new gateway session
             self._connected.set()
             return None
         if event == "disconnect":
             self._connected.clear()
             return None
-        if event == "resumed":
+        if event == "resumed":  # RESUMED: the same session, back after a drop
+            self._connected.set()
             logger.info("discord %s: gateway session resumed", self.name)
             return None
         if event not in ("message", "raw_message_edit"):
