@@ -68,7 +68,7 @@ from gateway.config import LoadedConfig
 from gateway.db import Database
 from gateway.errors import ChannelFailure, LaneBusy
 from gateway.http_server import HttpServer
-from gateway.inbox import Inbox, InboxItem
+from gateway.inbox import Inbox, InboxItem, well_formed
 from gateway.lanes import LaneManager
 from gateway.memory import (
     build_memory_index,
@@ -382,6 +382,7 @@ class Gateway:
 
     async def handle_inbound(self, message: InboundMessage) -> None:
         """The channels' entry point: admitted, durable, then routed."""
+        message = well_formed(message)
         channel = self.channels.get(message.channel)
         if channel is not None:
             admission = await self.access.admit(channel, message)

@@ -10,7 +10,9 @@ in arrival order, so the gateway can answer it on restart.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +39,33 @@ class InboxItem:
 class RecordResult:
     item: InboxItem
     is_new: bool
+
+
+# json.loads joins a valid surrogate pair into one code point: any left is alone.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(message: InboundMessage) -> InboundMessage:
+    """``message`` with lone UTF-16 surrogates replaced by U+FFFD in every text field.
+
+    JSON allows ``"\\ud800"`` and Python decodes it into a str that UTF-8 cannot
+    encode: SQLite, the transcript and the platforms would all refuse it later. A
+    platform (or a browser) can send one; it must cost a character, never the message.
+    """
+    changes = {
+        name: _scrub(value)
+        for name in InboundMessage.__dataclass_fields__
+        if isinstance(value := getattr(message, name), str) and _has_surrogate(value)
+    }
+    return dataclasses.replace(message, **changes) if changes else message
+
+
+def _has_surrogate(text: str) -> bool:
+    return _SURROGATE.search(text) is not None
+
+
+def _scrub(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def message_to_json(message: InboundMessage) -> str:
