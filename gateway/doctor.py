@@ -17,9 +17,10 @@ import aiohttp
 
 from core.errors import TranscriptError
 from core.transcript import Transcript
+from gateway.admin.auth import check_setup
 from gateway.config import LoadedConfig
 from gateway.db import Database
-from gateway.errors import StateError
+from gateway.errors import AdminServerError, StateError
 from gateway.providers import choose_provider
 
 Severity = Literal["ok", "warning", "error"]
@@ -41,7 +42,21 @@ async def run_doctor(loaded: LoadedConfig) -> list[Finding]:
     findings.append(await _check_provider(loaded))
     findings += await _check_channels(loaded)
     findings.append(await _check_pairing(loaded))
+    findings.append(await asyncio.to_thread(_check_http, loaded))
     return findings
+
+
+def _check_http(loaded: LoadedConfig) -> Finding:
+    """Would the admin server start: a token wherever the address is not loopback."""
+    http = loaded.config.http
+    if not http.enabled:
+        return Finding("http", "ok", "off ([http] enabled = false)")
+    secret = http.token.get_secret_value() if http.token else None
+    try:
+        how = check_setup(secret, http.host, loaded.admin_token_file)
+    except AdminServerError as exc:
+        return Finding("http", "error", str(exc))
+    return Finding("http", "ok", f"http://{http.host}:{http.port}/ ({how})")
 
 
 async def _check_state_db(path: Path) -> Finding:

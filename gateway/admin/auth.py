@@ -78,6 +78,19 @@ def resolve_token(configured: str | None, host: str, token_file: Path) -> AdminT
     return AdminToken(value, "generated")
 
 
+def check_setup(configured: str | None, host: str, token_file: Path) -> str:
+    """What ``resolve_token`` would do, without writing anything (for ``parley doctor``);
+    raises ``AdminServerError`` where it would refuse."""
+    if configured is not None:
+        _check(configured, "the configured admin token ([http] token, PARLEY_ADMIN_TOKEN)")
+        return "token from the configuration"
+    if not is_loopback(host):
+        resolve_token(None, host, token_file)  # raises: a public address needs a token
+    if token_file.is_file():
+        return f"token in {token_file}"
+    return f"a token will be generated into {token_file} at start"
+
+
 def presented_token(request: web.Request) -> str | None:
     """The bearer token of a request, from its header or its websocket subprotocols."""
     header = request.headers.get(hdrs.AUTHORIZATION, "")

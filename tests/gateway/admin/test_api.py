@@ -18,6 +18,7 @@ from gateway.admin.auth import resolve_token
 from gateway.admin.web_app import PAGE_OPERATIONS
 from gateway.app import Gateway
 from gateway.config import load_config
+from gateway.doctor import _check_http
 from gateway.errors import AdminServerError
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -382,3 +383,14 @@ async def test_admin_env_overrides_and_refusal_through_the_gateway(tmp_path: Pat
             session.get(gw.http.url("/api/sessions"), headers=headers) as response,
         ):
             assert response.status == 200
+
+
+def test_doctor_checks_the_admin_server_setup(tmp_path: Path) -> None:
+    base = {"PARLEY_HOME": str(tmp_path)}
+    ok = _check_http(load_config(env=base))
+    assert ok.severity == "ok" and "will be generated" in ok.detail
+    assert not (tmp_path / "admin.token").exists()  # the doctor writes nothing
+    public = _check_http(load_config(env={**base, "PARLEY_ADMIN_HOST": "0.0.0.0"}))
+    assert public.severity == "error" and "without a token" in public.detail
+    weak = _check_http(load_config(env={**base, "PARLEY_ADMIN_TOKEN": "abc"}))
+    assert weak.severity == "error" and "too short" in weak.detail
