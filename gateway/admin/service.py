@@ -91,11 +91,11 @@ class AdminService:
             agent_id=query.agent,
             query=query.q,
             limit=query.limit,
-            cursor=_decode_cursor(query.cursor) if query.cursor else None,
+            cursor=decode_cursor(query.cursor) if query.cursor else None,
         )
         return s.SessionPage(
             items=[_summary(r) for r in page.sessions],
-            next_cursor=_encode_cursor(page.next_cursor) if page.next_cursor else None,
+            next_cursor=encode_cursor(page.next_cursor) if page.next_cursor else None,
         )
 
     async def session(self, session_id: str) -> s.SessionDetail:
@@ -392,11 +392,11 @@ def _summary(record: SessionRecord) -> s.SessionSummary:
     )
 
 
-def _encode_cursor(raw: str) -> str:
+def encode_cursor(raw: str) -> str:
     return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> str:
+def decode_cursor(cursor: str) -> str:
     """The registry's cursor, checked: a forged one is a 400, never a SQL surprise."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
