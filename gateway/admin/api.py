@@ -131,6 +131,7 @@ async def memory_search(request: web.Request) -> web.Response:
     return json_body(await request.app[SERVICE].memory_search(query))
 
 
+_RESET_WHILE_READING = ((409, "the session was reset while it was read; retry", s.ErrorBody),)
 _CHANGES = (
     (409, "the session is archived", s.ErrorBody),
     (503, "the session's queue is full or the gateway is stopping", s.ErrorBody),
@@ -185,6 +186,7 @@ OPERATIONS: tuple[Operation, ...] = (
         s.TranscriptPage,
         errors=SESSION_ERRORS,
         query=s.TranscriptQuery,
+        extra_responses=_RESET_WHILE_READING,
     ),
     Operation(
         "GET",
@@ -203,6 +205,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "sessions",
         s.CompactionList,
         errors=SESSION_ERRORS,
+        extra_responses=_RESET_WHILE_READING,
     ),
     Operation(
         "POST",

@@ -18,8 +18,9 @@ import binascii
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.compaction import CompactionOutcome
 from core.context_report import ContextReport
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger("parley.gateway.admin")
+
+T = TypeVar("T")
 
 ARCHIVED_TRANSCRIPTS_KEPT = 8
 _SESSION_ID = re.compile(s.SESSION_ID_PATTERN)
@@ -125,7 +128,7 @@ class AdminService:
         record = await self._record(session_id)
         transcript = await self._open(record)
         offset = int(query.cursor) if query.cursor else 0
-        total, numbered = await asyncio.to_thread(_page, transcript, offset, query.limit)
+        total, numbered = await _reading(_page, transcript, offset, query.limit)
         end = offset + query.limit
         return s.TranscriptPage(
             session_id=record.session_id,
@@ -157,7 +160,7 @@ class AdminService:
     async def compactions(self, session_id: str) -> s.CompactionList:
         record = await self._record(session_id)
         transcript = await self._open(record)
-        entries = await asyncio.to_thread(_compaction_entries, transcript)
+        entries = await _reading(_compaction_entries, transcript)
         items = []
         for entry in entries:
             payload = entry.payload
@@ -321,6 +324,19 @@ class AdminService:
                 _, (_, evicted) = self._archived.popitem(last=False)
                 evicted.close()
             return transcript
+
+
+async def _reading(read: Callable[..., T], transcript: Transcript, *args: Any) -> T:
+    """Read on a thread; a transcript closed under us (a reset of an active session
+    between our lookup and the read) is a retryable conflict, not a 500."""
+    try:
+        return await asyncio.to_thread(read, transcript, *args)
+    except (TranscriptError, OSError) as exc:
+        if not transcript.closed:
+            raise
+        raise ApiError(
+            409, "conflict", "the session was reset while it was read; try again"
+        ) from exc
 
 
 def context_sections(report: ContextReport) -> list[s.ContextSection]:

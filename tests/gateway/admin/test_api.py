@@ -13,13 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.messages import TextBlock, Usage
 from core.providers.base import STOP_END, ProviderResponse
+from core.transcript import Transcript
 from gateway.admin.api import OPERATIONS
 from gateway.admin.auth import resolve_token
+from gateway.admin.service import _page, _reading
 from gateway.admin.web_app import PAGE_OPERATIONS
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.doctor import _check_http
-from gateway.errors import AdminServerError
+from gateway.errors import AdminServerError, ApiError
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.admin.conftest import FACT, AdminWorld, seed_session
@@ -394,3 +396,11 @@ def test_doctor_checks_the_admin_server_setup(tmp_path: Path) -> None:
     assert public.severity == "error" and "without a token" in public.detail
     weak = _check_http(load_config(env={**base, "PARLEY_ADMIN_TOKEN": "abc"}))
     assert weak.severity == "error" and "too short" in weak.detail
+
+
+async def test_a_transcript_closed_mid_read_is_a_conflict(tmp_path: Path) -> None:
+    transcript = Transcript.create(tmp_path / "t.jsonl", "a" * 32, "agent:main:x:direct:y")
+    transcript.close()  # what a reset does to an active session's transcript
+    with pytest.raises(ApiError) as caught:
+        await _reading(_page, transcript, 0, 10)
+    assert caught.value.status == 409
