@@ -12,7 +12,8 @@ Protocol ``parley.chat.v1`` (JSON text frames; see the admin contract):
 
 The gateway's HTTP middleware checks the admin token (the browser sends it as the
 subprotocol ``bearer.<token>``); this adapter never sees it. A client is the browser
-profile (its ``client_id`` lives in localStorage) and may hold several sockets (tabs):
+profile (its ``client_id`` lives in localStorage; case-insensitive, the server speaks
+it in lowercase) and may hold several sockets (tabs):
 replies go to all of them, and replies sent while none is open wait in a bounded
 per-client backlog, in memory, flushed after the next hello.
 """
@@ -277,6 +278,9 @@ class WebChannel:
         if name is not None and not isinstance(name, str):
             await self._refuse(sock, "name must be a string")
             return False
+        # Client ids are case-insensitive: session keys are lowercased by routing, so
+        # "AbC" and "abc" must be one client everywhere, not two sharing one session.
+        client_id = client_id.lower()
         if client_id not in self._clients and len(self._clients) >= self.config.max_clients:
             logger.warning("web chat: refused %s (%d clients)", client_id, len(self._clients))
             await self._refuse(sock, "too many web chat clients", code=CLOSE_TOO_MANY)

@@ -128,6 +128,22 @@ async def test_hello_gets_ready_and_the_protocol_is_selected(chat: Chat) -> None
     assert ws.protocol == PROTOCOL
 
 
+async def test_client_ids_are_case_insensitive(chat: Chat) -> None:
+    # Routing lowercases session keys: "Tab-X" and "tab-x" must be one client, or two
+    # browsers would share a session while each got only its own replies.
+    upper = await chat.open()
+    await upper.send_json({"type": "hello", "client_id": "Tab-X"})
+    assert await upper.receive_json(timeout=5) == {"type": "ready", "client_id": "tab-x"}
+    lower = await chat.connect("tab-x")
+    await upper.send_json({"type": "message", "id": "m-1", "text": "hi"})
+    assert await upper.receive_json(timeout=5) == {"type": "ack", "id": "m-1"}
+    [message] = chat.inbox.messages
+    assert message.chat_id == message.sender_id == "tab-x"
+    await chat.channel.send(reply("to both", client="tab-x"))
+    for ws in (upper, lower):
+        assert (await ws.receive_json(timeout=5))["text"] == "to both"
+
+
 async def test_a_message_reaches_the_handler_before_it_is_acked(chat: Chat) -> None:
     ws = await chat.connect("tab-1", name="  Ada   Lovelace ")
     chat.inbox.gate = asyncio.Event()

@@ -41,11 +41,12 @@ function loadClientId() {
   try {
     id = localStorage.getItem(CLIENT_KEY);
     if (!id || !/^[A-Za-z0-9_-]{1,64}$/.test(id)) {
-      id = randomId();
+      // Lowercase: the server treats client ids case-insensitively (26 chars, ~136 bits).
+      id = randomId(26).toLowerCase();
       localStorage.setItem(CLIENT_KEY, id);
     }
   } catch {
-    id = id || randomId(); // storage disabled: a per-page identity still works
+    id = id || randomId(26).toLowerCase(); // storage disabled: a per-page identity still works
   }
   return id;
 }
