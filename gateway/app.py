@@ -194,6 +194,7 @@ class Gateway:
             self.config.lanes, self._run_lane
         )
         self.provider_health = ProviderHealth()
+        self._register_gauges()  # read at scrape time: registered once, live across restarts
         self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
         self._ready = asyncio.Event()
         self._started = False
@@ -287,7 +288,6 @@ class Gateway:
             engine=self.engine,
         )
         await self.lanes.start()
-        self._register_gauges()
         if self.http is not None:
             await self.http.start()  # before the channels: a webhook must be reachable
             if self.announce is not None:

@@ -404,3 +404,24 @@ async def test_a_transcript_closed_mid_read_is_a_conflict(tmp_path: Path) -> Non
     with pytest.raises(ApiError) as caught:
         await _reading(_page, transcript, 0, 10)
     assert caught.value.status == 409
+
+
+async def test_a_restarted_gateway_serves_again(tmp_path: Path) -> None:
+    env = {
+        "PARLEY_HOME": str(tmp_path),
+        "PARLEY_HTTP__PORT": "0",
+        "PARLEY_MEMORY__ENABLED": "false",
+    }
+    gateway = Gateway(
+        load_config(env=env), channels=[RecordingChannel()], provider=ScriptedProvider()
+    )
+    for _ in range(2):
+        async with gateway:
+            assert gateway.http is not None
+            headers = {"Authorization": f"Bearer {gateway.http.token.value}"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(gateway.http.url("/metrics"), headers=headers) as response,
+            ):
+                text = await response.text()
+            assert text.count("# TYPE parley_lane_active_runs gauge") == 1
