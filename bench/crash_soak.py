@@ -1,0 +1,307 @@
+"""Crash soak: the real gateway process, killed with SIGKILL again and again.
+
+The driver runs the protocol fakes on 127.0.0.1 (the Telegram Bot API and the
+Anthropic API the tests use) and starts `parley run` as a child process pointed at
+them: polling Telegram, lanes in ``queue`` mode (one reply per message, so every
+reply names the message it answers), a small context window so sessions compact,
+and long-term memory on (keyword index by default; ``--embedder e5`` adds vectors).
+
+It pushes ``--messages`` messages over ``--sessions`` private chats, in waves, and
+after each wave kills the process with SIGKILL at a random moment (``--kills`` in
+all) and starts it again. Kills land wherever the process happens to be: appending
+to a transcript, compacting, indexing memory, updating the registry, sending. After
+the last restart it waits until every message is answered (or nothing moves for
+``--settle`` seconds), stops the process with SIGTERM, and checks:
+
+- answered / lost / answered_twice: replies per message, at the fake;
+- corrupt_transcripts: a transcript that does not open, or has a corrupt line (a
+  torn tail from a kill is repaired on load and is not counted);
+- registry_mismatches: a session row whose entry count or last entry id disagrees
+  with its transcript;
+- index_errors: memory.db failing SQLite's integrity check or FTS5's, or chunks
+  missing from the keyword index.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
+
+from core.memory.driver import open_connection  # noqa: E402
+from core.transcript import Transcript  # noqa: E402
+from tests.fakes.anthropic_api import FakeAnthropic, echo_text  # noqa: E402
+from tests.fakes.llm_common import Reply  # noqa: E402
+from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
+
+TOKEN = "700002:soak-token"
+MODEL = "claude-soak-model"
+MESSAGE_RE = re.compile(r"c(\d+) m(\d+)\b")
+FILLER = (
+    "the quarterly report mentions the harbour crane, the blue teapot and the north gate "
+    "while the team discusses budgets, invoices, deadlines and the spare key "
+)
+CONFIG = f"""
+[agent]
+max_output_tokens = 256
+
+[providers]
+default = "anthropic"
+
+[providers.anthropic]
+model = "{MODEL}"
+
+[providers.retry]
+max_attempts = 2
+base_delay_seconds = 0.05
+max_delay_seconds = 0.2
+
+[context.models."{MODEL}"]
+context_tokens = 16000
+
+[lanes]
+mode = "queue"
+
+[session]
+timezone = "UTC"
+
+[session.reset]
+mode = "off"
+
+[channels.telegram]
+dm_policy = "open"
+poll_timeout_seconds = 1
+
+[http]
+enabled = false
+
+[logging]
+level = "WARNING"
+"""
+
+
+def child_env(home: Path, fake: FakeTelegram, llm: FakeAnthropic, embedder: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.update(
+        {
+            "PARLEY_HOME": str(home),
+            "TELEGRAM_BOT_TOKEN": TOKEN,
+            "TELEGRAM_API_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": llm.api_key,
+            "ANTHROPIC_BASE_URL": llm.base_url,
+            "PARLEY_MEMORY__EMBEDDER__PROVIDER": embedder,
+            "HF_HUB_OFFLINE": "1",
+            "PTB_TIMEDELTA": "1",
+        }
+    )
+    return env
+
+
+class Child:
+    """`parley run` in a process group of its own, killed and restarted on demand."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env = env
+        self.log = log
+        self.process: asyncio.subprocess.Process | None = None
+        self.starts = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+        with self.log.open("ab") as out:
+            out.write(f"\n--- start {self.starts} ---\n".encode())
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway.cli", "run",
+                env=self.env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+                stdout=out, stderr=out, start_new_session=True,
+            )  # fmt: skip
+
+    async def kill(self) -> None:
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    async def stop(self) -> int | None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            return None if process is None else process.returncode
+        process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(process.wait(), 60)
+        except TimeoutError:
+            await self.kill()
+            return None
+
+
+def replies_per_message(fake: FakeTelegram) -> Counter[tuple[int, int]]:
+    counts: Counter[tuple[int, int]] = Counter()
+    for sent in fake.sent:
+        match = MESSAGE_RE.search(sent.visible_text)
+        if match:
+            counts[(int(match.group(1)), int(match.group(2)))] += 1
+    return counts
+
+
+def check_transcripts(home: Path) -> tuple[int, int, int, dict[str, tuple[int, str | None]]]:
+    """(corrupt, torn tails left, compactions, {session id: (entry count, last id)})."""
+    corrupt = torn = compactions = 0
+    found: dict[str, tuple[int, str | None]] = {}
+    for path in sorted((home / "sessions").glob("*.jsonl")):
+        try:
+            transcript = Transcript.open(path, read_only=True)
+        except Exception:
+            corrupt += 1
+            continue
+        with transcript:
+            report = transcript.load_report
+            entries = list(transcript.entries())
+            if report.corrupt_lines or len(entries) != transcript.entry_count:
+                corrupt += 1
+            torn += report.torn_tail_action != "none"
+            compactions += sum(1 for e in entries if e.type == "compaction")
+            last = entries[-1].id if entries else None
+            found[path.stem] = (transcript.entry_count, last)
+    return corrupt, torn, compactions, found
+
+
+def check_registry(home: Path, transcripts: dict[str, tuple[int, str | None]]) -> int:
+    conn = sqlite3.connect(home / "state.db")
+    try:
+        rows = conn.execute("SELECT session_id, entry_count, last_entry_id FROM sessions")
+        mismatches = 0
+        for session_id, count, last in rows:
+            if transcripts.get(session_id) != (count, last):
+                mismatches += 1
+        return mismatches
+    finally:
+        conn.close()
+
+
+def check_index(home: Path) -> tuple[int, list[str]]:
+    errors: list[str] = []
+    paths = list((home / "memory").glob("*/memory.db"))
+    for path in paths:
+        conn, _ = open_connection(path)
+        try:
+            result = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+            if result != ["ok"]:
+                errors.append(f"{path}: {result[:3]}")
+            for table in ("chunks_fts", "chunks_cjk"):
+                try:
+                    conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+                except Exception as exc:
+                    errors.append(f"{path} {table}: {exc}")
+            missing = conn.execute(
+                "SELECT count(*) FROM chunks WHERE id NOT IN (SELECT rowid FROM chunks_fts)"
+            ).fetchone()[0]
+            if missing:
+                errors.append(f"{path}: {missing} chunk(s) missing from the keyword index")
+        finally:
+            conn.close()
+    return len(paths), errors
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="parley-soak-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        (home / "parley.toml").write_text(CONFIG, encoding="utf-8")
+        async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
+            fake.add_bot(TOKEN, "soak_bot", bot_id=int(TOKEN.split(":")[0]))
+            llm.responder = lambda body: Reply(text=echo_text(body))
+            child = Child(child_env(home, fake, llm, args.embedder), Path(tmp) / "parley.log")
+            chats = [6000 + i for i in range(args.sessions)]
+            plan = [(chat, n) for n in range(args.messages // args.sessions) for chat in chats]
+            waves = [plan[i :: args.kills] for i in range(args.kills)]
+            await child.start()
+            for wave in waves:
+                for chat, n in sorted(wave, key=lambda cm: cm[1]):
+                    fake.push_message(
+                        TOKEN, chat_id=chat, text=f"c{chat} m{n} {FILLER * args.filler}"
+                    )
+                # Let the process get into the wave, then kill it wherever it is.
+                await asyncio.sleep(rng.uniform(0.05, args.max_gap))
+                await child.kill()
+                await child.start()
+            wanted = set(plan)
+            last_progress, answered = time.monotonic(), 0
+            while time.monotonic() - last_progress < args.settle:
+                counts = replies_per_message(fake)
+                now_answered = len(wanted & set(counts))
+                if now_answered == len(wanted):
+                    break
+                if now_answered != answered:
+                    answered, last_progress = now_answered, time.monotonic()
+                await asyncio.sleep(0.5)
+            exit_code = await child.stop()
+            counts = replies_per_message(fake)
+        corrupt, torn, compactions, transcripts = check_transcripts(home)
+        mismatches = check_registry(home, transcripts)
+        indexes, index_errors = check_index(home)
+        log_tail = (Path(tmp) / "parley.log").read_text(errors="replace")[-3000:]
+    answered_set = set(counts) & set(plan)
+    result: dict[str, Any] = {
+        "messages": len(plan),
+        "sessions": args.sessions,
+        "kills": args.kills,
+        "answered": len(answered_set),
+        "lost": len(plan) - len(answered_set),
+        "answered_twice": sum(1 for key in plan if counts[key] > 1),
+        "corrupt_transcripts": corrupt,
+        "registry_mismatches": mismatches,
+        "index_errors": len(index_errors),
+        "torn_tails_left": torn,
+        "transcripts": len(transcripts),
+        "compactions": compactions,
+        "memory_indexes": indexes,
+        "final_exit_code": exit_code,
+        "seconds": round(time.perf_counter() - started, 1),
+        "embedder": args.embedder,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+    if index_errors:
+        result["index_error_samples"] = index_errors[:3]
+    if result["lost"] or exit_code not in (0, None):
+        result["log_tail"] = log_tail
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--max-gap", type=float, default=3.0, help="seconds before a kill")
+    parser.add_argument("--settle", type=float, default=60.0, help="give up after no progress")
+    parser.add_argument("--filler", type=int, default=12, help="repeats of filler text")
+    parser.add_argument("--embedder", default="none", choices=["none", "e5"])
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args))))
+
+
+if __name__ == "__main__":
+    main()
