@@ -1,0 +1,213 @@
+"""Load: 1,000 concurrent sessions against the real gateway process.
+
+The driver runs the Telegram Bot API fake and an Anthropic fake that waits
+``--provider-ms`` before it answers and then streams the reply in chunks, both on
+127.0.0.1, and starts `parley run` as a child process pointed at them. In rounds,
+each of ``--sessions`` private chats sends one numbered message at once; a round
+ends when every chat has its reply. Rounds repeat for ``--seconds``.
+
+Measured: messages answered per second; the latency each message adds beyond the
+provider's own delay (push at the fake → reply at the fake, minus ``--provider-ms``),
+p50 and p99; the child's peak RSS and its open file descriptors over time (the first
+and the last minute's peaks: a leak shows as growth); errors (replies missing when a
+round times out); ordering violations (a chat's replies out of its messages' order).
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from crash_soak import Child
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
+
+from tests.fakes.anthropic_api import FakeAnthropic, echo_text  # noqa: E402
+from tests.fakes.llm_common import Reply  # noqa: E402
+from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
+
+TOKEN = "700003:load-token"
+MODEL = "claude-load-model"
+MESSAGE_RE = re.compile(r"c(\d+) r(\d+)\b")
+ROUND_TIMEOUT_SECONDS = 120.0
+
+
+class SlowAnthropic(FakeAnthropic):
+    """The Anthropic fake with a provider's think time before the stream starts."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def make_app(self) -> web.Application:
+        app = super().make_app()
+        delay = self.delay_s
+
+        @web.middleware
+        async def think(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path.endswith("/messages"):
+                await asyncio.sleep(delay)
+            return await handler(request)
+
+        app.middlewares.append(think)
+        return app
+
+
+def config(max_runs: int) -> str:
+    return f"""
+[providers]
+default = "anthropic"
+
+[providers.anthropic]
+model = "{MODEL}"
+
+[lanes]
+max_concurrent_runs = {max_runs}
+
+[session]
+timezone = "UTC"
+
+[channels.telegram]
+dm_policy = "open"
+poll_timeout_seconds = 1
+
+[memory]
+enabled = false
+
+[http]
+enabled = false
+
+[logging]
+level = "WARNING"
+"""
+
+
+def sample(pid: int) -> tuple[int, int]:
+    """(peak RSS in KiB so far, open descriptors) of ``pid``, from /proc."""
+    peak = 0
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1])
+    return peak, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    delay_s = args.provider_ms / 1000
+    with tempfile.TemporaryDirectory(prefix="parley-load-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        (home / "parley.toml").write_text(config(args.max_runs), encoding="utf-8")
+        async with FakeTelegram(length_unit="utf16") as fake, SlowAnthropic(delay_s) as llm:
+            fake.add_bot(TOKEN, "load_bot", bot_id=int(TOKEN.split(":")[0]))
+            llm.responder = lambda body: Reply(text=echo_text(body), chunk_chars=24)
+            env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+            env.update(
+                {
+                    "PARLEY_HOME": str(home),
+                    "TELEGRAM_BOT_TOKEN": TOKEN,
+                    "TELEGRAM_API_BASE_URL": fake.base_url,
+                    "ANTHROPIC_API_KEY": llm.api_key,
+                    "ANTHROPIC_BASE_URL": llm.base_url,
+                    "PTB_TIMEDELTA": "1",
+                }
+            )
+            child = Child(env, Path(tmp) / "parley.log")
+            await child.start()
+            assert child.process is not None
+            pid = child.process.pid
+            await fake.wait_calls("getUpdates", 1, timeout=120)  # the child is up and polling
+            chats = [7000 + i for i in range(args.sessions)]
+            pushed: dict[tuple[int, int], float] = {}
+            latencies: list[float] = []
+            seen_sent = 0
+            last_round: dict[int, int] = defaultdict(lambda: -1)
+            violations = errors = answered = 0
+            fds: list[tuple[float, int]] = []
+            started = time.perf_counter()
+            rounds = 0
+            while time.perf_counter() - started < args.seconds:
+                for chat in chats:
+                    pushed[(chat, rounds)] = time.perf_counter()
+                    fake.push_message(TOKEN, chat_id=chat, text=f"c{chat} r{rounds} hello")
+                want = len(fake.sent) + len(chats)
+                deadline = time.perf_counter() + ROUND_TIMEOUT_SECONDS
+                while len(fake.sent) < want and time.perf_counter() < deadline:
+                    await asyncio.sleep(0.05)
+                    fds.append((time.perf_counter() - started, sample(pid)[1]))
+                matched = 0
+                for sent in fake.sent[seen_sent:]:
+                    match = MESSAGE_RE.search(sent.visible_text)
+                    if match is None:
+                        continue  # an error or "busy" reply: its message counts as an error
+                    key = (int(match.group(1)), int(match.group(2)))
+                    if key[1] <= last_round[key[0]]:
+                        violations += 1
+                    last_round[key[0]] = key[1]
+                    latencies.append(sent.received_at - pushed[key] - delay_s)
+                    matched += 1
+                seen_sent = len(fake.sent)
+                answered += matched
+                errors += len(chats) - matched
+                rounds += 1
+            elapsed = time.perf_counter() - started
+            peak_kib, _ = sample(pid)
+            await child.stop()
+    minute = min(60.0, elapsed / 4)
+    first = max((n for t, n in fds if t <= minute), default=0)
+    last = max((n for t, n in fds if t >= elapsed - minute), default=0)
+    return {
+        "sessions": args.sessions,
+        "rounds": rounds,
+        "messages": rounds * len(chats),
+        "answered": answered,
+        "errors": errors,
+        "ordering_violations": violations,
+        "msgs_per_s": round(answered / elapsed, 1),
+        "added_latency_p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "added_latency_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "provider_ms": args.provider_ms,
+        "max_concurrent_runs": args.max_runs,
+        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "fds_first_window_peak": first,
+        "fds_last_window_peak": last,
+        "seconds": round(elapsed, 1),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--provider-ms", type=float, default=300.0)
+    parser.add_argument("--max-runs", type=int, default=64, help="[lanes] max_concurrent_runs")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args))))
+
+
+if __name__ == "__main__":
+    main()
