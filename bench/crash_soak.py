@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
 from core.memory.driver import open_connection  # noqa: E402
+from core.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
+from core.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
 from core.transcript import Transcript  # noqa: E402
 from tests.fakes.anthropic_api import FakeAnthropic, echo_text  # noqa: E402
 from tests.fakes.llm_common import Reply  # noqa: E402
@@ -79,6 +81,7 @@ context_tokens = 16000
 
 [lanes]
 mode = "queue"
+queue_cap = 200  # the driver queues up to 40 per chat; "busy" replies are not the point here
 
 [session]
 timezone = "UTC"
@@ -96,6 +99,15 @@ enabled = false
 [logging]
 level = "WARNING"
 """
+
+
+def respond(body: dict[str, Any]) -> Reply:
+    """Turns are echoed (so a reply names its message); a summary request gets a short
+    well-formed summary, as a real model would write, so compaction shrinks the view."""
+    if SUMMARY_SYSTEM_PROMPT in json.dumps(body.get("system", "")):
+        sections = "\n".join(f"{heading}\n- the user sent numbered notes" for heading in HEADINGS)
+        return Reply(text=sections)
+    return Reply(text=echo_text(body))
 
 
 def child_env(home: Path, fake: FakeTelegram, llm: FakeAnthropic, embedder: str) -> dict[str, str]:
@@ -197,6 +209,14 @@ def check_registry(home: Path, transcripts: dict[str, tuple[int, str | None]]) -
         conn.close()
 
 
+def inbox_counts(home: Path) -> dict[str, int]:
+    conn = sqlite3.connect(home / "state.db")
+    try:
+        return dict(conn.execute("SELECT status, count(*) FROM inbox GROUP BY status").fetchall())
+    finally:
+        conn.close()
+
+
 def check_index(home: Path) -> tuple[int, list[str]]:
     errors: list[str] = []
     paths = list((home / "memory").glob("*/memory.db"))
@@ -230,7 +250,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         (home / "parley.toml").write_text(CONFIG, encoding="utf-8")
         async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
             fake.add_bot(TOKEN, "soak_bot", bot_id=int(TOKEN.split(":")[0]))
-            llm.responder = lambda body: Reply(text=echo_text(body))
+            llm.responder = respond
             child = Child(child_env(home, fake, llm, args.embedder), Path(tmp) / "parley.log")
             chats = [6000 + i for i in range(args.sessions)]
             plan = [(chat, n) for n in range(args.messages // args.sessions) for chat in chats]
@@ -257,10 +277,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.5)
             exit_code = await child.stop()
             counts = replies_per_message(fake)
+            pending = len(fake.pending_updates(TOKEN))
         corrupt, torn, compactions, transcripts = check_transcripts(home)
         mismatches = check_registry(home, transcripts)
         indexes, index_errors = check_index(home)
         log_tail = (Path(tmp) / "parley.log").read_text(errors="replace")[-3000:]
+        inbox = inbox_counts(home)
     answered_set = set(counts) & set(plan)
     result: dict[str, Any] = {
         "messages": len(plan),
@@ -284,6 +306,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if index_errors:
         result["index_error_samples"] = index_errors[:3]
+    result["busy_replies"] = inbox.get("rejected", 0)
+    if result["lost"]:
+        result["inbox"] = inbox
+        result["updates_pending_at_telegram"] = pending
     if result["lost"] or exit_code not in (0, None):
         result["log_tail"] = log_tail
     return result

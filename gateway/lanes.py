@@ -232,14 +232,16 @@ class LaneManager(Generic[T]):
 
     # -- submitting and observing ------------------------------------------------
 
-    async def submit(self, session_key: str, item: T) -> SubmitResult:
+    async def submit(self, session_key: str, item: T, *, force: bool = False) -> SubmitResult:
+        """Queue ``item``; ``force`` ignores ``queue_cap`` (for messages accepted before
+        a restart: the cap must not turn them away the second time)."""
         if self._state is not _State.RUNNING:
             return SubmitResult(SubmitStatus.CLOSED)
         lane = self._lanes.get(session_key)
         if lane is None:
             lane = _Lane(session_key)
             self._lanes[session_key] = lane
-        if len(lane.queue) >= self._config.queue_cap:
+        if not force and len(lane.queue) >= self._config.queue_cap:
             return SubmitResult(SubmitStatus.QUEUE_FULL)
         lane.queue.append(item)
         self._queued += 1
