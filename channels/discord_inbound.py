@@ -37,10 +37,13 @@ CHANNEL = "discord"
 REPLY_CONTEXT_CHARS = 500
 EDITED_PREFIX = "(edited) "
 _ANSWERABLE_TYPES = frozenset({discord.MessageType.default, discord.MessageType.reply})
+# Snowflakes are ASCII digits, at most 20 of them (64 bits). ``\d`` would also take
+# other scripts' digits, and a run past int()'s 4,300-digit limit would raise and lose
+# the whole message: such look-alikes stay as typed.
 _MARKUP = re.compile(
-    r"<(?P<kind>@!?|@&|#)(?P<id>\d+)>"  # user, role and channel mentions
-    r"|<a?:(?P<emoji>\w+):\d+>"  # custom (and animated) emoji
-    r"|</(?P<command>[\w -]+):\d+>"  # slash-command mentions
+    r"<(?P<kind>@!?|@&|#)(?P<id>[0-9]{1,20})>"  # user, role and channel mentions
+    r"|<a?:(?P<emoji>\w+):[0-9]{1,20}>"  # custom (and animated) emoji
+    r"|</(?P<command>[\w -]+):[0-9]{1,20}>"  # slash-command mentions
 )
 _TRAILING_PUNCTUATION = ",.!?:;"
 

@@ -8,7 +8,10 @@ Ids: Telegram numbers messages per chat, so ``message_id`` is ``"<chat>:<message
 (and ``"<chat>:<message>:edit:<edit_date>"`` for an edit, so each edit is a new inbox
 entry); ``parse_message_ref`` reads one back when a reply targets it.
 
-Offsets of entities count UTF-16 units, so cuts are made on UTF-16 text.
+Offsets of entities count UTF-16 units, so cuts are made on UTF-16 text. The
+encoding passes lone surrogates through (JSON can carry ``"\\ud800"`` and an entity
+may end inside a pair): the gateway scrubs them later, and a stray one must cost a
+character, never the message.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ REPLY_CONTEXT_CHARS = 500
 EDITED_PREFIX = "(edited) "
 _LEADING_PUNCTUATION = " \t,:;"
 _SPACE_BEFORE_PUNCTUATION = re.compile(r"[ \t]+$")
+_UTF16 = "utf-16-le"
+_PASS = "surrogatepass"
 
 
 def read_period(owner: object, attribute: str) -> float | None:
@@ -112,9 +117,9 @@ def _utf16_cut(data: bytes, spans: list[tuple[int, int]]) -> str:
     each cut."""
     pieces, position = [], 0
     for start, end in sorted(spans):
-        pieces.append(data[position * 2 : start * 2].decode("utf-16-le"))
+        pieces.append(data[position * 2 : max(position, start) * 2].decode(_UTF16, _PASS))
         position = max(position, end)
-    pieces.append(data[position * 2 :].decode("utf-16-le"))
+    pieces.append(data[position * 2 :].decode(_UTF16, _PASS))
     result = pieces[0]
     for piece in pieces[1:]:
         if not result.strip():
@@ -144,10 +149,10 @@ class _Body:
         spans: list[tuple[int, int]] = []
         ours = (bot.username or "").lower()
         # Entity offsets count UTF-16 units: encode once, not once per entity and cut.
-        data = raw.encode("utf-16-le")
+        data = raw.encode(_UTF16, _PASS)
         for entity in entities:
             end = entity.offset + entity.length
-            piece = data[entity.offset * 2 : end * 2].decode("utf-16-le", errors="replace")
+            piece = data[entity.offset * 2 : end * 2].decode(_UTF16, _PASS)
             if entity.type == MessageEntity.BOT_COMMAND and entity.offset == 0:
                 _, _, target = piece.partition("@")
                 if not target or target.lower() == ours:

@@ -374,6 +374,6 @@ class WebChannel:
 def _parse(data: str) -> dict[str, Any] | None:
     try:
         value = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
         return None
     return value if isinstance(value, dict) else None

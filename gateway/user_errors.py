@@ -6,10 +6,13 @@ none of them leaks a stack trace or a secret.
 
 from __future__ import annotations
 
+import math
+
 from core.errors import (
     AuthenticationError,
     ContextError,
     ContextOverflowError,
+    MalformedResponseError,
     OverloadedError,
     ProviderConnectionError,
     ProviderError,
@@ -30,6 +33,13 @@ INTERNAL_ERROR_TEXT = (
 EMPTY_REPLY_TEXT = "(The model returned an empty reply. Try rephrasing, or /new to start afresh.)"
 
 
+def _wait_text(seconds: float) -> str:
+    """A server's retry-after as a person would say it (whole seconds, then minutes)."""
+    if seconds < 90:
+        return f"{math.ceil(seconds)} seconds"
+    return f"about {math.ceil(seconds / 60)} minutes"
+
+
 def describe_provider_error(exc: ProviderError, attempts: int) -> str:
     tried = f" after {attempts} attempts" if attempts > 1 else ""
     kept = "Your message is saved in the conversation"
@@ -43,14 +53,35 @@ def describe_provider_error(exc: ProviderError, attempts: int) -> str:
             "to start a fresh session (the current one is archived, not deleted)."
         )
     if isinstance(exc, RateLimitError):
-        wait = f" (it asked to wait {exc.retry_after:.0f}s)" if exc.retry_after else ""
-        return f"The model provider is rate-limiting me{wait}{tried}. {kept}; try again shortly."
-    if isinstance(exc, OverloadedError | ServerError):
-        return f"The model provider is overloaded or failing{tried}. {kept}; try again in a minute."
+        # Under a second is what a retry already waited out: only a real wait is news.
+        if exc.retry_after is not None and exc.retry_after >= 1:
+            wait = _wait_text(exc.retry_after)
+            return (
+                f"The model provider is rate-limiting me{tried} and asked to wait {wait}. "
+                f"{kept}; send it again after that."
+            )
+        return f"The model provider is rate-limiting me{tried}. {kept}; try again shortly."
+    if isinstance(exc, OverloadedError):
+        return f"The model provider is overloaded right now{tried}. {kept}; try again in a minute."
+    if isinstance(exc, ServerError):
+        if exc.status in (None, 200):  # an error event inside a stream that had started
+            return (
+                f"The model provider broke off its answer with an error{tried}. {kept}; try again."
+            )
+        return (
+            f"The model provider had an internal error (HTTP {exc.status}){tried}. {kept}; "
+            "try again in a minute."
+        )
     if isinstance(exc, ProviderTimeoutError):
         return f"The model provider did not answer in time{tried}. {kept}; try again."
     if isinstance(exc, ProviderConnectionError):
         return f"I could not reach the model provider{tried}. {kept}; try again later."
+    if isinstance(exc, MalformedResponseError):
+        # The parser's complaint means nothing to a user; the log has it.
+        return (
+            f"The model provider sent an answer I could not read{tried}. {kept}; try again. "
+            "If it keeps happening, the operator should check the provider's base URL."
+        )
     if isinstance(exc, AuthenticationError):
         return (
             "The model provider refused my credentials. The operator should check the API key "
@@ -62,9 +93,11 @@ def describe_provider_error(exc: ProviderError, attempts: int) -> str:
 def describe_context_error(exc: ContextError) -> str:
     """The context engine could not make a request fit, or the model's window is too small."""
     numbers = ""
-    if exc.used is not None and exc.limit is not None:
+    # A budget at or below zero (a window smaller than the output reserve) is no number
+    # to show a person.
+    if exc.used is not None and exc.limit is not None and exc.limit > 0:
         numbers = f" ({exc.used:,} / {exc.limit:,} tokens)"
-    elif exc.limit is not None:
+    elif exc.limit is not None and exc.limit > 0:
         numbers = f" ({exc.limit:,} tokens)"
     if isinstance(exc, WindowTooSmallError):
         return (

@@ -39,10 +39,14 @@ class AdminToken:
     source: TokenSource
 
     def matches(self, presented: str | None) -> bool:
-        """Constant-time comparison: the time taken says nothing about the token."""
+        """Constant-time comparison: the time taken says nothing about the token.
+
+        A header with bytes that are not UTF-8 reaches us as surrogate escapes, which
+        plain UTF-8 cannot encode: ``surrogatepass`` makes such a token merely wrong."""
         if presented is None:
             return False
-        return hmac.compare_digest(presented.encode("utf-8"), self.value.encode("utf-8"))
+        given = presented.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(given, self.value.encode("utf-8"))
 
 
 def is_loopback(host: str) -> bool:

@@ -555,6 +555,15 @@ class FakeDiscord:
     async def drop_connection(self, token: str, code: int = 4000) -> int:
         return await self.gateway.drop_connection(token, code)
 
+    async def sever_connection(self, token: str) -> int:
+        return await self.gateway.sever_connection(token)
+
+    async def invalidate_session(self, token: str, *, resumable: bool) -> int:
+        return await self.gateway.invalidate_session(token, resumable=resumable)
+
+    def replay_seen_on_resume(self, count: int) -> None:
+        self.gateway.replay_seen_on_resume(count)
+
     # -- records -----------------------------------------------------------------------
 
     @property

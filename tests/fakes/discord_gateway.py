@@ -15,6 +15,12 @@ frames, so ``?compress=`` can be ignored):
 A session outlives its connection (as on the real gateway) so that events dispatched
 while the client reconnects are replayed. A client closing with 1000/1001, or the
 server closing with 4007/4009, ends the session.
+
+Faults: ``request_reconnect`` (op 7), ``drop_connection`` (a close frame with a code),
+``sever_connection`` (the TCP connection dies, no close frame), ``invalidate_session``
+(op 9; when not resumable the session is forgotten and, as on the real gateway, what
+is dispatched before the next READY reaches nobody) and ``replay_seen_on_resume`` (the
+next RESUME also replays events the client already had: delivery is at least once).
 """
 
 from __future__ import annotations
@@ -100,6 +106,10 @@ def _frame(op: int, data: Any = None, *, event: str | None = None, seq: int | No
     return json.dumps({"op": op, "d": data, "s": seq, "t": event}, separators=(",", ":"))
 
 
+def _is_message_frame(text: str) -> bool:
+    return json.loads(text).get("t") in _MESSAGE_EVENTS
+
+
 def _withheld(session: Session, event: str, data: Mapping[str, Any]) -> bool:
     """The real gateway blanks guild message content for bots without the intent,
     except in messages that mention the bot or that the bot wrote."""
@@ -130,7 +140,9 @@ class GatewayHub:
         self.resumes: list[ResumeRecord] = []
         self.heartbeats = 0
         self._sockets: set[web.WebSocketResponse] = set()
+        self._transports: dict[web.WebSocketResponse, asyncio.BaseTransport] = {}
         self._session_numbers = itertools.count(1)
+        self._replay_seen = 0  # the next RESUME replays this many already-seen events
 
     # -- the websocket endpoint -------------------------------------------------------
 
@@ -144,6 +156,8 @@ class GatewayHub:
             await ws.close(code=4012, message=b"Invalid API version.")
             return ws
         self._sockets.add(ws)
+        if request.transport is not None:
+            self._transports[ws] = request.transport
         session: Session | None = None
         try:
             await ws.send_str(_frame(OP_HELLO, {"heartbeat_interval": self.heartbeat_interval_ms}))
@@ -154,6 +168,7 @@ class GatewayHub:
                 session = await self._on_payload(ws, session, msg.data)
         finally:
             self._sockets.discard(ws)
+            self._transports.pop(ws, None)
             if session is not None:
                 self._forget_socket(session, ws)
             await self._notify()
@@ -241,7 +256,12 @@ class GatewayHub:
             previous, session.ws = session.ws, ws
             if previous is not None and previous is not ws:
                 await previous.close(code=4000, message=b"Resumed elsewhere.")
-            missed = [text for s, text in session.log if s > after]
+            # Already-seen events replayed on request are messages only (never READY).
+            seen_from, self._replay_seen = max(after - self._replay_seen, 0), 0
+            missed = [
+                text for s, text in session.log
+                if s > after or (s > seen_from and _is_message_frame(text))
+            ]  # fmt: skip
             for text in missed:
                 if not await self._send(session, text):
                     break
@@ -333,6 +353,37 @@ class GatewayHub:
             if ws is not None:
                 await ws.close(code=code, message=b"Dropped by the fake.")
         return len(sessions)
+
+    async def sever_connection(self, token: str) -> int:
+        """Kill each live TCP connection of the bot, no close frame; returns how many."""
+        sessions = self._connected(token)
+        for session in sessions:
+            async with session.lock:
+                ws, session.ws = session.ws, None
+            transport = self._transports.get(ws) if ws is not None else None
+            if transport is not None:
+                transport.abort()
+        return len(sessions)
+
+    async def invalidate_session(self, token: str, *, resumable: bool) -> int:
+        """Send op 9 to each live connection of the bot; returns how many.
+
+        Not resumable: the session is forgotten at once, so events dispatched until the
+        client's new IDENTIFY reach no session and are never replayed (real Discord)."""
+        sessions = self._connected(token)
+        for session in sessions:
+            async with session.lock:
+                ws, session.ws = session.ws, None
+                if not resumable:
+                    self.sessions.pop(session.session_id, None)
+                if ws is not None and not ws.closed:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await ws.send_str(_frame(OP_INVALID_SESSION, resumable))
+        return len(sessions)
+
+    def replay_seen_on_resume(self, count: int) -> None:
+        """The next RESUME replays ``count`` events before the client's seq as well."""
+        self._replay_seen = count
 
     def connected(self, token: str) -> bool:
         return bool(self._connected(token))

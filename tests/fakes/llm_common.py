@@ -311,10 +311,15 @@ class FakeLLMServer:
         raise NotImplementedError
 
     async def start(self) -> None:
+        """Listen on a free port; after a ``stop()``, on the same port again, so a test
+        can take the service down (connection refused) and bring it back."""
+        if self._release.is_set():
+            self._release = asyncio.Event()
+            self.hang_started = asyncio.Event()
         runner = web.AppRunner(self.make_app(), handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, "127.0.0.1", self._port)
             await site.start()
         except BaseException:
             await runner.cleanup()

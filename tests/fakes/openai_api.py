@@ -90,6 +90,17 @@ def rate_limited(
     )
 
 
+def context_length_exceeded(observed: int, limit: int) -> HttpError:
+    """OpenAI's overflow refusal, as the service words it."""
+    return HttpError(
+        400,
+        "invalid_request_error",
+        f"This model's maximum context length is {limit} tokens. However, your messages "
+        f"resulted in {observed} tokens. Please reduce the length of the messages.",
+        code="context_length_exceeded",
+    )
+
+
 def server_error() -> HttpError:
     return HttpError(500, "server_error", "The server had an error while processing your request.")
 
@@ -518,7 +529,7 @@ class FakeOpenAI(FakeLLMServer):
         prompt = sum(estimate_tokens(s) for s in prompt_segments(body))
         if (overflow := self._overflow(body, prompt)) is not None:
             return overflow
-        step: Step = self.next_step() or Reply(_echo(body))
+        step: Step = self.next_step(body) or Reply(_echo(body))
         if isinstance(step, HttpError):
             if step.body is not None:
                 return json_response(step.status, step.body, step.headers)

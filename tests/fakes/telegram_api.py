@@ -9,8 +9,11 @@ long poll per bot (409) and no polling while a webhook is set (409).
 
 Tests push updates with ``push_message``/``push_update``: they wait for ``getUpdates``
 or, once a webhook is set, are POSTed to it in order; a non-2xx answer keeps the
-update pending until ``redeliver()``. ``fail_next``/``flood`` script errors. Every
-successful send is in ``sent``; ``wait_sent`` waits for it without sleeping.
+update pending until ``redeliver()``. ``fail_next``/``flood`` script errors (a
+``getUpdates`` failure scripted while a long poll is pending answers that poll, as a
+proxy or flood control would); ``drop_next`` closes the connection without an answer;
+``go_offline``/``go_online`` refuse every connection meanwhile. Every successful send
+is in ``sent``; ``wait_sent`` waits for it without sleeping.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ POLL_CONFLICT = (
     " is running"
 )
 BLOCKED = "Forbidden: bot was blocked by the user"
+DROP = 0  # a _Failure status: the connection is closed, no answer at all
 # What the real server sends when allowed_updates was never given.
 DEFAULT_ALLOWED_UPDATES = frozenset(
     {"message", "edited_message", "channel_post", "edited_channel_post", "callback_query",
@@ -121,7 +125,7 @@ class ApiCall:
 @dataclass(slots=True)
 class _Failure:
     method: str
-    status: int
+    status: int  # DROP: close the connection without answering
     description: str
     parameters: dict[str, Any] | None
     times: int
@@ -214,12 +218,16 @@ class FakeTelegram:
         self.actions: list[ChatActionRecord] = []
         self.calls: list[ApiCall] = []
         self.webhook_deliveries: list[WebhookDelivery] = []
+        # Called with every API call as it arrives, before it is answered.
+        self.call_hooks: list[Callable[[ApiCall], None]] = []
         self._bots: dict[str, _Bot] = {}
         self._chats: dict[int, _Chat] = {}
         self._failures: list[_Failure] = []
         self._signal = _Signal()
         self._stopping = False
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._transports: set[asyncio.BaseTransport] = set()  # connections seen
         self._session: aiohttp.ClientSession | None = None
         self._port = 0
         self._methods: dict[str, Handler] = {
@@ -245,7 +253,23 @@ class FakeTelegram:
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner, self._port = runner, int(runner.addresses[0][1])
+        self._runner, self._site, self._port = runner, site, int(runner.addresses[0][1])
+
+    async def go_offline(self) -> None:
+        """Refuse new connections and cut every open one (a network outage)."""
+        if self._site is not None:
+            site, self._site = self._site, None
+            await site.stop()
+        for transport in self._transports:
+            transport.abort()
+        self._transports.clear()
+
+    async def go_online(self) -> None:
+        """Listen again, on the same port."""
+        if self._site is None and self._runner is not None:
+            site = web.TCPSite(self._runner, "127.0.0.1", self._port)
+            await site.start()
+            self._site = site
 
     async def stop(self) -> None:
         # Pending long polls wait on the signal: release them, or cleanup waits for them.
@@ -334,6 +358,15 @@ class FakeTelegram:
         self._failures.append(
             _Failure(method.lower(), status, description, parameters, times, token)
         )
+        self._signal.pulse()  # a pending long poll takes a getUpdates failure at once
+
+    def drop_next(self, method: str, times: int = 1, token: str | None = None) -> None:
+        """The next ``times`` calls of ``method`` lose their connection, unanswered."""
+        self.fail_next(method, DROP, "connection dropped", times=times, token=token)
+
+    def clear_failures(self) -> None:
+        """Forget every scripted failure not yet used (the fault is over)."""
+        self._failures.clear()
 
     def flood(self, method: str, retry_after: int, times: int = 1) -> None:
         self.fail_next(
@@ -565,15 +598,28 @@ class FakeTelegram:
         handler = self._methods.get(method.lower())
         if handler is None:
             return _error(ApiError(404, "Not Found"))
+        if request.transport is not None:
+            self._transports = {t for t in self._transports if not t.is_closing()}
+            self._transports.add(request.transport)
         params = await _read_params(request)
-        self.calls.append(ApiCall(bot.token, method, params))
+        call = ApiCall(bot.token, method, params)
+        self.calls.append(call)
+        for hook in self.call_hooks:
+            hook(call)
         self._signal.pulse()
         try:
             self._take_failure(bot.token, method.lower())
             result = await handler(bot, params)
         except ApiError as exc:
+            if exc.status == DROP:
+                if request.transport is not None:
+                    request.transport.abort()  # the client sees the connection die
+                return web.Response(status=502)  # never written: the socket is gone
             return _error(exc)
         return web.json_response({"ok": True, "result": result})
+
+    def _pending_failure(self, token: str, method: str) -> bool:
+        return any(f.method == method and f.token in (None, token) for f in self._failures)
 
     def _take_failure(self, token: str, method: str) -> None:
         for failure in self._failures:
@@ -652,11 +698,14 @@ class FakeTelegram:
         self._signal.pulse()  # wakes an earlier poll of this bot: it ends in a conflict
         superseded = lambda: bot.poll_generation != generation  # noqa: E731
         await self._signal.wait_for(
-            lambda: self._stopping or superseded() or bot.webhook is not None or bool(bot.updates),
+            lambda: self._stopping or superseded() or bot.webhook is not None or bool(bot.updates)
+            or self._pending_failure(bot.token, "getupdates"),
             timeout,
-        )
+        )  # fmt: skip
         if superseded():
             raise ApiError(409, POLL_CONFLICT)
+        # A failure scripted while this poll waited answers it (e.g. a 502 from a proxy).
+        self._take_failure(bot.token, "getupdates")
         return [u for u in bot.updates if _kind(u) in bot.allowed_updates][:limit]
 
     def _chat_for(self, bot: _Bot, params: dict[str, Any]) -> _Chat:
