@@ -19,13 +19,21 @@ only one conversation), and no part may ping @everyone, roles or users. Errors:
 
 429s never surface: discord.py sleeps for ``retry_after`` and retries by itself.
 Every DeliveryError carries ``delivered``, the ids of the parts already sent.
+
+Hostile events: discord.py parses each gateway event (``ConnectionState.parsers``)
+inside its read loop, and an exception there ends ``Client.start``: one malformed
+MESSAGE_CREATE would stop the account for good. Every parser is wrapped so that such
+an event is logged and skipped. As a second line of defence, a client whose ``start``
+ends while the account is running is logged and replaced by a fresh one, with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,6 +75,13 @@ REPLY_MENTIONS = discord.AllowedMentions(
     everyone=False, roles=False, users=False, replied_user=True
 )
 _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# Restarting a client whose ``start`` ended: waits of RESTART_INITIAL_SECONDS, doubling,
+# capped at RESTART_MAX_SECONDS; a client that ran RESTART_RESET_SECONDS resets the count.
+RESTART_INITIAL_SECONDS = 1.0
+RESTART_MAX_SECONDS = 60.0
+RESTART_RESET_SECONDS = 60.0
+# A failed login cannot be fixed by trying again.
+_FATAL = (discord.LoginFailure, discord.PrivilegedIntentsRequired)
 
 
 def _intents() -> discord.Intents:
@@ -86,10 +101,30 @@ def _point_library_at(config: DiscordConfig) -> None:
     DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(config.gateway_url)
 
 
+def _guarded(account: str, event: str, parser: Callable[[Any], None]) -> Callable[[Any], None]:
+    @functools.wraps(parser)
+    def parse(data: Any) -> None:
+        try:
+            parser(data)
+        except Exception as exc:
+            # Not the payload: it may be anybody's message text.
+            logger.error(
+                "discord %s: cannot parse a %s event (%s: %.200s); skipping it",
+                account, event, type(exc).__name__, exc, exc_info=True,
+            )  # fmt: skip
+
+    return parse
+
+
 class _GatewayClient(discord.Client):
     def __init__(self, account: _Account) -> None:
         super().__init__(intents=_intents(), guild_ready_timeout=GUILD_READY_TIMEOUT_SECONDS)
         self._account = account
+        # The websocket looks parsers up in this very dict (``ws._discord_parsers``), so
+        # wrapping its entries in place guards every event, on every (re)connection.
+        parsers = self._connection.parsers
+        for event, parser in list(parsers.items()):
+            parsers[event] = _guarded(account.name, event, parser)
 
     def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
         super().dispatch(event, *args, **kwargs)
@@ -124,6 +159,8 @@ class _Account:
         self._runner: asyncio.Task[None] | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._stopped = False
+        self._stopping = asyncio.Event()
+        self.restarts = 0  # clients replaced after an unexpected end (for tests, logs)
 
     async def start(self, ready_within: float) -> None:
         runner = asyncio.create_task(self.client.start(self._token), name=f"discord-{self.name}")
@@ -139,7 +176,9 @@ class _Account:
             raise ChannelStartError(
                 f"discord account {self.name!r}: not connected after {ready_within:g} s"
             )
-        runner.add_done_callback(self._runner_ended)
+        self._runner = asyncio.create_task(
+            self._supervise(runner), name=f"discord-{self.name}-supervisor"
+        )
         self._consumer = asyncio.create_task(self._consume(), name=f"discord-{self.name}-inbox")
 
     @staticmethod
@@ -151,10 +190,53 @@ class _Account:
             return "enable the Message Content intent (Developer Portal → Bot)"
         return f"the client stopped while connecting: {exc!r}"
 
-    def _runner_ended(self, runner: asyncio.Task[None]) -> None:
-        if self._stopped or runner.cancelled():
-            return
-        logger.error("discord %s: the client stopped: %s", self.name, self._why(runner))
+    async def _supervise(self, runner: asyncio.Task[None]) -> None:
+        """Wait on the client; if its ``start`` ends while the account runs, log it and
+        start a fresh client after a backoff (a failed login ends the account)."""
+        loop = asyncio.get_running_loop()
+        failures = 0
+        started = loop.time()
+        try:
+            while True:
+                await asyncio.wait({runner})
+                if self._stopped:
+                    return
+                exc = None if runner.cancelled() else runner.exception()
+                self._connected.clear()
+                if isinstance(exc, _FATAL):
+                    logger.error("discord %s: the client stopped: %s", self.name,
+                                 self._why(runner))  # fmt: skip
+                    return
+                failures = 1 if loop.time() - started >= RESTART_RESET_SECONDS else failures + 1
+                delay = min(RESTART_MAX_SECONDS, RESTART_INITIAL_SECONDS * 2 ** (failures - 1))
+                logger.error(
+                    "discord %s: the client stopped unexpectedly (%s); restarting in %g s",
+                    self.name, "no error" if exc is None else repr(exc), delay,
+                    exc_info=exc,
+                )  # fmt: skip
+                await self._close_client(self.client)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stopping.wait()
+                if self._stopped:
+                    return
+                self.client = _GatewayClient(self)
+                self.restarts += 1
+                started = loop.time()
+                runner = asyncio.create_task(
+                    self.client.start(self._token), name=f"discord-{self.name}"
+                )
+        finally:
+            if not runner.done():  # cancelled by stop(): the client goes with it
+                runner.cancel()
+                await asyncio.wait({runner})
+
+    async def _close_client(self, client: discord.Client) -> None:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_SECONDS):
+                await client.close()
+        except (TimeoutError, *_NETWORK_ERRORS, discord.DiscordException) as exc:
+            logger.warning("discord %s: closing the client failed: %r", self.name, exc)
 
     def on_event(self, event: str, args: tuple[Any, ...]) -> None:
         try:
@@ -218,11 +300,8 @@ class _Account:
         if self._stopped:
             return
         self._stopped = True
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_SECONDS):
-                await self.client.close()
-        except (TimeoutError, *_NETWORK_ERRORS, discord.DiscordException) as exc:
-            logger.warning("discord %s: closing the client failed: %r", self.name, exc)
+        self._stopping.set()
+        await self._close_client(self.client)
         if self._runner is not None:
             await _finish(self._runner, CLOSE_TIMEOUT_SECONDS)
         if self._consumer is not None:

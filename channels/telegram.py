@@ -6,10 +6,18 @@ returned, i.e. after the gateway stored it durably. If the handler raises, the s
 update is retried with backoff; after ``MAX_HANDLER_ATTEMPTS`` it is logged and
 skipped so one poisoned update cannot wedge the account.
 
+The loop fetches the raw update dicts and parses them one at a time: PTB's
+``Bot.get_updates`` parses the whole batch at once, so one update it cannot read
+(a wrong type, a missing field) would fail every poll at the same offset for ever.
+An update that does not parse is logged and acknowledged (skipped); the others are
+handled in order.
+
 In webhook mode the gateway's HTTP server mounts ``webhook_routes()``; the route
-answers 200 only after the handler returned (500 makes Telegram redeliver). Stopping
-leaves the webhook registered: another replica may be serving it, and deleting it
-would make Telegram queue updates nobody fetches.
+answers 200 only after the handler returned (500 makes Telegram redeliver, so it is
+kept for "not stored"), 400 for a body that cannot be read (redelivering it would not
+help) and 401 for a wrong secret. Stopping leaves the webhook registered: another
+replica may be serving it, and deleting it would make Telegram queue updates nobody
+fetches.
 
 Normalising updates lives in ``telegram_inbound``, sending in ``telegram_send``.
 """
@@ -24,12 +32,13 @@ import json
 import logging
 import ssl
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from aiohttp import web
 from telegram import Bot, Update
 from telegram.constants import ChatAction
-from telegram.error import Conflict, InvalidToken, TelegramError
+from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.base import (
@@ -45,7 +54,13 @@ from channels.base import (
 )
 from channels.config import TelegramAccountConfig, TelegramConfig
 from channels.telegram_inbound import normalise_update
-from channels.telegram_send import MAX_MESSAGE_UTF16, SendSettings, Sleep, deliver
+from channels.telegram_send import (
+    MAX_MESSAGE_UTF16,
+    SendSettings,
+    Sleep,
+    deliver,
+    retry_after_seconds,
+)
 
 logger = logging.getLogger("parley.channels.telegram")
 
@@ -59,6 +74,9 @@ SEND_POOL_SIZE = 16
 SEND_POOL_TIMEOUT_SECONDS = 10.0
 # With poll_timeout_seconds = 0 every getUpdates returns at once: pause between them.
 IDLE_POLL_PAUSE_SECONDS = 1.0
+# getUpdates may take the long-poll timeout plus this long (PTB's default read timeout,
+# which ``Bot.get_updates`` adds the same way).
+POLL_READ_SLACK_SECONDS = 5.0
 
 
 @functools.cache
@@ -97,6 +115,62 @@ class Backoff:
 
     def delay(self, failures: int) -> float:
         return min(self.maximum, self.initial * self.factor ** max(failures - 1, 0))
+
+
+async def _fetch_updates(
+    bot: Bot, *, offset: int | None, poll_seconds: float, limit: int | None = None
+) -> list[Any]:
+    """``getUpdates`` without parsing: the raw update dicts, in Telegram's order.
+
+    PTB's ``get_updates`` would parse them all at once (one bad update fails the batch)
+    and ``do_api_request`` warns for an endpoint Bot has a method for, so this goes one
+    level down, to the same call ``get_updates`` makes (its request pool, its error
+    mapping: RetryAfter, Conflict, InvalidToken, NetworkError ...)."""
+    result = await bot._post(
+        "getUpdates",
+        {
+            "offset": offset,
+            "limit": limit,
+            "timeout": poll_seconds,
+            "allowed_updates": ALLOWED_UPDATES,
+        },
+        read_timeout=POLL_READ_SLACK_SECONDS + poll_seconds,
+    )
+    if not isinstance(result, list):
+        raise TelegramError(f"getUpdates answered {type(result).__name__}, not a list")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """One fetched update: its id and the parsed update (None: it cannot be parsed)."""
+
+    update_id: int
+    update: Update | None
+
+
+def _parse_updates(bot: Bot, raw: list[Any], account: str) -> list[_Fetched]:
+    """Parse each update on its own; one that fails is logged (not its text) and kept
+    as ``update=None`` so the caller can acknowledge it. An entry without an integer
+    ``update_id`` cannot be acknowledged on its own: it is logged and dropped (the ids
+    around it move the offset past it)."""
+    fetched: list[_Fetched] = []
+    for item in raw:
+        update_id = item.get("update_id") if isinstance(item, dict) else None
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            logger.error("telegram %s: getUpdates returned an entry without an id; skipped",
+                         account)  # fmt: skip
+            continue
+        try:
+            update: Update | None = Update.de_json(item, bot)
+        except Exception as exc:  # PTB raises anything on a bad shape
+            logger.error(
+                "telegram %s: cannot parse update %s (%s: %.200s); skipping it",
+                account, update_id, type(exc).__name__, exc,
+            )  # fmt: skip
+            update = None
+        fetched.append(_Fetched(update_id, update))
+    return fetched
 
 
 @dataclass(slots=True)
@@ -223,7 +297,8 @@ class TelegramChannel:
             return
         with contextlib.suppress(TelegramError, TimeoutError):
             async with asyncio.timeout(2.0):
-                await account.bot.get_updates(offset=account.offset, limit=1, timeout=0)
+                # Raw: the update at the new offset is not ours to parse (it may not).
+                await _fetch_updates(account.bot, offset=account.offset, poll_seconds=0, limit=1)
 
     # -- polling -----------------------------------------------------------------------
 
@@ -234,19 +309,38 @@ class TelegramChannel:
                 await account.stopping.wait()
         return not account.stopping.is_set()
 
+    async def _wait_out(self, account: _Account, seconds: float) -> bool:
+        """Flood control: wait ``seconds`` with the injectable sleep unless stopping;
+        False when the account is stopping."""
+        sleeping = asyncio.ensure_future(self._sleep(seconds))
+        stopping = asyncio.ensure_future(account.stopping.wait())
+        try:
+            await asyncio.wait({sleeping, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeping, stopping):
+                task.cancel()
+            await asyncio.gather(sleeping, stopping, return_exceptions=True)
+        return not account.stopping.is_set()
+
     async def _poll(self, account: _Account) -> None:
         failures = 0
         timeout = self.config.poll_timeout_seconds
         while not account.stopping.is_set():
             try:
                 offset = account.offset
-                updates = await account.bot.get_updates(
-                    offset=offset, timeout=timeout, allowed_updates=ALLOWED_UPDATES
-                )
+                raw = await _fetch_updates(account.bot, offset=offset, poll_seconds=timeout)
                 account.acked = offset
             except InvalidToken:
                 logger.error("telegram %s: the token was revoked; polling stops", account.id)
                 return
+            except RetryAfter as exc:
+                # Flood control on getUpdates: polling sooner than asked only extends it.
+                failures += 1
+                delay = max(retry_after_seconds(exc), self._backoff.delay(failures))
+                logger.warning("telegram %s: getUpdates flood control, waiting %g s",
+                               account.id, delay)  # fmt: skip
+                await self._wait_out(account, delay)
+                continue
             except Conflict:
                 failures += 1
                 logger.warning(
@@ -261,14 +355,22 @@ class TelegramChannel:
                 logger.warning("telegram %s: getUpdates failed: %s", account.id, exc)
                 await self._pause(account, self._backoff.delay(failures))
                 continue
+            except Exception:
+                # Anything else (an answer PTB cannot read, a bug) must not end the
+                # poller for good: nothing would be fetched or acknowledged again.
+                failures += 1
+                logger.exception("telegram %s: getUpdates failed unexpectedly", account.id)
+                await self._pause(account, self._backoff.delay(failures))
+                continue
             failures = 0
-            for update in updates:
-                if not await self._dispatch(account, update):
+            for fetched in _parse_updates(account.bot, raw, account.id):
+                # An update that cannot be parsed is skipped: retrying it cannot help.
+                if fetched.update is not None and not await self._dispatch(account, fetched.update):
                     return
-                account.offset = update.update_id + 1
+                account.offset = max(account.offset or 0, fetched.update_id + 1)
                 if account.stopping.is_set():
                     return
-            if not updates and timeout == 0:
+            if not raw and timeout == 0:
                 await self._pause(account, IDLE_POLL_PAUSE_SECONDS)
 
     def _read(self, account: _Account, update: Update) -> InboundMessage | None:
@@ -335,22 +437,32 @@ class TelegramChannel:
         if account is None or handler is None:
             return web.Response(status=503)  # not started: Telegram retries later
         secret = account.config.webhook_secret
-        given = request.headers.get(SECRET_HEADER, "")
-        if secret is None or not hmac.compare_digest(
-            given.encode(), secret.get_secret_value().encode()
+        if secret is None or not _secret_matches(
+            request.headers.get(SECRET_HEADER, ""), secret.get_secret_value()
         ):
+            logger.warning("telegram %s: webhook call with a wrong secret", name)
             return web.Response(status=401)
         body = bytearray()
         async for chunk in request.content.iter_chunked(64 * 1024):
             body += chunk
             if len(body) > MAX_WEBHOOK_BODY_BYTES:
+                logger.warning("telegram %s: webhook body over %d bytes", name,
+                               MAX_WEBHOOK_BODY_BYTES)  # fmt: skip
                 return web.Response(status=413)
         try:
+            # Anything may fail on a hostile body: json.loads on deep nesting
+            # (RecursionError), PTB's de_json on wrong types (AttributeError, TypeError,
+            # KeyError, ValueError) or huge numbers (OverflowError). Redelivering the
+            # same bytes cannot help, so every such body is a 400, never a 500.
             data = json.loads(body)
             if not isinstance(data, dict):
-                raise ValueError("not an object")
+                raise ValueError("not a JSON object")
             update = Update.de_json(data, account.bot)
-        except (ValueError, TypeError, KeyError):
+        except Exception as exc:
+            logger.warning(
+                "telegram %s: unreadable webhook update (%s: %.200s)",
+                name, type(exc).__name__, exc,
+            )  # fmt: skip
             return web.Response(status=400)
         message = self._read(account, update)
         if message is not None:
@@ -389,3 +501,15 @@ class TelegramChannel:
 
     def policy(self, message: InboundMessage) -> ChatPolicy:
         return self.config.policy(message.account, message.chat_type, message.chat_id)
+
+
+def _secret_matches(given: str, expected: str) -> bool:
+    """Constant-time comparison of the secret header with the configured secret.
+
+    aiohttp decodes header bytes that are not UTF-8 with ``surrogateescape``; such a
+    header (or any that cannot be encoded back) is simply not the secret."""
+    try:
+        given_bytes = given.encode("utf-8", "surrogateescape")
+    except UnicodeError:
+        return False
+    return hmac.compare_digest(given_bytes, expected.encode())

@@ -296,3 +296,50 @@ async def test_a_failing_handler_does_not_stop_the_inbox(
             [message] = await inbox.wait(1)
     assert message.text == "fine"
     assert "inbound handler failed" in caplog.text
+
+
+async def test_an_event_the_library_cannot_parse_is_skipped(
+    fake: FakeDiscord, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(fake) as (channel, inbox):
+        good = await fake.push_message(TOKEN, channel_id=GENERAL, content="first", author=ANN)
+        await inbox.wait(1)
+        bad = {k: v for k, v in good.items() if k != "content"}
+        bad.update(id=str(int(good["id"]) + 1), timestamp="not a time")
+        with caplog.at_level(logging.ERROR, logger="parley.channels.discord"):
+            await fake.gateway.dispatch(TOKEN, "MESSAGE_CREATE", bad)
+            await fake.gateway.dispatch(TOKEN, "MESSAGE_CREATE", {**good, "id": "not-a-number"})
+            await fake.push_message(TOKEN, channel_id=GENERAL, content="second", author=ANN)
+            messages = await inbox.wait(2)
+        assert [m.text for m in messages] == ["first", "second"]
+        assert "cannot parse a MESSAGE_CREATE event" in caplog.text
+        assert channel.connected() and channel._accounts["default"].restarts == 0
+        assert len(fake.identifies) == 1  # the same session all along
+
+
+async def test_a_client_that_stops_unexpectedly_is_restarted(
+    fake: FakeDiscord, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("channels.discord_adapter.RESTART_INITIAL_SECONDS", 0.01)
+
+    def broken(data: Any) -> None:
+        raise RuntimeError("a library bug")
+
+    async with running(fake) as (channel, inbox):
+        account = channel._accounts["default"]
+        first = account.client
+        # Unguarded, as if a parser escaped the guard: Client.start ends with the error.
+        first._connection.parsers["TYPING_START"] = broken
+        with caplog.at_level(logging.ERROR, logger="parley.channels.discord"):
+            await fake.gateway.dispatch(TOKEN, "TYPING_START", {"channel_id": GENERAL})
+            await fake.wait_until(lambda: len(fake.identifies) == 2)
+        assert "stopped unexpectedly" in caplog.text and "a library bug" in caplog.text
+        assert account.restarts == 1 and account.client is not first and first.is_closed()
+        async with asyncio.timeout(10):
+            await account._connected.wait()  # READY on the new session
+        assert channel.connected()
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="after", author=ANN)
+        [message] = await inbox.wait(1)
+        assert message.text == "after"
+        await channel.send(reply(message, "back"))
+    assert [s.content for s in fake.sent] == ["back"]

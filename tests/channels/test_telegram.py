@@ -312,3 +312,50 @@ async def test_revoked_token_stops_polling(
         fake.push_message(TOKEN, chat_id=42, text="unheard")
         assert len(fake.pending_updates(TOKEN)) == 1
     assert "token was revoked" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"date": "x"}, {"entities": "x"}, {"date": 10**30}, {"from": "x"}],
+    ids=["date-type", "entities-type", "date-overflow", "from-type"],
+)
+async def test_an_update_ptb_cannot_parse_is_skipped_not_retried_for_ever(
+    fake: FakeTelegram, caplog: pytest.LogCaptureFixture, bad: dict[str, object]
+) -> None:
+    def update(update_id: int, text: str, **patch: object) -> dict[str, object]:
+        message = {"message_id": update_id, "date": 1_700_000_000, "text": text,
+                   "chat": {"id": 42, "type": "private"},
+                   "from": {"id": 42, "is_bot": False, "first_name": "Alice"}}  # fmt: skip
+        return {"update_id": update_id, "message": {**message, **patch}}
+
+    inbox = Inbox()
+    # One batch: the good updates on both sides of the bad one are handled, in order.
+    for item in (update(10, "one"), update(11, "bad", **bad), update(12, "two")):
+        fake.push_update(TOKEN, item)
+    async with running_channel(fake, inbox):
+        messages = await inbox.wait(2)
+        assert [m.text for m in messages] == ["one", "two"]
+        fake.push_update(TOKEN, update(13, "three"))
+        await inbox.wait(3)
+    assert [m.text for m in inbox.messages] == ["one", "two", "three"]
+    assert fake.pending_updates(TOKEN) == []  # all acknowledged, the bad one too
+    assert "cannot parse update 11" in caplog.text
+    assert "bad" not in caplog.text.replace("bad_", "")  # the text is not logged
+
+
+async def test_acknowledging_does_not_parse_the_next_update(fake: FakeTelegram) -> None:
+    inbox = Inbox()
+    async with running_channel(fake, inbox) as channel:
+        fake.push_message(TOKEN, chat_id=42, text="hello")
+        await inbox.wait(1)
+        account = channel._accounts["default"]
+        assert account.task is not None
+        account.task.cancel()  # the poller is out of the way
+        await asyncio.gather(account.task, return_exceptions=True)
+        bad = {"message_id": 7, "date": "x", "chat": {"id": 42, "type": "private"}}
+        pushed = fake.push_update(TOKEN, {"message": bad})
+        account.acked = None  # as if nothing was acknowledged since the last poll
+        async with asyncio.timeout(5):
+            await channel._acknowledge(account)  # PTB could not parse what comes back
+        assert account.offset is not None and pushed["update_id"] >= account.offset
+    assert [u["update_id"] for u in fake.pending_updates(TOKEN)] == [pushed["update_id"]]
