@@ -66,7 +66,7 @@ from gateway.commands import (
 )
 from gateway.config import LoadedConfig
 from gateway.db import Database
-from gateway.errors import ChannelFailure, LaneBusy
+from gateway.errors import ChannelFailure, LaneBusy, StateError
 from gateway.http_server import HttpServer
 from gateway.inbox import Inbox, InboxItem, well_formed
 from gateway.lanes import LaneManager
@@ -87,10 +87,13 @@ from gateway.resets import (
     should_reset,
 )
 from gateway.routing import SessionRoute, resolve_session_key
+from gateway.storage_errors import storage_failure
 from gateway.user_errors import (
     BUSY_TEXT,
     EMPTY_REPLY_TEXT,
     INTERNAL_ERROR_TEXT,
+    NOT_RECORDED_TEXT,
+    STORAGE_ERROR_TEXT,
     describe_context_error,
     describe_provider_error,
 )
@@ -105,6 +108,8 @@ STOP_DRAIN_SECONDS = 30.0
 TYPING_STOP_SECONDS = 5.0
 # Settings that follow a person from an archived session into the new one.
 CARRIED_SETTINGS = ("model", "verbose", "thinking")
+# How many refused messages are remembered, so a platform's redelivery is told once.
+NOT_RECORDED_MEMORY = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,7 @@ class Gateway:
         self.provider_health = ProviderHealth()
         self._register_gauges()  # read at scrape time: registered once, live across restarts
         self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
+        self._not_recorded: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._ready = asyncio.Event()
         self._started = False
         self._stopping = False
@@ -390,7 +396,24 @@ class Gateway:
                 if admission.notice is not None:
                     await self._notify(channel, message, admission.notice)
                 return
-        recorded = await self.inbox.record(message)
+        try:
+            recorded = await self.inbox.record(message)
+        except Exception as exc:
+            detail = storage_failure(exc)
+            if detail is None:
+                raise
+            # Not durable, so not accepted: the adapter reports it and the platform (or
+            # the browser) may deliver it again once state.db takes writes.
+            log.error(
+                "storage failure: cannot record %s message %s in the inbox: %s",
+                message.channel,
+                message.message_id,
+                detail,
+            )
+            self.metrics.error("storage")
+            if channel is not None:
+                await self._tell_not_recorded(channel, message)
+            raise StateError(f"the message was not recorded: {detail}") from exc
         if not recorded.is_new:
             log.info(
                 "duplicate %s message %s ignored (%s)",
@@ -430,6 +453,28 @@ class Gateway:
         submitted = await self.lanes.submit(route.key, item)
         if not submitted.accepted:
             await self._deliver([item_id], message, None, BUSY_TEXT, final_status="rejected")
+
+    async def _tell_not_recorded(self, channel: Channel, message: InboundMessage) -> None:
+        """Tell the sender their message could not be saved: once per message, however
+        often the platform delivers it again; best effort (nothing can be stored)."""
+        key = (message.channel, message.account, message.message_id)
+        if key in self._not_recorded:
+            return
+        self._not_recorded[key] = None
+        while len(self._not_recorded) > NOT_RECORDED_MEMORY:
+            self._not_recorded.popitem(last=False)
+        outbound = OutboundMessage(
+            channel=message.channel,
+            account=message.account,
+            chat_id=message.chat_id,
+            text=NOT_RECORDED_TEXT,
+            thread_id=message.thread_id,
+            reply_to_message_id=message.message_id,
+        )
+        try:
+            await channel.send(outbound)
+        except ChannelError as exc:
+            log.warning("telling %s %s failed: %s", message.channel, message.sender_id, exc)
 
     async def _notify(self, channel: Channel, message: InboundMessage, text: str) -> None:
         """A reply outside any session (a pairing code): sent once, not stored."""
@@ -531,7 +576,8 @@ class Gateway:
                 continue  # that channel is not running now; it stays open for later
             route = self._route(item.message)
             lane_item = LaneItem(item.id, item.message, route, recovered=item)
-            if (await self.lanes.submit(route.key, lane_item)).accepted:
+            # Accepted before the restart: the queue cap must not turn it away now.
+            if (await self.lanes.submit(route.key, lane_item, force=True)).accepted:
                 queued += 1
         if queued:
             log.info("recovering %d unanswered message(s) from the inbox", queued)
@@ -575,6 +621,8 @@ class Gateway:
             recovered = first.recovered
             if recovered is not None and recovered.status == "replied":
                 record = await self.registry.get(recovered.session_id or "")
+                if record is not None and await self._delivered_before(record, ids):
+                    return
                 await self._deliver(ids, last.message, record, (recovered.reply or [""])[0])
                 return
             if first.compact_focus is not None:
@@ -592,12 +640,44 @@ class Gateway:
             else:
                 record = await self._session_for(key, first)
                 text = "\n\n".join(_turn_text(i.message) for i in items)
+            if first.recovered is not None and await self._delivered_before(record, ids):
+                return
             reply = await self._turn(record, items, text)
             await self._deliver(ids, last.message, record, reply)
-        except Exception:
-            log.exception("answering %s in session %s failed", ids, key)
-            self.metrics.error("internal")
-            await self._deliver(ids, last.message, None, INTERNAL_ERROR_TEXT)
+        except Exception as exc:
+            detail = storage_failure(exc)
+            if detail is None:
+                log.exception("answering %s in session %s failed", ids, key)
+                self.metrics.error("internal")
+                await self._deliver(ids, last.message, None, INTERNAL_ERROR_TEXT)
+                return
+            log.error(
+                "storage failure answering %s in session %s: %s (free disk space or make "
+                "%s writable); the message is marked failed in the inbox",
+                ids,
+                key,
+                detail,
+                self.loaded.home,
+            )
+            self.metrics.error("storage")
+            await self._deliver(
+                ids,
+                last.message,
+                None,
+                STORAGE_ERROR_TEXT,
+                final_status="failed",
+                failure=f"storage: {detail}",
+            )
+
+    async def _delivered_before(self, record: SessionRecord, ids: list[int]) -> bool:
+        """A recovered item whose reply the transcript says went out (state.db could not
+        record it): mark it delivered rather than send it twice."""
+        transcript = await self.transcript(record)
+        if not _delivery_recorded(transcript, ids):
+            return False
+        log.info("inbox %s was delivered before the restart; not sent again", ids)
+        await self.inbox.mark_delivered(ids)
+        return True
 
     async def _compact(self, key: str, item: LaneItem) -> tuple[SessionRecord | None, str]:
         """``/compact [focus]``, run in the session's lane like a turn."""
@@ -809,8 +889,11 @@ class Gateway:
             self.metrics.error(_error_kind(exc))
             if isinstance(exc, ProviderError):
                 self._note_provider(exc)
-            await self.registry.record_entries(
-                record.session_id, transcript.entry_count, _last_id(transcript)
+            await self._bookkeep(
+                "record the session's entries",
+                self.registry.record_entries(
+                    record.session_id, transcript.entry_count, _last_id(transcript)
+                ),
             )
             if isinstance(exc, ContextError):
                 return describe_context_error(exc)
@@ -827,17 +910,36 @@ class Gateway:
             self.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
             if result.compactions:
                 self.memory.notify_compaction()
-        await self.registry.record_turn(
-            record.session_id,
-            usage=result.usage,
-            compactions=result.compactions,
-            context_tokens=result.context_tokens,
-            entry_count=transcript.entry_count,
-            last_entry_id=_last_id(transcript),
-            model=self.provider.model if not record.settings.get("model") else None,
-            now=self.clock(),
+        # The reply is in the transcript (the source of truth): a registry that cannot
+        # take the counters must not cost the person their answer.
+        await self._bookkeep(
+            "record the turn in the registry",
+            self.registry.record_turn(
+                record.session_id,
+                usage=result.usage,
+                compactions=result.compactions,
+                context_tokens=result.context_tokens,
+                entry_count=transcript.entry_count,
+                last_entry_id=_last_id(transcript),
+                model=self.provider.model if not record.settings.get("model") else None,
+                now=self.clock(),
+            ),
         )
         return result.reply or EMPTY_REPLY_TEXT
+
+    async def _bookkeep(self, what: str, write: Awaitable[Any]) -> bool:
+        """Await a state write that must not fail the message; a storage failure is
+        logged (and counted) instead of raised. False when it failed."""
+        try:
+            await write
+        except Exception as exc:
+            detail = storage_failure(exc)
+            if detail is None:
+                raise
+            log.error("storage failure: could not %s: %s", what, detail)
+            self.metrics.error("storage")
+            return False
+        return True
 
     def _note_provider(self, error: ProviderError | None) -> None:
         """Remember whether the provider could be reached, for /health."""
@@ -878,11 +980,18 @@ class Gateway:
         text: str,
         *,
         final_status: str = "delivered",
+        failure: str | None = None,
     ) -> None:
+        """Store the reply in the inbox, send it, record the result. When state.db
+        cannot take the reply the reply is still sent (the transcript holds it and its
+        delivery, which recovery checks); nothing after the send raises for storage,
+        so a reply never gets a second, error, message."""
         session_id = record.session_id if record else None
-        await self.inbox.mark_replied(ids, session_id, [text])
+        await self._bookkeep(
+            "store the reply in the inbox", self.inbox.mark_replied(ids, session_id, [text])
+        )
         if text.strip() == SILENT_REPLY:
-            await self.inbox.mark_delivered(ids)
+            await self._bookkeep("mark the reply delivered", self.inbox.mark_delivered(ids))
             return
         channel = self.channels.get(message.channel)
         if channel is None:
@@ -921,15 +1030,25 @@ class Gateway:
             "thread_id": outbound.thread_id,
         }
         if result is None:
-            await self.inbox.mark_failed(ids, error or "delivery failed")
+            await self._bookkeep(
+                "mark the delivery failed",
+                self.inbox.mark_failed(ids, failure or error or "delivery failed"),
+            )
             log.warning("delivery to %s failed: %s", route, error)
             self.metrics.reply(message.channel, "failed")
             self.metrics.error("delivery_failed")
         elif final_status == "rejected":
-            await self.inbox.mark_rejected(ids, "queue full")
+            await self._bookkeep(
+                "mark the message rejected", self.inbox.mark_rejected(ids, "queue full")
+            )
             self.metrics.reply(message.channel, "rejected")
+        elif final_status == "failed":  # told why; the message itself was not processed
+            await self._bookkeep(
+                "mark the message failed", self.inbox.mark_failed(ids, failure or "failed")
+            )
+            self.metrics.reply(message.channel, "delivered")
         else:
-            await self.inbox.mark_delivered(ids)
+            await self._bookkeep("mark the reply delivered", self.inbox.mark_delivered(ids))
             self.metrics.reply(message.channel, "delivered")
         if record is None:
             return
@@ -942,14 +1061,20 @@ class Gateway:
             **route,
         }
         transcript = await self.transcript(record)
-        await asyncio.to_thread(transcript.append_custom, "delivery", delivery)
-        await self.registry.record_delivery(
-            record.session_id,
-            route,
-            error,
-            entry_count=transcript.entry_count,
-            last_entry_id=_last_id(transcript),
-            message_ids=delivery["platform_message_ids"],
+        await self._bookkeep(
+            "record the delivery in the transcript",
+            asyncio.to_thread(transcript.append_custom, "delivery", delivery),
+        )
+        await self._bookkeep(
+            "record the delivery in the registry",
+            self.registry.record_delivery(
+                record.session_id,
+                route,
+                error,
+                entry_count=transcript.entry_count,
+                last_entry_id=_last_id(transcript),
+                message_ids=delivery["platform_message_ids"],
+            ),
         )
 
 
@@ -1009,6 +1134,18 @@ def _turn_text(message: InboundMessage) -> str:
 def _last_id(transcript: Transcript) -> str | None:
     last = transcript.last_entry
     return last.id if last is not None else None
+
+
+def _delivery_recorded(transcript: Transcript, ids: list[int]) -> bool:
+    """Does the live transcript record a successful delivery for any of ``ids``?"""
+    wanted = set(ids)
+    for entry in reversed(transcript.live_entries()):
+        if entry.type != "custom" or entry.payload.get("custom_type") != "delivery":
+            continue
+        data = entry.payload.get("data") or {}
+        if data.get("ok") and wanted & set(data.get("inbox_ids") or ()):
+            return True
+    return False
 
 
 def _recovered_progress(transcript: Transcript, inbox_id: int) -> tuple[bool, str | None]:

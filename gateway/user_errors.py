@@ -30,6 +30,17 @@ INTERNAL_ERROR_TEXT = (
     "Something went wrong on my side while answering. Your message is saved in the "
     "conversation; please try again. If it keeps happening, the operator can run `parley doctor`."
 )
+# A turn that the disk refused (a transcript or state.db write).
+STORAGE_ERROR_TEXT = (
+    "I could not write to my storage (the server's disk is full or read-only), so I could "
+    "not answer this message and it may not have been saved. Please send it again in a "
+    "while; the operator can see what failed in the log or with `parley doctor`."
+)
+# Sent (once per message) when state.db cannot record an inbound message.
+NOT_RECORDED_TEXT = (
+    "I can't take messages right now: my storage is full or read-only, so this message "
+    "was not saved. If it is not answered in a few minutes, please send it again."
+)
 EMPTY_REPLY_TEXT = "(The model returned an empty reply. Try rephrasing, or /new to start afresh.)"
 
 

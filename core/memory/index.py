@@ -395,10 +395,11 @@ class MemoryIndex:
                 raise asyncio.CancelledError
             try:
                 await self._sync_file(store, meta, source, rows.get(source.path), report)
-            except (OSError, MemoryIndexError) as exc:
+            except (OSError, MemoryIndexError, store.info.module.Error) as exc:
+                # The driver's own error classes too (a full or read-only disk). The file
+                # stays as it was; the index stays dirty, so the next search retries it.
                 report.errors.append(f"{source.path}: {exc}")
-            except store.info.module.Error as exc:  # the driver's own error classes
-                report.errors.append(f"{source.path}: {exc}")
+                self._dirty = True
             if progress is not None:
                 progress(done, len(sources), source.path)
 
@@ -786,6 +787,12 @@ class MemoryIndex:
             fallback=fallback,
             sources=tuple(self.settings.sources),
         )
+
+    async def integrity_check(self) -> list[str]:
+        """Problems with memory.db (empty when healthy); runs on the writer's thread, so
+        it sees a consistent file between two syncs' transactions."""
+        store = self._store()
+        return await self._w(store.integrity_check)
 
     async def _dirty_files(self, store: MemoryStore) -> list[str]:
         sources = await self._sources()

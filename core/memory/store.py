@@ -564,6 +564,34 @@ class MemoryStore:
         )
         return counts
 
+    def integrity_check(self) -> list[str]:
+        """Problems found (empty when healthy): SQLite's own check, FTS5's check of both
+        keyword tables, and chunks missing from the keyword index."""
+        conn = self._conn
+        problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check").fetchall()]
+        problems = [p for p in problems if p != "ok"]
+        for table in ("chunks_fts", "chunks_cjk"):
+            try:
+                # FTS5's own check: raises SQLITE_CORRUPT_VTAB when index and rows disagree.
+                conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+            except self._errors as exc:
+                # The check is an INSERT: a read-only or full disk refuses to run it,
+                # which says nothing about the index. Only corruption is a finding.
+                if any(word in str(exc).lower() for word in ("malformed", "corrupt")):
+                    problems.append(f"{table}: {exc}")
+        missing = conn.execute(
+            "SELECT COUNT(*) FROM chunks WHERE id NOT IN (SELECT rowid FROM chunks_fts)"
+        ).fetchone()[0]
+        if missing:
+            problems.append(f"{missing} chunk(s) missing from the keyword index")
+        if self.vector_dims is not None:
+            orphans = conn.execute(
+                "SELECT COUNT(*) FROM chunks_vec WHERE rowid NOT IN (SELECT id FROM chunks)"
+            ).fetchone()[0]
+            if orphans:
+                problems.append(f"{orphans} vector(s) without a chunk")
+        return problems
+
     def fts_available(self) -> bool:
         try:
             self._conn.execute("SELECT rowid FROM chunks_fts LIMIT 0").fetchall()

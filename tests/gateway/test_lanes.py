@@ -203,6 +203,19 @@ async def test_full_queue_rejects_and_leaves_the_rest_alone() -> None:
     assert gate.items("b") == ["b1"]
 
 
+async def test_forced_submits_pass_the_cap_in_order() -> None:
+    # What the gateway does with messages recovered after a crash: they were accepted
+    # once, and a full queue must not turn them away the second time.
+    gate = Gate(hold={"r1"})
+    async with LaneManager(LanesConfig(queue_cap=1), gate) as lanes:
+        for item in ("r1", "r2", "r3", "r4"):
+            assert (await lanes.submit("a", item, force=True)).accepted
+        assert (await lanes.submit("a", "new")).status is SubmitStatus.QUEUE_FULL
+        gate.release.set()
+        await idle(lanes)
+    assert gate.items("a") == ["r1", "r2", "r3", "r4"]
+
+
 async def test_runner_failure_is_logged_and_the_lane_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -44,6 +44,7 @@ from core.memory.embedders.local import (
 )
 from core.memory.embedders.openai_compat import OpenAIEmbedder, embeddings_url
 from core.memory.embedders.resilient import (
+    DEFAULT_QUERY_BUDGET_SECONDS,
     LOCAL_TIMEOUTS,
     REMOTE_TIMEOUTS,
     CallTimeouts,
@@ -58,6 +59,7 @@ from core.memory.embedders.settings import EmbedderSettings, OpenAIEmbedderSetti
 
 __all__ = [
     "AUTO_ORDER",
+    "DEFAULT_QUERY_BUDGET_SECONDS",
     "LOCAL_TIMEOUTS",
     "REMOTE_TIMEOUTS",
     "AutoChoice",

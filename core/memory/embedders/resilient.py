@@ -6,7 +6,10 @@ One call (``embed``, ``embed_queries``, ``embed_passages``):
    and ``max_batch_chars`` characters (~8,000 tokens at four characters a token; a
    longer text goes alone). Batches run one after another and are concatenated in order.
 2. Each batch attempt is bounded by a timeout (queries and passage batches apart; in-process
-   models get far longer, since a cold load and a slow CPU are normal there).
+   models get far longer, since a cold load and a slow CPU are normal there). A query
+   call as a whole (attempts, retries and their waits) is also bounded by
+   ``query_budget_seconds`` for remote embedders: a search is waiting, and keyword
+   results now beat vector results minutes later.
 3. Retryable errors are retried ``retry.retries`` times with jittered exponential backoff;
    a server's ``Retry-After`` is waited out exactly, unless it is longer than
    ``retry.max_retry_after_seconds`` (then the call fails at once rather than stall).
@@ -81,10 +84,18 @@ class CallTimeouts:
 
 REMOTE_TIMEOUTS = CallTimeouts(query_seconds=60.0, batch_seconds=120.0)
 LOCAL_TIMEOUTS = CallTimeouts(query_seconds=300.0, batch_seconds=600.0)
+# One whole query call to a remote embedder. Without it a hung server held a search for
+# four attempts of 60 s (plus backoff) before it fell back to keywords.
+DEFAULT_QUERY_BUDGET_SECONDS = 15.0
 
 
 def default_timeouts(embedder: Embedder) -> CallTimeouts:
     return LOCAL_TIMEOUTS if embedder.provider in IN_PROCESS_PROVIDERS else REMOTE_TIMEOUTS
+
+
+def default_query_budget(embedder: Embedder) -> float | None:
+    """In-process models get none: their first query may load the model (slow, not hung)."""
+    return None if embedder.provider in IN_PROCESS_PROVIDERS else DEFAULT_QUERY_BUDGET_SECONDS
 
 
 def split_batches(texts: Sequence[str], max_batch: int, max_chars: int) -> list[list[str]]:
@@ -153,6 +164,7 @@ class ResilientEmbedder:
         max_batch_chars: int = DEFAULT_MAX_BATCH_CHARS,
         timeouts: CallTimeouts | None = None,
         fallback_timeouts: CallTimeouts | None = None,
+        query_budget_seconds: float | Literal["default"] | None = "default",
         sleep: Sleep = asyncio.sleep,
         rand: Callable[[], float] = random.random,
         clock: Callable[[], float] = time.monotonic,
@@ -170,6 +182,8 @@ class ResilientEmbedder:
         self.fallback_timeouts = fallback_timeouts or (
             default_timeouts(fallback) if fallback is not None else REMOTE_TIMEOUTS
         )
+        # Per embedder: "default" picks by kind (none for in-process models).
+        self._query_budget = query_budget_seconds
         self._sleep = sleep
         self._rand = rand
         self._clock = clock
@@ -261,7 +275,26 @@ class ResilientEmbedder:
         self._fallback_reason = reason
         return EmbedResult(vectors, fallback, fell_back=True)
 
+    def query_budget(self, embedder: Embedder) -> float | None:
+        if self._query_budget == "default":
+            return default_query_budget(embedder)
+        return self._query_budget
+
     async def _run(self, embedder: Embedder, items: list[str], kind: Kind) -> np.ndarray:
+        budget = self.query_budget(embedder) if kind == "query" else None
+        if budget is None or not items:
+            return await self._run_batches(embedder, items, kind)
+        try:
+            async with asyncio.timeout(budget):
+                return await self._run_batches(embedder, items, kind)
+        except TimeoutError as exc:
+            raise EmbedderError(
+                f"{embedder.provider} gave no answer within the {budget:g} s a search waits",
+                provider=embedder.provider,
+                retryable=True,
+            ) from exc
+
+    async def _run_batches(self, embedder: Embedder, items: list[str], kind: Kind) -> np.ndarray:
         if not items:
             return empty_matrix(embedder.dimensions)
         method = embedder.embed_queries if kind == "query" else embedder.embed_passages
