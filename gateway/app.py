@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -110,6 +110,11 @@ TYPING_STOP_SECONDS = 5.0
 CARRIED_SETTINGS = ("model", "verbose", "thinking")
 # How many refused messages are remembered, so a platform's redelivery is told once.
 NOT_RECORDED_MEMORY = 1000
+# Replies that could not be sent (a platform outage) are tried again this often, and
+# given up on (marked failed) this long after their message arrived.
+REDELIVERY_INTERVAL_SECONDS = 30.0
+REDELIVERY_MAX_BACKOFF_SECONDS = 1800.0  # per reply, doubling from the interval
+REDELIVERY_GIVE_UP = timedelta(hours=24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +207,10 @@ class Gateway:
         self._register_gauges()  # read at scrape time: registered once, live across restarts
         self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
         self._not_recorded: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._redelivering: set[int] = set()  # inbox ids queued for another send
+        # Per undelivered reply: (sends tried again, monotonic time of the next one).
+        self._resend_schedule: dict[int, tuple[int, float]] = {}
+        self._redelivery_task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._started = False
         self._stopping = False
@@ -304,6 +313,7 @@ class Gateway:
             except ChannelError as exc:
                 raise ChannelFailure(f"the {channel.name} channel did not start: {exc}") from exc
         await self._recover()
+        self._redelivery_task = asyncio.create_task(self._redeliver_loop(), name="redelivery")
         self._ready.set()
         log.info(
             "gateway started: provider=%s model=%s channels=%s home=%s",
@@ -317,6 +327,11 @@ class Gateway:
         if not self._started or self._stopping:
             return
         self._stopping = True
+        task, self._redelivery_task = self._redelivery_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for channel in self.channels.values():
             try:
                 await channel.stop()
@@ -578,9 +593,54 @@ class Gateway:
             lane_item = LaneItem(item.id, item.message, route, recovered=item)
             # Accepted before the restart: the queue cap must not turn it away now.
             if (await self.lanes.submit(route.key, lane_item, force=True)).accepted:
+                self._redelivering.add(item.id)
                 queued += 1
         if queued:
             log.info("recovering %d unanswered message(s) from the inbox", queued)
+
+    async def redeliver_now(self, *, due_only: bool = False) -> int:
+        """Queue again every reply a platform outage kept from being sent (the inbox
+        holds them as ``replied`` with an error); give up on those older than
+        ``REDELIVERY_GIVE_UP``. ``due_only`` (the background loop) skips replies whose
+        backoff has not run out: each try appends a delivery entry to the transcript,
+        so a day-long outage must not write one every 30 s. Returns how many were queued."""
+        queued = 0
+        now = utcnow()  # the inbox stamps arrivals with the real time, not self.clock
+        tick = time.monotonic()
+        items = await self.inbox.open_items()
+        for item in items:
+            if item.status != "replied" or not item.error or item.id in self._redelivering:
+                continue  # not a failed send, or already queued
+            tries, next_at = self._resend_schedule.get(item.id, (0, 0.0))
+            if due_only and tick < next_at:
+                continue
+            if item.message.channel not in self.channels:
+                continue
+            if item.received_at is not None and now - item.received_at > REDELIVERY_GIVE_UP:
+                await self.inbox.mark_failed([item.id], f"gave up resending: {item.error}")
+                log.warning("inbox %d: gave up resending its reply: %s", item.id, item.error)
+                continue
+            route = self._route(item.message)
+            lane_item = LaneItem(item.id, item.message, route, recovered=item)
+            if (await self.lanes.submit(route.key, lane_item, force=True)).accepted:
+                self._redelivering.add(item.id)
+                delay = min(REDELIVERY_INTERVAL_SECONDS * 2**tries, REDELIVERY_MAX_BACKOFF_SECONDS)
+                self._resend_schedule[item.id] = (tries + 1, tick + delay)
+                queued += 1
+        open_ids = {item.id for item in items}
+        for stale in set(self._resend_schedule) - open_ids:  # delivered or given up
+            del self._resend_schedule[stale]
+        if queued:
+            log.info("sending %d reply(ies) again after a failed delivery", queued)
+        return queued
+
+    async def _redeliver_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REDELIVERY_INTERVAL_SECONDS)
+            try:
+                await self.redeliver_now(due_only=True)
+            except Exception:  # a storage failure here must not end the loop
+                log.exception("resending undelivered replies failed")
 
     # -- one lane run -----------------------------------------------------------------
 
@@ -615,6 +675,12 @@ class Gateway:
             await self._answer(key, group)
 
     async def _answer(self, key: str, items: list[LaneItem]) -> None:
+        try:
+            await self._answer_items(key, items)
+        finally:
+            self._redelivering.difference_update(i.inbox_id for i in items)
+
+    async def _answer_items(self, key: str, items: list[LaneItem]) -> None:
         first, last = items[0], items[-1]
         ids = [i.inbox_id for i in items]
         try:
@@ -1008,6 +1074,7 @@ class Gateway:
         error: str | None = None
         result = None
         partial: tuple[str, ...] = ()
+        retryable = False
         for attempt in range(DELIVERY_ATTEMPTS):
             try:
                 result = await channel.send(outbound)
@@ -1019,6 +1086,7 @@ class Gateway:
             except DeliveryError as exc:
                 error = str(exc)
                 partial = exc.delivered
+                retryable = exc.retryable and not partial
                 # Parts already out would be sent twice: only a clean failure is retried.
                 if partial or not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
                     break
@@ -1029,7 +1097,16 @@ class Gateway:
             "chat_id": outbound.chat_id,
             "thread_id": outbound.thread_id,
         }
-        if result is None:
+        if result is None and retryable and final_status == "delivered":
+            # The platform is unreachable for now: keep the reply and send it later.
+            await self._bookkeep(
+                "keep the reply for another send",
+                self.inbox.note_undelivered(ids, error or "delivery failed"),
+            )
+            log.warning("delivery to %s failed, will try again: %s", route, error)
+            self.metrics.reply(message.channel, "failed")
+            self.metrics.error("delivery_failed")
+        elif result is None:
             await self._bookkeep(
                 "mark the delivery failed",
                 self.inbox.mark_failed(ids, failure or error or "delivery failed"),

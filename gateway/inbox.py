@@ -1,8 +1,10 @@
 """The durable inbox: every inbound message is recorded before it is processed.
 
 States: ``received`` (recorded, not yet answered) → ``replied`` (the reply text is
-stored; delivery pending) → ``delivered``. ``failed`` (delivery refused for good)
-and ``rejected`` (busy) are final. A platform delivering the same message twice
+stored; delivery pending, or tried and to be tried again when ``error`` is set) →
+``delivered``. ``failed`` (delivery refused for good, or not processed because the
+disk refused a write: ``error`` then starts with ``storage:``) and ``rejected`` (busy)
+are final. A platform delivering the same message twice
 hits the unique (channel, account, platform message id) and is answered once.
 After a crash, ``open_items()`` gives back everything recorded but not finished,
 in arrival order, so the gateway can answer it on restart.
@@ -33,6 +35,7 @@ class InboxItem:
     session_id: str | None
     reply: list[str] | None
     error: str | None
+    received_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,11 @@ class Inbox:
 
     async def mark_delivered(self, item_ids: Sequence[int]) -> None:
         await self._db.run(self._set_sync, item_ids, "delivered", None, None, None)
+
+    async def note_undelivered(self, item_ids: Sequence[int], error: str) -> None:
+        """The reply could not be sent yet (the platform was unreachable): the item stays
+        open as ``replied``, with the error, so the reply is sent again later."""
+        await self._db.run(self._set_sync, item_ids, "replied", None, None, error)
 
     async def mark_failed(self, item_ids: Sequence[int], error: str) -> None:
         await self._db.run(self._set_sync, item_ids, "failed", None, None, error)
@@ -188,4 +196,5 @@ def _item(row: sqlite3.Row) -> InboxItem:
         session_id=row["session_id"],
         reply=json.loads(row["reply"]) if row["reply"] else None,
         error=row["error"],
+        received_at=datetime.fromisoformat(row["received_at"]),
     )

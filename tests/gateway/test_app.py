@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from channels.base import RecipientBlocked
+from channels.base import DeliveryError, RecipientBlocked
 from core.errors import OverloadedError
 from core.messages import TextBlock, ToolUseBlock, Usage
 from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
@@ -292,3 +292,51 @@ async def test_thousand_messages_over_fifty_sessions(tmp_path: Path, clock: Cloc
         for s in range(50):
             assert by_chat[f"user{s}"] == [f"echo: {s}:{i}" for i in range(20)]
         assert await gateway.inbox.counts() == {"delivered": 1000}
+
+
+async def test_a_reply_the_platform_could_not_take_is_sent_again_later(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, channel, _ = stack
+    monkeypatch.setattr("gateway.app.DELIVERY_BACKOFF_SECONDS", (0.0, 0.0))
+    down = DeliveryError("the platform is unreachable", retryable=True)
+    channel.fail_next.extend([down] * 3)  # every attempt of the first delivery
+    await gateway.handle_inbound(channel.inbound("are you there?"))
+    await gateway.wait_idle()
+    assert channel.sent == []
+    [item] = await gateway.inbox.open_items()
+    assert item.status == "replied" and "unreachable" in (item.error or "")
+    channel.fail_next.extend([down] * 3)  # still down at the first resend
+    assert await gateway.redeliver_now() == 1
+    await gateway.wait_idle()
+    assert channel.sent == []
+    # The background loop waits out a backoff per reply; an explicit call does not.
+    assert await gateway.redeliver_now(due_only=True) == 0
+    assert await gateway.redeliver_now() == 1
+    await gateway.wait_idle()
+    assert [m.text for m in await channel.wait_sent(1)] == ["echo: are you there?"]
+    assert await gateway.inbox.open_items() == []
+    assert (await gateway.inbox.counts()) == {"delivered": 1}
+    assert await gateway.redeliver_now() == 0  # nothing is sent twice
+
+    # A reply still undeliverable a day later is given up on, and says so.
+    channel.fail_next.extend([down] * 3)
+    await gateway.handle_inbound(channel.inbound("and now?"))
+    await gateway.wait_idle()
+    monkeypatch.setattr("gateway.app.REDELIVERY_GIVE_UP", timedelta(0))
+    assert await gateway.redeliver_now() == 0
+    counts = await gateway.inbox.counts()
+    assert counts == {"delivered": 1, "failed": 1}
+    assert len(channel.sent) == 1
+
+
+async def test_a_refused_reply_is_not_sent_again(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, channel, _ = stack
+    channel.fail_next.append(DeliveryError("message is too long", retryable=False))
+    await gateway.handle_inbound(channel.inbound("hello"))
+    await gateway.wait_idle()
+    assert await gateway.inbox.open_items() == []
+    assert await gateway.redeliver_now() == 0
+    assert channel.sent == []
