@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
-from core.memory.driver import open_connection  # noqa: E402
+from core.memory.store import MemoryStore  # noqa: E402
 from core.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
 from core.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
 from core.transcript import Transcript  # noqa: E402
@@ -218,26 +218,15 @@ def inbox_counts(home: Path) -> dict[str, int]:
 
 
 def check_index(home: Path) -> tuple[int, list[str]]:
+    """The index's own check (SQLite, both FTS5 tables, chunks missing from them)."""
     errors: list[str] = []
     paths = list((home / "memory").glob("*/memory.db"))
     for path in paths:
-        conn, _ = open_connection(path)
+        store = MemoryStore.open(path)
         try:
-            result = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-            if result != ["ok"]:
-                errors.append(f"{path}: {result[:3]}")
-            for table in ("chunks_fts", "chunks_cjk"):
-                try:
-                    conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
-                except Exception as exc:
-                    errors.append(f"{path} {table}: {exc}")
-            missing = conn.execute(
-                "SELECT count(*) FROM chunks WHERE id NOT IN (SELECT rowid FROM chunks_fts)"
-            ).fetchone()[0]
-            if missing:
-                errors.append(f"{path}: {missing} chunk(s) missing from the keyword index")
+            errors += [f"{path}: {problem}" for problem in store.integrity_check()]
         finally:
-            conn.close()
+            store.close()
     return len(paths), errors
 
 
