@@ -110,18 +110,21 @@ def respond(body: dict[str, Any]) -> Reply:
     return Reply(text=echo_text(body))
 
 
-def child_env(home: Path, fake: FakeTelegram, llm: FakeAnthropic, embedder: str) -> dict[str, str]:
+def child_env(
+    home: Path, token: str, fake: FakeTelegram, llm: FakeAnthropic, **extra: str
+) -> dict[str, str]:
+    """The environment of a `parley run` child on the two fakes (no proxies: loopback)."""
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env.update(
         {
             "PARLEY_HOME": str(home),
-            "TELEGRAM_BOT_TOKEN": TOKEN,
+            "TELEGRAM_BOT_TOKEN": token,
             "TELEGRAM_API_BASE_URL": fake.base_url,
             "ANTHROPIC_API_KEY": llm.api_key,
             "ANTHROPIC_BASE_URL": llm.base_url,
-            "PARLEY_MEMORY__EMBEDDER__PROVIDER": embedder,
             "HF_HUB_OFFLINE": "1",
             "PTB_TIMEDELTA": "1",
+            **extra,
         }
     )
     return env
@@ -240,7 +243,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
             fake.add_bot(TOKEN, "soak_bot", bot_id=int(TOKEN.split(":")[0]))
             llm.responder = respond
-            child = Child(child_env(home, fake, llm, args.embedder), Path(tmp) / "parley.log")
+            env = child_env(home, TOKEN, fake, llm, PARLEY_MEMORY__EMBEDDER__PROVIDER=args.embedder)
+            child = Child(env, Path(tmp) / "parley.log")
             chats = [6000 + i for i in range(args.sessions)]
             plan = [(chat, n) for n in range(args.messages // args.sessions) for chat in chats]
             waves = [plan[i :: args.kills] for i in range(args.kills)]

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from crash_soak import Child
+from channel_throughput import percentile
+from crash_soak import Child, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
@@ -107,13 +108,6 @@ def sample(pid: int) -> tuple[int, int]:
     return peak, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     delay_s = args.provider_ms / 1000
     with tempfile.TemporaryDirectory(prefix="parley-load-") as tmp:
@@ -123,18 +117,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with FakeTelegram(length_unit="utf16") as fake, SlowAnthropic(delay_s) as llm:
             fake.add_bot(TOKEN, "load_bot", bot_id=int(TOKEN.split(":")[0]))
             llm.responder = lambda body: Reply(text=echo_text(body), chunk_chars=24)
-            env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-            env.update(
-                {
-                    "PARLEY_HOME": str(home),
-                    "TELEGRAM_BOT_TOKEN": TOKEN,
-                    "TELEGRAM_API_BASE_URL": fake.base_url,
-                    "ANTHROPIC_API_KEY": llm.api_key,
-                    "ANTHROPIC_BASE_URL": llm.base_url,
-                    "PTB_TIMEDELTA": "1",
-                }
-            )
-            child = Child(env, Path(tmp) / "parley.log")
+            child = Child(child_env(home, TOKEN, fake, llm), Path(tmp) / "parley.log")
             await child.start()
             assert child.process is not None
             pid = child.process.pid

@@ -254,6 +254,15 @@ class ContextEngine:
     def forget(self, key: str) -> None:
         self._states.pop(key, None)
 
+    def end_overflow_pressure(self, key: str) -> None:
+        """A turn lost to the window: its overflow retries shrank the trim budget, and
+        only a successful call restores it. Restore it now, or the next message, one
+        that fits the window but not the shrunken budget, is refused without a call,
+        and so is every later one. The learned window and calibration stay."""
+        state = self._states.get(key)
+        if state is not None:
+            state.budget_scale = 1.0
+
     # -- the view -----------------------------------------------------------------------
 
     def _max_turns(self, chat_type: str) -> int:

@@ -162,18 +162,18 @@ class Runner:
             except ContextOverflowError as exc:
                 overflows += 1
                 if view is None or overflows > self.engine.config.compaction.max_attempts:
-                    self._drop_trim_pressure(turn.session_key)
+                    self.engine.end_overflow_pressure(turn.session_key)
                     await self._record_error(transcript, exc)
                     raise
                 try:
                     await self.engine.recover_overflow(transcript, view_request, view, exc, events)
                 except ContextError as failed:
-                    self._drop_trim_pressure(turn.session_key)
+                    self.engine.end_overflow_pressure(turn.session_key)
                     await self._record_error(transcript, failed)
                     raise
                 continue
             except ContextError as exc:
-                self._drop_trim_pressure(turn.session_key)
+                self.engine.end_overflow_pressure(turn.session_key)
                 await self._record_error(transcript, exc)
                 raise
             except ProviderError as exc:
@@ -257,18 +257,6 @@ class Runner:
         return ViewRequest(
             session_key, system, tuple(specs), model or self.provider.model, chat_type
         )
-
-    def _drop_trim_pressure(self, session_key: str) -> None:
-        """Forget the session's context state after a turn lost to the window.
-
-        Each overflow shrinks the engine's trim budget, and only a successful call
-        restores it. When the turn fails instead, the shrunken budget would outlive it:
-        a later message whose view fits the window but not the shrunken budget is then
-        refused without a call, so no call ever restores it and the session refuses
-        everything until /new. Starting the next turn afresh costs at most one more
-        overflow, which re-learns the provider's window.
-        """
-        self.engine.forget(session_key)
 
     async def _record_error(self, transcript: Transcript, exc: CoreError) -> None:
         status = getattr(exc, "status", None)

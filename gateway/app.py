@@ -478,30 +478,15 @@ class Gateway:
         self._not_recorded[key] = None
         while len(self._not_recorded) > NOT_RECORDED_MEMORY:
             self._not_recorded.popitem(last=False)
-        outbound = OutboundMessage(
-            channel=message.channel,
-            account=message.account,
-            chat_id=message.chat_id,
-            text=NOT_RECORDED_TEXT,
-            thread_id=message.thread_id,
-            reply_to_message_id=message.message_id,
-        )
         try:
-            await channel.send(outbound)
+            await channel.send(_reply(message, NOT_RECORDED_TEXT))
         except ChannelError as exc:
             log.warning("telling %s %s failed: %s", message.channel, message.sender_id, exc)
 
     async def _notify(self, channel: Channel, message: InboundMessage, text: str) -> None:
         """A reply outside any session (a pairing code): sent once, not stored."""
-        outbound = OutboundMessage(
-            channel=message.channel,
-            account=message.account,
-            chat_id=message.chat_id,
-            text=text,
-            thread_id=message.thread_id,
-        )
         try:
-            await channel.send(outbound)
+            await channel.send(_reply(message, text, quote=False))
         except ChannelError as exc:
             log.warning("notice to %s %s failed: %s", message.channel, message.sender_id, exc)
             return
@@ -589,14 +574,19 @@ class Gateway:
         for item in items:
             if item.message.channel not in self.channels:
                 continue  # that channel is not running now; it stays open for later
-            route = self._route(item.message)
-            lane_item = LaneItem(item.id, item.message, route, recovered=item)
-            # Accepted before the restart: the queue cap must not turn it away now.
-            if (await self.lanes.submit(route.key, lane_item, force=True)).accepted:
-                self._redelivering.add(item.id)
-                queued += 1
+            queued += await self._requeue(item)
         if queued:
             log.info("recovering %d unanswered message(s) from the inbox", queued)
+
+    async def _requeue(self, item: InboxItem) -> bool:
+        """Queue an inbox item again, as recovered. It was accepted once: the queue cap
+        must not turn it away the second time."""
+        route = self._route(item.message)
+        lane_item = LaneItem(item.id, item.message, route, recovered=item)
+        if not (await self.lanes.submit(route.key, lane_item, force=True)).accepted:
+            return False
+        self._redelivering.add(item.id)
+        return True
 
     async def redeliver_now(self, *, due_only: bool = False) -> int:
         """Queue again every reply a platform outage kept from being sent (the inbox
@@ -620,10 +610,7 @@ class Gateway:
                 await self.inbox.mark_failed([item.id], f"gave up resending: {item.error}")
                 log.warning("inbox %d: gave up resending its reply: %s", item.id, item.error)
                 continue
-            route = self._route(item.message)
-            lane_item = LaneItem(item.id, item.message, route, recovered=item)
-            if (await self.lanes.submit(route.key, lane_item, force=True)).accepted:
-                self._redelivering.add(item.id)
+            if await self._requeue(item):
                 delay = min(REDELIVERY_INTERVAL_SECONDS * 2**tries, REDELIVERY_MAX_BACKOFF_SECONDS)
                 self._resend_schedule[item.id] = (tries + 1, tick + delay)
                 queued += 1
@@ -1063,14 +1050,7 @@ class Gateway:
         if channel is None:
             log.warning("no running channel %s: reply kept for later", message.channel)
             return
-        outbound = OutboundMessage(
-            channel=message.channel,
-            account=message.account,
-            chat_id=message.chat_id,
-            text=text,
-            thread_id=message.thread_id,
-            reply_to_message_id=message.message_id,
-        )
+        outbound = _reply(message, text)
         error: str | None = None
         result = None
         partial: tuple[str, ...] = ()
@@ -1182,6 +1162,18 @@ def _error_kind(exc: Exception) -> str:
     """A bounded metrics label: ContextOverflowError -> context_overflow."""
     name = type(exc).__name__.removesuffix("Error") or "error"
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> OutboundMessage:
+    """``text`` back to where ``message`` came from (quoting it unless ``quote`` is off)."""
+    return OutboundMessage(
+        channel=message.channel,
+        account=message.account,
+        chat_id=message.chat_id,
+        text=text,
+        thread_id=message.thread_id,
+        reply_to_message_id=message.message_id if quote else None,
+    )
 
 
 def _compaction_triggers(transcript: Transcript, since: int) -> list[str]:

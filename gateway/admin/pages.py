@@ -27,11 +27,15 @@ _HEADERS = {
 }
 
 
+# Listed once at import: the package's files do not change while it runs, and a
+# request then never touches the disk to find out whether a name exists.
+_FILES = frozenset(p.name for p in STATIC_DIR.iterdir() if p.is_file())
+
+
 def _file(name: str, content_type: str) -> web.FileResponse:
-    path = STATIC_DIR / name
-    if not path.is_file():
+    if name not in _FILES:
         raise ApiError(404, "not_found", f"no such page asset: {name}")
-    response = web.FileResponse(path, headers=_HEADERS)
+    response = web.FileResponse(STATIC_DIR / name, headers=_HEADERS)
     response.content_type = content_type
     return response
 

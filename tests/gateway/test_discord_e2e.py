@@ -41,19 +41,23 @@ class World:
         return [m for m in self.fake.sent if m.bot_id in (BOT_ID, SECOND_BOT_ID)]
 
 
+def discord_settings(home: Path, fake: Any, llm: FakeAnthropic) -> dict[str, str]:
+    """The env of a gateway on the fake Discord's REST API and gateway."""
+    return {
+        **gateway_env(home, llm),
+        "DISCORD_BOT_TOKEN": TOKEN,
+        "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
+        "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,
+        "PARLEY_CHANNELS__DISCORD__GATEWAY_URL": fake.gateway_url,
+    }
+
+
 @asynccontextmanager
 async def world(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, env: dict[str, str] | None = None
 ) -> AsyncIterator[World]:
     async with fake_discord(monkeypatch) as fake, FakeAnthropic() as llm:
-        settings = {
-            **gateway_env(tmp_path, llm),
-            "DISCORD_BOT_TOKEN": TOKEN,
-            "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
-            "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,
-            "PARLEY_CHANNELS__DISCORD__GATEWAY_URL": fake.gateway_url,
-        }
-        loaded = load_config(env={**settings, **(env or {})})
+        loaded = load_config(env={**discord_settings(tmp_path, fake, llm), **(env or {})})
         channel = DiscordChannel(loaded.config.channels.discord, ready_timeout=LIMIT)
         async with Gateway(loaded, channels=[channel]) as gateway:
             yield World(fake, llm, gateway)

@@ -237,11 +237,9 @@ class TelegramWorld:
     base: str
 
 
-@asynccontextmanager
-async def telegram_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    loopback_only(monkeypatch)
-    home = tmp_path / "home"
-    loaded = load_config(
+def quiet_config(home: Path) -> Any:
+    """A gateway config for one corpus path: memory off, no retries, a free port."""
+    return load_config(
         env={
             "PARLEY_HOME": str(home),
             "PARLEY_SESSION__TIMEZONE": "UTC",
@@ -250,6 +248,13 @@ async def telegram_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Asy
             "PARLEY_HTTP__PORT": "0",
         }
     )
+
+
+@asynccontextmanager
+async def telegram_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    loopback_only(monkeypatch)
+    home = tmp_path / "home"
+    loaded = quiet_config(home)
     async with fake_telegram() as fake:
         accounts = {
             "default": {
@@ -408,15 +413,7 @@ async def test_telegram_polling_corpus(tmp_path: Path, monkeypatch: pytest.Monke
     failures = Failures("telegram-polling")
     loopback_only(monkeypatch)
     home = tmp_path / "home"
-    loaded = load_config(
-        env={
-            "PARLEY_HOME": str(home),
-            "PARLEY_SESSION__TIMEZONE": "UTC",
-            "PARLEY_MEMORY__ENABLED": "false",
-            "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
-            "PARLEY_HTTP__PORT": "0",
-        }
-    )
+    loaded = quiet_config(home)
     async with fake_telegram() as fake:
         channel = TelegramChannel(telegram_config(fake, dm_policy="open"), backoff=FAST_BACKOFF)
         async with Gateway(loaded, channels=[channel], provider=ScriptedProvider()) as gateway:
@@ -503,15 +500,7 @@ async def test_discord_event_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     before = tree(tmp_path)
     failures = Failures("discord")
     home = tmp_path / "home"
-    loaded = load_config(
-        env={
-            "PARLEY_HOME": str(home),
-            "PARLEY_SESSION__TIMEZONE": "UTC",
-            "PARLEY_MEMORY__ENABLED": "false",
-            "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
-            "PARLEY_HTTP__PORT": "0",
-        }
-    )
+    loaded = quiet_config(home)
     async with ds.fake_discord(monkeypatch) as fake:
         channel = DiscordChannel(ds.make_config(fake, dm_policy="open"), ready_timeout=ds.LIMIT)
         async with Gateway(loaded, channels=[channel], provider=ScriptedProvider()) as gateway:

@@ -44,18 +44,16 @@ from tests.channels.discord_support import (
 )
 from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
 from tests.channels.telegram_helpers import (
-    OTHER_BOT_ID,
     OTHER_TOKEN,
-    OTHER_USERNAME,
     TOKEN,
-    USERNAME,
     Sleeps,
     loopback_only,
 )
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.telegram_api import ApiCall, FakeTelegram
-from tests.gateway.test_telegram_e2e import gateway_env
+from tests.gateway.test_discord_e2e import discord_settings
+from tests.gateway.test_telegram_e2e import telegram_settings
 
 ALICE, BOBBY, CAROL = 5001, 5002, 5003
 _TAG = re.compile(r"\bq[a-z]\d{2}\b")
@@ -135,19 +133,7 @@ async def telegram_world(
 ) -> AsyncIterator[TelegramWorld]:
     loopback_only(monkeypatch)
     async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
-        fake.add_bot(TOKEN, USERNAME, bot_id=int(TOKEN.split(":")[0]))
-        settings = {
-            **gateway_env(tmp_path, llm),
-            "TELEGRAM_BOT_TOKEN": TOKEN,
-            "TELEGRAM_API_BASE_URL": fake.base_url,
-            "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
-            "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
-        }
-        if second_bot:
-            fake.add_bot(OTHER_TOKEN, OTHER_USERNAME, bot_id=OTHER_BOT_ID)
-            settings["PARLEY_CHANNELS__TELEGRAM__ACCOUNTS__SECOND__TOKEN"] = OTHER_TOKEN
-            settings["PARLEY_CHANNELS__TELEGRAM__ACCOUNTS__SECOND__API_BASE_URL"] = fake.base_url
-            settings["PARLEY_SESSION__DM_SCOPE"] = "per-account-channel-peer"
+        settings = telegram_settings(tmp_path, fake, llm, second_bot=second_bot)
         if before_start is not None:
             before_start(fake)  # messages queued and faults armed before the first poll
         early_acks: list[str] = []
@@ -330,14 +316,7 @@ async def discord_world(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, env: dict[str, str] | None = None
 ) -> AsyncIterator[DiscordWorld]:
     async with fake_discord(monkeypatch) as fake, FakeAnthropic() as llm:
-        settings = {
-            **gateway_env(tmp_path, llm),
-            "DISCORD_BOT_TOKEN": DISCORD_TOKEN,
-            "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
-            "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,
-            "PARLEY_CHANNELS__DISCORD__GATEWAY_URL": fake.gateway_url,
-        }
-        loaded = load_config(env={**settings, **(env or {})})
+        loaded = load_config(env={**discord_settings(tmp_path, fake, llm), **(env or {})})
         channel = DiscordChannel(loaded.config.channels.discord, ready_timeout=LIMIT)
         async with Gateway(loaded, channels=[channel]) as gateway:
             yield DiscordWorld(fake, gateway)

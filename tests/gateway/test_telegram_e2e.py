@@ -60,6 +60,26 @@ def gateway_env(home: Path, llm: FakeAnthropic) -> dict[str, str]:
     }
 
 
+def telegram_settings(
+    home: Path, fake: FakeTelegram, llm: FakeAnthropic, *, second_bot: bool = False
+) -> dict[str, str]:
+    """The bot(s) registered at the fake, and the env of a gateway polling them."""
+    fake.add_bot(TOKEN, USERNAME, bot_id=int(TOKEN.split(":")[0]))
+    settings = {
+        **gateway_env(home, llm),
+        "TELEGRAM_BOT_TOKEN": TOKEN,
+        "TELEGRAM_API_BASE_URL": fake.base_url,
+        "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
+        "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
+    }
+    if second_bot:
+        fake.add_bot(OTHER_TOKEN, OTHER_USERNAME, bot_id=OTHER_BOT_ID)
+        settings["PARLEY_CHANNELS__TELEGRAM__ACCOUNTS__SECOND__TOKEN"] = OTHER_TOKEN
+        settings["PARLEY_CHANNELS__TELEGRAM__ACCOUNTS__SECOND__API_BASE_URL"] = fake.base_url
+        settings["PARLEY_SESSION__DM_SCOPE"] = "per-account-channel-peer"
+    return settings
+
+
 class World:
     def __init__(
         self, fake: FakeTelegram, llm: FakeAnthropic, gateway: Gateway, sleeps: Sleeps
@@ -82,19 +102,7 @@ async def world(
 ) -> AsyncIterator[World]:
     loopback_only(monkeypatch)
     async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
-        fake.add_bot(TOKEN, USERNAME, bot_id=int(TOKEN.split(":")[0]))
-        settings = {
-            **gateway_env(tmp_path, llm),
-            "TELEGRAM_BOT_TOKEN": TOKEN,
-            "TELEGRAM_API_BASE_URL": fake.base_url,
-            "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
-            "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
-        }
-        if second_bot:
-            fake.add_bot(OTHER_TOKEN, OTHER_USERNAME, bot_id=OTHER_BOT_ID)
-            settings["PARLEY_CHANNELS__TELEGRAM__ACCOUNTS__SECOND__TOKEN"] = OTHER_TOKEN
-            settings["PARLEY_CHANNELS__TELEGRAM__ACCOUNTS__SECOND__API_BASE_URL"] = fake.base_url
-            settings["PARLEY_SESSION__DM_SCOPE"] = "per-account-channel-peer"
+        settings = telegram_settings(tmp_path, fake, llm, second_bot=second_bot)
         loaded = load_config(env={**settings, **(env or {})})
         sleeps = Sleeps()
         channel = TelegramChannel(
