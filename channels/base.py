@@ -8,7 +8,9 @@ it gets back (a real result or an exception, never a guess).
 ChannelError
 ├── DeliveryError          the platform refused or failed a send
 │   └── RecipientBlocked   the user blocked the bot; do not retry
-└── ChannelStartError      the adapter could not start
+├── ChannelStartError      the adapter could not start
+└── InboundNotStored       the gateway could not make a message durable (raised by
+                           the handler); hand the same message again later
 
 Who may talk to the bot is the gateway's decision, made with the ``ChatPolicy`` the
 adapter resolves from its own config (``Channel.policy``): the adapter knows its
@@ -54,6 +56,15 @@ class RecipientBlocked(DeliveryError):
 
 class ChannelStartError(ChannelError):
     pass
+
+
+class InboundNotStored(ChannelError):
+    """The inbound handler could not store the message (state storage refuses writes).
+
+    Unlike any other handler failure this is not the message's fault, so an adapter
+    must not give up on it as a poisoned update: it keeps the message (or leaves it
+    unacknowledged with the platform) and hands it over again with a backoff until the
+    handler takes it or the adapter stops. The gateway has already told the sender."""
 
 
 @dataclass(frozen=True, slots=True)

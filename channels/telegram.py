@@ -4,7 +4,9 @@ We run our own ``getUpdates`` loop rather than PTB's Updater so that an update i
 acknowledged (the next poll's ``offset`` moves past it) only after the inbound handler
 returned, i.e. after the gateway stored it durably. If the handler raises, the same
 update is retried with backoff; after ``MAX_HANDLER_ATTEMPTS`` it is logged and
-skipped so one poisoned update cannot wedge the account.
+skipped so one poisoned update cannot wedge the account. A handler that says the
+message could not be stored (``InboundNotStored``: state storage refuses writes) is
+retried without limit instead: the update stays with Telegram until storage is back.
 
 The loop fetches the raw update dicts and parses them one at a time: PTB's
 ``Bot.get_updates`` parses the whole batch at once, so one update it cannot read
@@ -49,6 +51,7 @@ from channels.base import (
     DeliveryResult,
     InboundHandler,
     InboundMessage,
+    InboundNotStored,
     OutboundMessage,
     WebhookRoute,
 )
@@ -389,33 +392,51 @@ class TelegramChannel:
             return None
 
     async def _dispatch(self, account: _Account, update: Update) -> bool:
-        """Hand one update to the handler, retrying; False if stopping cut the retries."""
+        """Hand one update to the handler, retrying; False if stopping cut the retries.
+
+        A handler failure counts towards ``MAX_HANDLER_ATTEMPTS`` (then the update is
+        skipped), except ``InboundNotStored``: the gateway's storage refused the write,
+        which is no fault of the update, so it is retried for as long as that lasts.
+        The update stays unacknowledged meanwhile, so Telegram keeps it across a kill.
+        """
         handler = self._handler
         message = self._read(account, update)
         if message is None or handler is None:
             return True
-        for attempt in range(1, MAX_HANDLER_ATTEMPTS + 1):
+        failures = not_stored = 0
+        while True:
             account.handling = True
             try:
                 await handler(message)
+                if not_stored:
+                    logger.info("telegram %s: update %s stored after %d refusals",
+                                account.id, update.update_id, not_stored)  # fmt: skip
                 return True
+            except InboundNotStored as exc:
+                not_stored += 1
+                logger.warning(
+                    "telegram %s: update %s not stored (%s); retrying (attempt %d)",
+                    account.id, update.update_id, exc, not_stored,
+                )  # fmt: skip
+                delay = self._backoff.delay(not_stored)
             except Exception:
+                failures += 1
                 logger.warning(
                     "telegram %s: handler failed on update %s (attempt %d of %d)",
-                    account.id, update.update_id, attempt, MAX_HANDLER_ATTEMPTS,
+                    account.id, update.update_id, failures, MAX_HANDLER_ATTEMPTS,
                     exc_info=True,
                 )  # fmt: skip
+                if failures >= MAX_HANDLER_ATTEMPTS:
+                    logger.error(
+                        "telegram %s: skipping update %s (%s) after %d failed attempts",
+                        account.id, update.update_id, message.message_id, failures,
+                    )  # fmt: skip
+                    return True
+                delay = self._backoff.delay(failures)
             finally:
                 account.handling = False
-            if attempt < MAX_HANDLER_ATTEMPTS and not await self._pause(
-                account, self._backoff.delay(attempt)
-            ):
+            if not await self._pause(account, delay):
                 return False
-        logger.error(
-            "telegram %s: skipping update %s (%s) after %d failed attempts",
-            account.id, update.update_id, message.message_id, MAX_HANDLER_ATTEMPTS,
-        )  # fmt: skip
-        return True
 
     # -- webhook -----------------------------------------------------------------------
 

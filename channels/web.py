@@ -41,6 +41,7 @@ from channels.base import (
     DeliveryError,
     DeliveryResult,
     InboundHandler,
+    InboundNotStored,
     InboundMessage,
     OutboundMessage,
     WebhookRoute,
@@ -363,6 +364,10 @@ class WebChannel:
         )
         try:
             await handler(inbound)
+        except InboundNotStored as exc:  # storage refuses writes: expected, no trace
+            logger.warning("web chat: %s not stored: %s", inbound.message_id, exc)
+            await self._write(sock, _error("the message was not saved; try again", message_id))
+            return
         except Exception:
             # Not acked: the browser may send it again under the same id (the inbox dedupes).
             logger.exception("web chat: handling %s failed", inbound.message_id)

@@ -31,6 +31,7 @@ from channels.base import (
     ChannelError,
     DeliveryError,
     InboundMessage,
+    InboundNotStored,
     OutboundMessage,
     RecipientBlocked,
 )
@@ -66,7 +67,7 @@ from gateway.commands import (
 )
 from gateway.config import LoadedConfig
 from gateway.db import Database
-from gateway.errors import ChannelFailure, LaneBusy, StateError
+from gateway.errors import ChannelFailure, LaneBusy
 from gateway.http_server import HttpServer
 from gateway.inbox import Inbox, InboxItem, well_formed
 from gateway.lanes import LaneManager
@@ -428,7 +429,7 @@ class Gateway:
             self.metrics.error("storage")
             if channel is not None:
                 await self._tell_not_recorded(channel, message)
-            raise StateError(f"the message was not recorded: {detail}") from exc
+            raise InboundNotStored(f"the message was not recorded: {detail}") from exc
         if not recorded.is_new:
             log.info(
                 "duplicate %s message %s ignored (%s)",

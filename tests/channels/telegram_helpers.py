@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, InboundNotStored
 from channels.config import TelegramConfig
 from channels.telegram import Backoff, TelegramChannel
 from tests.fakes.telegram_api import FakeTelegram
@@ -42,19 +42,26 @@ async def fake_telegram() -> AsyncIterator[FakeTelegram]:
 
 
 class Inbox:
-    """The inbound handler: collects messages; ``failures`` makes the next calls raise."""
+    """The inbound handler: collects messages; ``failures`` makes the next calls raise,
+    ``refusals`` makes them raise ``InboundNotStored`` (storage refusing writes)."""
 
     def __init__(self) -> None:
         self.messages: list[InboundMessage] = []
         self.attempts = 0
         self.failures = 0
+        self.refusals = 0
         self._changed = asyncio.Condition()
 
     async def __call__(self, message: InboundMessage) -> None:
-        self.attempts += 1
+        async with self._changed:
+            self.attempts += 1
+            self._changed.notify_all()
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError("the inbox is down")
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise InboundNotStored("state.db: database or disk is full")
         async with self._changed:
             self.messages.append(message)
             self._changed.notify_all()
@@ -63,6 +70,10 @@ class Inbox:
         async with asyncio.timeout(limit_s), self._changed:
             await self._changed.wait_for(lambda: len(self.messages) >= count)
         return self.messages
+
+    async def wait_attempts(self, count: int, limit_s: float = 5.0) -> None:
+        async with asyncio.timeout(limit_s), self._changed:
+            await self._changed.wait_for(lambda: self.attempts >= count)
 
 
 class Sleeps:

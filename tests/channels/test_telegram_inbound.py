@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC
 from typing import Any
@@ -293,6 +294,35 @@ async def test_poisoned_update_is_skipped_after_five_attempts(
     assert [m.text for m in messages] == ["next"]
     assert inbox.attempts == 6
     assert "skipping update" in caplog.text
+
+
+async def test_update_not_stored_is_retried_past_the_poison_limit(
+    fake: FakeTelegram, inbox: Inbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Storage refusing writes is not the update's fault: it must outlast the five
+    # attempts a poisoned update gets, and arrive once, before what came after it.
+    inbox.refusals = 12
+    caplog.set_level(logging.INFO, logger="parley")
+    async with running_channel(fake, inbox):
+        fake.push_message(TOKEN, chat_id=42, text="precious")
+        fake.push_message(TOKEN, chat_id=42, text="next")
+        messages = await inbox.wait(2)
+    assert [m.text for m in messages] == ["precious", "next"]
+    assert inbox.attempts == 14
+    assert "skipping update" not in caplog.text
+    assert "stored after 12 refusals" in caplog.text
+
+
+async def test_update_not_stored_stays_with_telegram_when_stopped(
+    fake: FakeTelegram, inbox: Inbox
+) -> None:
+    inbox.refusals = 10**6  # storage never comes back before the stop
+    async with running_channel(fake, inbox):
+        update = fake.push_message(TOKEN, chat_id=42, text="kept")
+        await inbox.wait_attempts(3)  # a few refusals went by
+    assert inbox.messages == []
+    # Never acknowledged: Telegram hands it over again after a restart.
+    assert [u["update_id"] for u in fake.pending_updates(TOKEN)] == [update["update_id"]]
 
 
 async def test_conflict_and_network_errors_back_off_and_recover(

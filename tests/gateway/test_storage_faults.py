@@ -29,11 +29,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from channels.base import InboundNotStored
 from core.memory.sources import AGENT_SCOPE
 from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import StateError
 from gateway.memory import scope_for_key
 from gateway.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
 from tests.fakes.recording_channel import RecordingChannel
@@ -305,7 +305,10 @@ async def test_state_db_refusing_writes_refuses_new_messages_clearly(
     world.faults.state = error
     message = world.channel.inbound("while full", message_id="m-full")
     for _ in range(2):  # the platform delivers it again: the sender is told once
-        with caplog.at_level(logging.ERROR, logger="parley"), pytest.raises(StateError) as raised:
+        with (
+            caplog.at_level(logging.ERROR, logger="parley"),
+            pytest.raises(InboundNotStored) as raised,
+        ):
             await world.gateway.handle_inbound(message)
     # Not durable, so not accepted: the adapter is told (the web chat shows an error,
     # Telegram retries the update) and so is the sender.
