@@ -41,8 +41,8 @@ from channels.base import (
     DeliveryError,
     DeliveryResult,
     InboundHandler,
-    InboundNotStored,
     InboundMessage,
+    InboundNotStored,
     OutboundMessage,
     WebhookRoute,
 )
