@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,14 @@ def child_env(
 class Child:
     """`parley run` in a process group of its own, killed and restarted on demand."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log: Path, argv: Sequence[str] = ("-m", "gateway.cli", "run")
+    ) -> None:
         self.env = env
         self.log = log
+        # What follows the interpreter: `parley run` unless a benchmark runs another bot
+        # (load.py's bare baseline) under the same start/stop handling.
+        self.argv = tuple(argv)
         self.process: asyncio.subprocess.Process | None = None
         self.starts = 0
 
@@ -144,7 +150,7 @@ class Child:
         with self.log.open("ab") as out:
             out.write(f"\n--- start {self.starts} ---\n".encode())
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "run",
+                sys.executable, *self.argv,
                 env=self.env, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=out, start_new_session=True,
             )  # fmt: skip

@@ -25,6 +25,18 @@ inside its read loop, and an exception there ends ``Client.start``: one malforme
 MESSAGE_CREATE would stop the account for good. Every parser is wrapped so that such
 an event is logged and skipped. As a second line of defence, a client whose ``start``
 ends while the account is running is logged and replaced by a fresh one, with backoff.
+
+A message the gateway could not store (the handler raises ``InboundNotStored``: state
+storage refuses writes) is not dropped, since Discord never redelivers: the consumer
+hands the same message over again after a backoff (``STORE_RETRY_INITIAL_SECONDS``
+doubling to ``STORE_RETRY_MAX_SECONDS``), the queue waiting behind it so that order
+is kept, until the handler takes it or the account stops (stop ends the wait at once;
+the message is then lost, and logged). Any other handler error is logged and the
+message dropped: a poisoned message must not wedge the account.
+
+Lost sessions: every READY after the account's first (a non-resumable invalid session,
+a replaced client) starts a backfill of the channels' history since the last message
+seen (``channels.discord_backfill``); a RESUMED needs none, Discord replays the gap.
 """
 
 from __future__ import annotations
@@ -50,11 +62,13 @@ from channels.base import (
     DeliveryResult,
     InboundHandler,
     InboundMessage,
+    InboundNotStored,
     OutboundMessage,
     RecipientBlocked,
     WebhookRoute,
 )
 from channels.config import DiscordConfig
+from channels.discord_backfill import Backfill
 from channels.discord_inbound import normalise_edit, normalise_message
 from channels.text import split_message
 
@@ -80,8 +94,17 @@ _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 RESTART_INITIAL_SECONDS = 1.0
 RESTART_MAX_SECONDS = 60.0
 RESTART_RESET_SECONDS = 60.0
+# Handing over again a message the gateway could not store: waits of
+# STORE_RETRY_INITIAL_SECONDS, doubling, capped at STORE_RETRY_MAX_SECONDS.
+STORE_RETRY_INITIAL_SECONDS = 1.0
+STORE_RETRY_MAX_SECONDS = 60.0
 # A failed login cannot be fixed by trying again.
 _FATAL = (discord.LoginFailure, discord.PrivilegedIntentsRequired)
+
+
+def _backoff(failures: int, initial: float, maximum: float) -> float:
+    """The wait after the ``failures``-th failure in a row: initial, doubling, capped."""
+    return min(maximum, initial * 2 ** max(failures - 1, 0))
 
 
 def _intents() -> discord.Intents:
@@ -155,6 +178,9 @@ class _Account:
         self.client = _GatewayClient(self)
         self.queue: asyncio.Queue[InboundMessage | None] = asyncio.Queue()
         self.dm_channels: set[int] = set()  # learnt from inbound DMs
+        self.backfill = Backfill(
+            name, enqueue=self._enqueue, normalise=self._read, messageable=self.messageable
+        )
         self._connected = asyncio.Event()  # set while the gateway websocket is up
         self._runner: asyncio.Task[None] | None = None
         self._consumer: asyncio.Task[None] | None = None
@@ -208,17 +234,14 @@ class _Account:
                                  self._why(runner))  # fmt: skip
                     return
                 failures = 1 if loop.time() - started >= RESTART_RESET_SECONDS else failures + 1
-                delay = min(RESTART_MAX_SECONDS, RESTART_INITIAL_SECONDS * 2 ** (failures - 1))
+                delay = _backoff(failures, RESTART_INITIAL_SECONDS, RESTART_MAX_SECONDS)
                 logger.error(
                     "discord %s: the client stopped unexpectedly (%s); restarting in %g s",
                     self.name, "no error" if exc is None else repr(exc), delay,
                     exc_info=exc,
                 )  # fmt: skip
                 await self._close_client(self.client)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stopping.wait()
-                if self._stopped:
+                if await self._stopped_within(delay):
                     return
                 self.client = _GatewayClient(self)
                 self.restarts += 1
@@ -230,6 +253,13 @@ class _Account:
             if not runner.done():  # cancelled by stop(): the client goes with it
                 runner.cancel()
                 await asyncio.wait({runner})
+
+    async def _stopped_within(self, delay: float) -> bool:
+        """Wait ``delay`` seconds, or less if the account stops; True if it did."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._stopping.wait()
+        return self._stopped
 
     async def _close_client(self, client: discord.Client) -> None:
         try:
@@ -246,13 +276,20 @@ class _Account:
             logger.exception("discord %s: could not read a %s event", self.name, event)
             return
         if message is not None:
-            if message.chat_type == "direct":
-                self.dm_channels.add(int(message.chat_id))
-            self.queue.put_nowait(message)
+            self.backfill.route(message)
+
+    def _enqueue(self, message: InboundMessage) -> None:
+        if message.chat_type == "direct":
+            self.dm_channels.add(int(message.chat_id))
+        self.queue.put_nowait(message)
 
     def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
         if event == "connect":  # READY: a new gateway session
             self._connected.set()
+            self.backfill.session_started()
+            return None
+        if event == "ready":  # the new session's guilds are cached
+            self.backfill.guilds_ready()
             return None
         if event == "disconnect":
             self._connected.clear()
@@ -261,16 +298,14 @@ class _Account:
             self._connected.set()
             logger.info("discord %s: gateway session resumed", self.name)
             return None
-        if event not in ("message", "raw_message_edit"):
+        if event == "message":
+            return self._read(args[0])
+        if event != "raw_message_edit":
             return None
         me = self.client.user
         if me is None:
             return None
         lookup, allow_bots = self.client.get_channel, self._config.allow_bots
-        if event == "message":
-            return normalise_message(
-                args[0], account=self.name, me=me, lookup=lookup, allow_bots=allow_bots
-            )
         return normalise_edit(
             args[0],
             account=self.name,
@@ -280,16 +315,55 @@ class _Account:
             allow_bots=allow_bots,
         )
 
+    def _read(self, message: discord.Message) -> InboundMessage | None:
+        """A new message (live or backfilled) for the gateway, or None."""
+        me = self.client.user
+        if me is None:
+            return None
+        return normalise_message(
+            message,
+            account=self.name,
+            me=me,
+            lookup=self.client.get_channel,
+            allow_bots=self._config.allow_bots,
+        )
+
     async def _consume(self) -> None:
         while (message := await self.queue.get()) is not None:
+            if not await self._hand_over(message):
+                logger.warning(
+                    "discord %s: stopping with message %s not stored; %d more left unhandled",
+                    self.name, message.message_id, self.queue.qsize(),
+                )  # fmt: skip
+                return
+
+    async def _hand_over(self, message: InboundMessage) -> bool:
+        """Give ``message`` to the handler until it is taken or dropped (True), or the
+        account stops while the gateway cannot store it (False)."""
+        failures = 0
+        while True:
             try:
                 await self._handler(message)
+            except InboundNotStored as exc:
+                failures += 1
+                delay = _backoff(failures, STORE_RETRY_INITIAL_SECONDS, STORE_RETRY_MAX_SECONDS)
+                logger.warning(
+                    "discord %s: message %s not stored (attempt %d: %s); again in %g s",
+                    self.name, message.message_id, failures, exc, delay,
+                )  # fmt: skip
+                if await self._stopped_within(delay):
+                    return False
+                continue
             except Exception:
                 logger.exception(
                     "discord %s: the inbound handler failed on message %s",
-                    self.name,
-                    message.message_id,
-                )
+                    self.name, message.message_id,
+                )  # fmt: skip
+                return True
+            if failures:
+                logger.info("discord %s: message %s stored after %d failed attempt(s)",
+                            self.name, message.message_id, failures)  # fmt: skip
+            return True
 
     @property
     def up(self) -> bool:
@@ -304,6 +378,7 @@ class _Account:
         await self._close_client(self.client)
         if self._runner is not None:
             await _finish(self._runner, CLOSE_TIMEOUT_SECONDS)
+        await self.backfill.stop()  # queues what it held back
         if self._consumer is not None:
             # Messages already received are handed over before the channel goes quiet.
             self.queue.put_nowait(None)

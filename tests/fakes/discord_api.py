@@ -11,10 +11,17 @@ but ``GET /gateway`` (401); content over 2000 characters (400 50035) or a messag
 nothing in it (400 50006); unknown channels (404 10003), channels of guilds the bot is
 not in (403 50001), channels marked with ``forbid`` (403 50013), DMs to users marked
 with ``block_dm`` (403 50007); replies to unknown messages unless
-``fail_if_not_exists`` is false (400 50035). Every JSON answer has the exact
+``fail_if_not_exists`` is false (400 50035); channels hidden with ``hide_channel`` (403
+50001 on every call, and no events from them). ``GET /channels/{id}/messages`` reads
+the history (every message pushed or sent, edits in place) as Discord does: ``limit``
+1..100 (default 50, else 400 50035), at most one of ``before``/``after`` (``around`` is
+not modelled: 400), newest first in every case (with ``after``: the ``limit`` oldest
+messages after it, newest first), without the gateway-only ``guild_id`` and ``member``
+fields. Every JSON answer has the exact
 ``Content-Type: application/json`` discord.py compares against and rate-limit headers
 that never make it wait. ``rate_limit_next`` answers 429 with ``Via`` (discord.py then
-sleeps ``retry_after`` and retries by itself); ``fail_next`` answers anything.
+sleeps ``retry_after`` and retries by itself); ``fail_next`` answers anything;
+``hold_next`` keeps matching requests waiting until the test releases them.
 
 Events are addressed to one bot: ``push_message(token, ...)`` reaches that bot's
 sessions only (a guild message is not fanned out to every bot in the guild). What a
@@ -28,6 +35,7 @@ import asyncio
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +56,9 @@ API_PREFIX = "/api/v10"
 # Route names for ``fail_next``/``rate_limit_next(route=...)``: method + path template.
 SEND_MESSAGE = "POST /channels/{channel_id}/messages"
 TRIGGER_TYPING = "POST /channels/{channel_id}/typing"
+GET_MESSAGES = "GET /channels/{channel_id}/messages"
+DEFAULT_HISTORY_LIMIT = 50
+MAX_HISTORY_LIMIT = 100
 MAX_CONTENT_CHARS = 2000
 DISCORD_EPOCH_MS = 1_420_070_400_000
 DM_CHANNEL = 1
@@ -141,6 +152,13 @@ class _Injection:
     skip: int = 0  # matching requests to let through first
 
 
+@dataclass(slots=True)
+class _Hold:
+    route: str | None
+    remaining: int
+    release: asyncio.Event
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -162,6 +180,42 @@ def _bucket_headers(route: str) -> dict[str, str]:
         "X-RateLimit-Reset-After": "0.010",
         "X-RateLimit-Bucket": hashlib.sha1(route.encode()).hexdigest()[:16],
     }
+
+
+_DIGITS = re.compile(r"[0-9]{1,20}")  # ASCII only: str.isdigit takes other scripts' digits
+
+
+def _history_query(query: Mapping[str, str]) -> tuple[int, int | None, int | None]:
+    """(limit, before, after) of a history request, validated as Discord does."""
+    raw = query.get("limit", str(DEFAULT_HISTORY_LIMIT))
+    if not _DIGITS.fullmatch(raw):
+        raise _form_error("limit", "NUMBER_TYPE_COERCE", f'Value "{raw}" is not int.')
+    limit = int(raw)
+    if not 1 <= limit <= MAX_HISTORY_LIMIT:
+        raise _form_error("limit", "NUMBER_TYPE_MAX" if limit else "NUMBER_TYPE_MIN",
+                          f"int value should be between 1 and {MAX_HISTORY_LIMIT}.")  # fmt: skip
+    if "around" in query:
+        raise _form_error("around", "UNSUPPORTED", "around is not modelled by the fake.")
+    anchors = {}
+    for name in ("before", "after"):
+        if name in query:
+            value = query[name]
+            if not _DIGITS.fullmatch(value):
+                raise _form_error(name, "NUMBER_TYPE_COERCE", f'Value "{value}" is not snowflake.')
+            anchors[name] = int(value)
+    if len(anchors) > 1:
+        raise _form_error("before", "BASE_TYPE_BAD_COMBINATION", "Only one of before, after.")
+    return limit, anchors.get("before"), anchors.get("after")
+
+
+def _rest_message(message: Mapping[str, Any]) -> Json:
+    """A stored message as REST returns it: ``guild_id`` and ``member`` (on the message
+    and on each mention) come with gateway events only."""
+    payload = {k: v for k, v in message.items() if k not in ("guild_id", "member")}
+    payload["mentions"] = [
+        {k: v for k, v in m.items() if k != "member"} for m in message.get("mentions", ())
+    ]
+    return payload
 
 
 def user_payload(user: Mapping[str, Any]) -> Json:
@@ -202,6 +256,9 @@ class FakeDiscord:
         self._blocked_users: set[str] = set()
         self._forbidden: set[str] = set()
         self._injections: list[_Injection] = []
+        self._holds: list[_Hold] = []
+        self._hidden: set[str] = set()
+        self.held = 0  # requests waiting on a ``hold_next`` release right now
         self._last_snowflake = 0
         self._changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
@@ -226,6 +283,7 @@ class FakeDiscord:
         app.router.add_post(f"{api}/users/@me/channels", self._open_dm)
         app.router.add_get(f"{api}/channels/{{channel_id}}", self._get_channel)
         app.router.add_post(f"{api}/channels/{{channel_id}}/messages", self._create_message)
+        app.router.add_get(f"{api}/channels/{{channel_id}}/messages", self._get_messages)
         app.router.add_get(
             f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._get_message
         )
@@ -387,6 +445,19 @@ class FakeDiscord:
         """The bots lack permission to post in the channel: 403 50013."""
         self._forbidden.add(str(channel_id))
 
+    def hide_channel(self, channel_id: str | int) -> None:
+        """The bots lost View Channel there: every call about it answers 403 50001, and
+        messages pushed to it are kept in its history but reach no bot."""
+        self._hidden.add(str(channel_id))
+
+    def history(self, channel_id: str | int) -> list[Json]:
+        """Every message of the channel, oldest first (as stored, gateway fields too)."""
+        cid = str(channel_id)
+        return sorted(
+            (m for m in self._messages.values() if m["channel_id"] == cid),
+            key=lambda m: int(m["id"]),
+        )
+
     def message(self, message_id: str | int) -> Json | None:
         return self._messages.get(str(message_id))
 
@@ -471,9 +542,10 @@ class FakeDiscord:
             message["message_reference"] = self._reference_to(referenced_message)
             message["referenced_message"] = dict(referenced_message)
         self._messages[mid] = message
-        await self.gateway.dispatch(
-            token, "MESSAGE_UPDATE" if edited else "MESSAGE_CREATE", message
-        )
+        if cid not in self._hidden:
+            await self.gateway.dispatch(
+                token, "MESSAGE_UPDATE" if edited else "MESSAGE_CREATE", message
+            )
         return message
 
     def _partial_member(self, user: Mapping[str, Any], guild: Guild | None) -> Json:
@@ -549,6 +621,13 @@ class FakeDiscord:
         payload = dict(body) if body is not None else {"message": f"{status}: Error", "code": 0}
         self._injections.append(_Injection(route, times, lambda: _json(status, payload), after))
 
+    def hold_next(self, times: int = 1, *, route: str | None = None) -> asyncio.Event:
+        """The next ``times`` authenticated calls (to ``route``, when given) wait until
+        the returned event is set, then are answered from the state at that moment."""
+        release = asyncio.Event()
+        self._holds.append(_Hold(route, times, release))
+        return release
+
     async def request_reconnect(self, token: str) -> int:
         return await self.gateway.request_reconnect(token)
 
@@ -612,6 +691,7 @@ class FakeDiscord:
         if bot is None and route not in _PUBLIC_ROUTES:
             response = _json(401, {"message": "401: Unauthorized", "code": 0})
         else:
+            await self._wait_if_held(route)
             response = self._injected(route) or await self._answer(request, handler, route)
         bot_id = bot.user["id"] if bot else None
         self.requests.append(RecordedRequest(request.method, route, request.path,
@@ -638,6 +718,20 @@ class FakeDiscord:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         return self._bots.get(token) if scheme == "Bot" else None
 
+    async def _wait_if_held(self, route: str) -> None:
+        hold = next((h for h in self._holds if h.route in (None, route)), None)
+        if hold is None:
+            return
+        hold.remaining -= 1
+        if hold.remaining <= 0:
+            self._holds.remove(hold)
+        self.held += 1
+        await self._notify()
+        try:
+            await hold.release.wait()
+        finally:
+            self.held -= 1
+
     def _injected(self, route: str) -> web.Response | None:
         for injection in self._injections:
             if injection.route in (None, route):
@@ -659,6 +753,8 @@ class FakeDiscord:
         channel = self._channels.get(channel_id)
         if channel is None:
             raise ApiError(404, "Unknown Channel", 10003)
+        if channel.id in self._hidden:
+            raise ApiError(403, "Missing Access", 50001)
         if channel.type == DM_CHANNEL:
             visible = channel.owner_token == bot.token
         else:
@@ -722,6 +818,18 @@ class FakeDiscord:
         if message is None or message["channel_id"] != channel.id:
             raise ApiError(404, "Unknown Message", 10008)
         return _json(200, message)
+
+    async def _get_messages(self, request: web.Request) -> web.Response:
+        channel = self._visible_channel(self._bot(request), request.match_info["channel_id"])
+        limit, before, after = _history_query(request.query)
+        older_first = self.history(channel.id)
+        if after is not None:
+            page = [m for m in older_first if int(m["id"]) > after][:limit]
+        else:
+            if before is not None:
+                older_first = [m for m in older_first if int(m["id"]) < before]
+            page = older_first[-limit:]
+        return _json(200, [_rest_message(m) for m in reversed(page)])
 
     async def _trigger_typing(self, request: web.Request) -> web.Response:
         bot = self._bot(request)

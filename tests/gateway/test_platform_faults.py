@@ -8,10 +8,10 @@ may share one folded turn, never two). What Telegram had queued is never lost: t
 adapter acknowledges an update (moves the ``getUpdates`` offset) only after the gateway
 stored it, so a failed poll just fetches it again.
 
-What cannot be guaranteed, and is asserted as such: on Discord, a non-resumable invalid
-session (op 9, d=false) starts a new session; events dispatched between the old
-session's end and the new READY are not replayed by Discord, so those messages are not
-answered. Messages received before the fault and every message after READY are.
+On Discord, a non-resumable invalid session (op 9, d=false) starts a new session, and
+Discord does not replay what was sent in between; the adapter reads those messages back
+from the history of the channels it had seen (``channels/discord_backfill``), so they
+are answered too, once, in order.
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ async def test_discord_non_resumable_invalid_session_reidentifies(
         await w.answered(w.ann_dm, ["qa01"])
         assert await w.fake.invalidate_session(DISCORD_TOKEN, resumable=False) == 1
         # Until the client identifies again the bot has no session: real Discord delivers
-        # this to nobody and never replays it. The bot cannot answer what it never got.
+        # this to nobody and never replays it; the backfill after READY reads it back.
         assert not any(s.token == DISCORD_TOKEN for s in w.fake.gateway.sessions.values())
         await w.say(w.ann_dm, "qx99 sent while the session was gone")
         # The other account keeps serving meanwhile.
@@ -380,9 +380,9 @@ async def test_discord_non_resumable_invalid_session_reidentifies(
         await w.fake.wait_until(lambda: len(w.fake.identifies) == 3, LIMIT)
         for text in tagged("a", 3, start=2):
             await w.say(w.ann_dm, text)
-        await w.answered(w.ann_dm, tagged("a", 4))  # qx99 is not among the answers
+        await w.answered(w.ann_dm, ["qa01", "qx99", *tagged("a", 3, start=2)])
         assert w.up()
-        assert await w.gateway.inbox.counts() == {"delivered": 5}
+        assert await w.gateway.inbox.counts() == {"delivered": 6}
 
 
 async def test_discord_resume_replaying_handled_events_answers_once(
