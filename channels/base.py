@@ -91,6 +91,16 @@ class InboundMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class SeenMark:
+    """The newest message the gateway stored from one conversation (for ``catch_up``)."""
+
+    account: str
+    chat_id: str
+    thread_id: str | None
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class OutboundMessage:
     """A reply. ``route`` carries what the adapter needs to address it (chat, thread, reply-to)."""
 
@@ -183,4 +193,8 @@ class Channel(Protocol):
         """Endpoints to mount on the gateway's HTTP server (none for most adapters).
 
         An adapter may also define ``connected() -> bool`` (the gateway's /health asks
-        it; one without it counts as connected while it runs)."""
+        it; one without it counts as connected while it runs), and
+        ``catch_up(marks: Sequence[SeenMark]) -> None``: called before ``start`` with
+        the newest stored message of each recently active conversation, so a platform
+        that does not redeliver (Discord) can read back what was sent while the bot
+        was down."""

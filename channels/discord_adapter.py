@@ -37,6 +37,8 @@ message dropped: a poisoned message must not wedge the account.
 Lost sessions: every READY after the account's first (a non-resumable invalid session,
 a replaced client) starts a backfill of the channels' history since the last message
 seen (``channels.discord_backfill``); a RESUMED needs none, Discord replays the gap.
+After a restart, ``catch_up`` (called by the gateway before ``start``) seeds those
+marks from what the gateway stored, and the first READY backfills too.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from channels.base import (
     InboundNotStored,
     OutboundMessage,
     RecipientBlocked,
+    SeenMark,
     WebhookRoute,
 )
 from channels.config import DiscordConfig
@@ -422,6 +425,12 @@ class DiscordChannel:
         self.config = config
         self.ready_timeout = ready_timeout
         self._accounts: dict[str, _Account] = {}
+        self._marks: list[SeenMark] = []
+
+    def catch_up(self, marks: Sequence[SeenMark]) -> None:
+        """Before ``start``: where each conversation stopped, so the first READY reads
+        back what was sent while the bot was down (Discord does not redeliver it)."""
+        self._marks = list(marks)
 
     async def start(self, handler: InboundHandler) -> None:
         if self._accounts:
@@ -434,6 +443,8 @@ class DiscordChannel:
             _Account(name, account.token.get_secret_value().strip(), self.config, handler)
             for name, account in enabled.items()
         ]
+        for account in accounts:
+            account.backfill.seed(m for m in self._marks if m.account == account.name)
         try:
             results = await asyncio.gather(
                 *(a.start(self.ready_timeout) for a in accounts), return_exceptions=True

@@ -18,10 +18,17 @@ held events that the history did not already contain. A live message that arrive
 the release but was in the history (the gateway lagging behind REST) is dropped, so
 the gateway's inbox gets each message once from here (it dedupes on id all the same).
 
+After a restart the gateway seeds the memory (``seed``) with the newest message it
+stored per recently active conversation, and the account's first READY then backfills
+too: what was sent while the bot was down is answered, not lost. Messages older than
+``MAX_BACKFILL_AGE`` are skipped (logged): like Telegram, which keeps undelivered
+updates for 24 hours, the bot does not answer day-old messages after a long outage.
+
 A channel whose history cannot be read (403, 404, 5xx, network) is logged and skipped;
 its held events go on and the other channels are backfilled. The memory of last-seen
 ids lives in this process only: a restart forgets it, and channels the bot never
-queued a message from are never backfilled.
+queued a message from (or, after a restart, the gateway stored none from in the last
+week) are never backfilled.
 """
 
 from __future__ import annotations
@@ -29,18 +36,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import discord
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, SeenMark
 
 logger = logging.getLogger("parley.channels.discord")
 
 MAX_REMEMBERED_CHANNELS = 1000
 MAX_CHANNELS_PER_BACKFILL = 50
 MAX_MESSAGES_PER_CHANNEL = 100  # one history page
+MAX_BACKFILL_AGE = timedelta(hours=24)
 # History is read once the guilds of the new session are cached (discord.py's
 # on_ready): before that a thread would read as a plain channel. Bounded, so that a
 # session that never gets there still backfills.
@@ -104,6 +113,7 @@ class Backfill:
         self._messageable = messageable
         self.seen = LastSeen()
         self._sessions = 0
+        self._seeded = False
         self._held: dict[int, list[InboundMessage]] = {}  # insertion order: fetch order
         self._refetch: set[int] = set()  # lost the session again while being fetched
         self._caught_up: dict[int, int] = {}  # channel -> newest id its history gave
@@ -135,11 +145,23 @@ class Backfill:
             self.seen.note(channel, mid)
         self._enqueue_live(message)
 
+    def seed(self, marks: Iterable[SeenMark]) -> None:
+        """Before the first READY: the gateway's newest stored message per conversation
+        (most recently active first), so the first READY backfills as well."""
+        for mark in reversed(list(marks)):  # note() keeps the last noted as most recent
+            channel = mark.thread_id or mark.chat_id
+            head = mark.message_id.split(":", 1)[0]  # an edit: "<id>:edit:<ms>"
+            if channel.isdigit() and head.isdigit():
+                self.seen.note(int(channel), int(head))
+                self._seeded = True
+
     def session_started(self) -> None:
-        """A READY: the first of the account starts it, any later one lost events."""
+        """A READY: the first of the account starts it (and catches up after a restart
+        when seeded), any later one lost events."""
         self._guilds_ready.clear()
         self._sessions += 1
-        if self._sessions > 1:
+        if self._sessions > 1 or self._seeded:
+            self._seeded = False
             self._begin()
 
     def guilds_ready(self) -> None:
@@ -225,8 +247,13 @@ class Backfill:
         mark = self.seen.get(channel) or 0
         seen_ids: set[str] = set()
         count = 0
+        oldest = datetime.now(UTC) - MAX_BACKFILL_AGE
+        stale = 0
         for message in fetched or ():
             seen_ids.add(str(message.id))
+            if message.created_at < oldest:
+                stale += 1
+                continue
             inbound = self._read(message) if message.id > mark else None
             if inbound is not None:
                 self._enqueue(inbound)
@@ -238,6 +265,11 @@ class Backfill:
                 self._enqueue(message)
         if fetched is not None:
             self._log_channel(channel, count, len(fetched))
+        if stale:
+            logger.warning(
+                "discord %s: %d missed message(s) in channel %s are over %s old; not answered",
+                self._account, stale, channel, MAX_BACKFILL_AGE,
+            )  # fmt: skip
         return count
 
     def _log_channel(self, channel: int, count: int, fetched: int) -> None:

@@ -116,6 +116,8 @@ NOT_RECORDED_MEMORY = 1000
 REDELIVERY_INTERVAL_SECONDS = 30.0
 REDELIVERY_MAX_BACKOFF_SECONDS = 1800.0  # per reply, doubling from the interval
 REDELIVERY_GIVE_UP = timedelta(hours=24)
+# Conversations with a message stored this recently are offered to ``catch_up``.
+CATCH_UP_ACTIVE_DAYS = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +311,7 @@ class Gateway:
             if self.announce is not None:
                 self.announce(self._page_links(self.http))
         for channel in self.channels.values():
+            await self._offer_catch_up(channel)
             try:
                 await channel.start(self.handle_inbound)
             except ChannelError as exc:
@@ -323,6 +326,18 @@ class Gateway:
             ",".join(self.channels) or "-",
             self.loaded.home,
         )
+
+    async def _offer_catch_up(self, channel: Channel) -> None:
+        """Tell an adapter that can read history (``catch_up``) where each recently
+        active conversation stopped, so what was sent while the bot was down is not
+        lost on a platform that does not redeliver."""
+        catch_up = getattr(channel, "catch_up", None)
+        if catch_up is None:
+            return
+        since = self.clock() - timedelta(days=CATCH_UP_ACTIVE_DAYS)
+        marks = await self.inbox.newest_per_conversation(channel.name, since)
+        if marks:
+            catch_up(marks)
 
     async def stop(self) -> None:
         if not self._started or self._stopping:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, SeenMark
 from gateway.db import Database
 
 OPEN_STATES = ("received", "replied")
@@ -119,6 +119,14 @@ class Inbox:
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(self._open_sync, limit)
 
+    async def newest_per_conversation(
+        self, channel: str, since: datetime, limit: int = 1000
+    ) -> list[SeenMark]:
+        """Per conversation (account, chat, thread) of ``channel`` with a message stored
+        since ``since``: its newest message; the most recently active first, at most
+        ``limit`` of them."""
+        return await self._db.run(self._newest_sync, channel, since.isoformat(), limit)
+
     async def counts(self) -> dict[str, int]:
         return await self._db.run(self._counts_sync)
 
@@ -182,6 +190,24 @@ class Inbox:
             (limit,),
         ).fetchall()
         return [_item(r) for r in rows]
+
+    def _newest_sync(self, channel: str, since: str, limit: int) -> list[SeenMark]:
+        # Newest first along the primary key (arrival order), so the scan stops at the
+        # first row older than ``since`` instead of reading the whole inbox.
+        rows = self._db.conn.execute(
+            "SELECT account, json_extract(payload, '$.chat_id'),"
+            " json_extract(payload, '$.thread_id'), platform_message_id, received_at"
+            " FROM inbox WHERE channel = ? ORDER BY id DESC",
+            (channel,),
+        )
+        marks: dict[tuple[str, str, str | None], SeenMark] = {}
+        for account, chat_id, thread_id, message_id, received_at in rows:
+            if received_at < since or len(marks) >= limit:
+                break
+            key = (account, str(chat_id), None if thread_id is None else str(thread_id))
+            if key not in marks:
+                marks[key] = SeenMark(account, key[1], key[2], message_id)
+        return list(marks.values())
 
     def _counts_sync(self) -> dict[str, int]:
         rows = self._db.conn.execute("SELECT status, count(*) FROM inbox GROUP BY status")

@@ -8,13 +8,14 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 import discord
 import pytest
 
-from channels.base import InboundMessage, InboundNotStored
+from channels.base import InboundMessage, InboundNotStored, SeenMark
 from channels.discord_adapter import DiscordChannel
 from channels.discord_backfill import LastSeen
 from tests.channels.discord_support import (
@@ -240,6 +241,50 @@ async def test_messages_sent_without_a_session_are_backfilled_once_in_order(
     assert by_text["gap 1"].chat_type == "group" and by_text["gap 1"].guild_id is not None
     assert sorted(_history_reads(fake)) == sorted([GENERAL, THREAD, dm])  # one read each
     assert "backfill done: 4 message(s) from 3 channel(s)" in caplog.text
+
+
+async def test_a_restart_catches_up_from_the_gateways_marks(
+    fake: FakeDiscord, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What was sent while no process ran is read back on the first READY, from the
+    marks the gateway passed to ``catch_up``; a day-old message is not answered."""
+    dm = fake.add_dm(TOKEN, BOB)
+    now = datetime.now(UTC)
+    old = discord.utils.time_snowflake(now - timedelta(days=3))
+    stale = discord.utils.time_snowflake(now - timedelta(days=2))
+    # The history as the bot left it, then what came while it was down.
+    await fake.push_message(TOKEN, channel_id=GENERAL, content="seen", author=ANN, message_id=old)
+    await fake.push_message(
+        TOKEN, channel_id=GENERAL, content="days ago", author=ANN, message_id=stale
+    )
+    seen_dm = await fake.push_message(TOKEN, channel_id=dm, content="dm seen", author=BOB)
+    for text in ("missed 1", "missed 2"):
+        await fake.push_message(TOKEN, channel_id=GENERAL, content=text, author=ANN)
+    await fake.push_message(TOKEN, channel_id=dm, content="dm missed", author=BOB)
+    await fake.push_message(TOKEN, channel_id=RANDOM, content="never seen", author=ANN)
+
+    channel = DiscordChannel(make_config(fake), ready_timeout=LIMIT)
+    channel.catch_up(
+        [
+            SeenMark("default", dm, None, seen_dm["id"]),
+            SeenMark("default", GENERAL, None, f"{old}:edit:1"),  # an edit names its message
+            SeenMark("other-account", GENERAL, None, "1"),  # another account's: not ours
+        ]
+    )
+    inbox = Inbox()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        await channel.start(inbox.handle)
+        try:
+            messages = await inbox.wait(3)
+            await fake.push_message(TOKEN, channel_id=GENERAL, content="live", author=ANN)
+            messages = await inbox.wait(4)
+        finally:
+            await channel.stop()
+    texts = [m.text for m in messages]
+    assert sorted(texts[:3]) == ["dm missed", "missed 1", "missed 2"] and texts[3] == "live"
+    assert texts.index("missed 1") < texts.index("missed 2")
+    assert sorted(_history_reads(fake)) == sorted([GENERAL, dm])
+    assert "1 missed message(s) in channel" in caplog.text  # "days ago", skipped
 
 
 async def test_a_resume_needs_no_backfill(fake: FakeDiscord) -> None:

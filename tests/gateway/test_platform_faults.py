@@ -404,3 +404,29 @@ async def test_discord_resume_replaying_handled_events_answers_once(
         await w.answered(w.bob_dm, ["qb01"])
         assert len(w.fake.identifies) == 1
         assert await w.gateway.inbox.counts() == {"delivered": 5}
+
+
+async def test_discord_messages_sent_while_the_bot_was_down_are_answered_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Discord does not redeliver: what Ann sends while no process runs reaches nobody.
+    # The restarted gateway tells the adapter where her conversation stopped
+    # (``catch_up``), and the first READY reads the rest back from the DM's history.
+    async with fake_discord(monkeypatch) as fake, FakeAnthropic() as llm:
+        loaded = load_config(env=discord_settings(tmp_path, fake, llm))
+
+        def gateway() -> Gateway:
+            channel = DiscordChannel(loaded.config.channels.discord, ready_timeout=LIMIT)
+            return Gateway(loaded, channels=[channel])
+
+        async with gateway() as first:
+            w = DiscordWorld(fake, first)
+            await w.say(w.ann_dm, "qa01")
+            await w.answered(w.ann_dm, ["qa01"])
+        assert not fake.gateway.connected(DISCORD_TOKEN)  # down
+        for text in tagged("a", 2, start=2):
+            await w.say(w.ann_dm, text)
+        async with gateway() as second:
+            w.gateway = second
+            await w.answered(w.ann_dm, tagged("a", 3))  # qa01 once: not read back
+            assert await second.inbox.counts() == {"delivered": 3}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, SeenMark
 from core.messages import Usage
 from gateway.db import SCHEMA_VERSION, Database
 from gateway.errors import SchemaTooNewError
@@ -142,3 +143,38 @@ async def test_inbox_survives_reopen(tmp_path: Path) -> None:
     async with Database(path) as db:
         items = await Inbox(db).open_items()
         assert [i.message.message_id for i in items] == ["1"]
+
+
+async def test_inbox_gives_the_newest_message_per_recent_conversation(tmp_path: Path) -> None:
+    async with Database(tmp_path / "state.db") as db:
+        inbox = Inbox(db)
+
+        def at(mid: str, chat: str, **fields: object) -> InboundMessage:
+            return dataclasses.replace(message(mid), channel="discord", chat_id=chat, **fields)
+
+        for item in (
+            at("10", "old-chat"),
+            at("11", "c1"),
+            at("12", "c1", thread_id="t1"),
+            at("13", "c2", account="second"),
+            at("14", "c1"),
+            at("15", "c1", thread_id="t1"),
+            message("16"),  # another channel
+        ):
+            await inbox.record(item)
+        # old-chat was last active long ago (received_at is the arrival time).
+        long_ago = (datetime.now(UTC) - timedelta(days=30)).isoformat()
+        await db.run(
+            lambda: db.conn.execute(
+                "UPDATE inbox SET received_at = ? WHERE platform_message_id = '10'", (long_ago,)
+            )
+        )
+        since = datetime.now(UTC) - timedelta(days=7)
+        marks = await inbox.newest_per_conversation("discord", since)
+        assert marks == [
+            SeenMark("default", "c1", "t1", "15"),
+            SeenMark("default", "c1", None, "14"),
+            SeenMark("second", "c2", None, "13"),
+        ]
+        assert await inbox.newest_per_conversation("discord", since, limit=1) == marks[:1]
+        assert await inbox.newest_per_conversation("discord", datetime.now(UTC)) == []
