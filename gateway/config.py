@@ -6,8 +6,9 @@ it exists, else the built-in defaults. Then the environment:
 - secrets: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``,
   ``OPENAI_BASE_URL`` fill the provider sections when the file leaves them unset;
   ``TELEGRAM_BOT_TOKEN`` and ``DISCORD_BOT_TOKEN`` the ``default`` bot account's
-  token; ``TELEGRAM_API_BASE_URL`` overrides the ``default`` Telegram account's Bot
-  API server; ``PARLEY_ADMIN_HOST``, ``PARLEY_ADMIN_PORT`` and ``PARLEY_ADMIN_TOKEN``
+  token; ``PARLEY_DATABASE_URL`` the PostgreSQL URL (``[storage] url``);
+  ``TELEGRAM_API_BASE_URL`` overrides the ``default`` Telegram account's Bot API
+  server; ``PARLEY_ADMIN_HOST``, ``PARLEY_ADMIN_PORT`` and ``PARLEY_ADMIN_TOKEN``
   override the HTTP server's ``[http]`` host, port and token;
 - overrides: ``PARLEY_<SECTION>__<FIELD>[__<FIELD>...]=value`` set any field (the
   value is read as a TOML value when it parses as one, else as a string), e.g.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from channels.config import ChannelsConfig
 from core.config import AgentConfig, ProvidersConfig
@@ -40,7 +41,7 @@ DEFAULT_HOME = Path("~/.parley")
 CONFIG_FILE_NAME = "parley.toml"
 ENV_PREFIX = "PARLEY_"
 # Environment variables that are not field overrides.
-_RESERVED_ENV = {"PARLEY_HOME", "PARLEY_LOG_LEVEL", "PARLEY_CONFIG"}
+_RESERVED_ENV = {"PARLEY_HOME", "PARLEY_LOG_LEVEL", "PARLEY_CONFIG", "PARLEY_DATABASE_URL"}
 _SECRET_ENV: dict[str, tuple[str, ...]] = {
     "ANTHROPIC_API_KEY": ("providers", "anthropic", "api_key"),
     "ANTHROPIC_BASE_URL": ("providers", "anthropic", "base_url"),
@@ -48,6 +49,7 @@ _SECRET_ENV: dict[str, tuple[str, ...]] = {
     "OPENAI_BASE_URL": ("providers", "openai", "base_url"),
     "TELEGRAM_BOT_TOKEN": ("channels", "telegram", "accounts", "default", "token"),
     "DISCORD_BOT_TOKEN": ("channels", "discord", "accounts", "default", "token"),
+    "PARLEY_DATABASE_URL": ("storage", "url"),
 }
 # Overrides (not defaults): they win over the file, and apply to an existing account only.
 _OVERRIDE_ENV: dict[str, tuple[str, ...]] = {
@@ -66,10 +68,27 @@ class _Strict(BaseModel):
 
 
 class StorageConfig(_Strict):
+    # SQLite (state.db, JSONL transcripts, memory.db under $PARLEY_HOME) is the embedded
+    # default; PostgreSQL with pgvector is shared by several gateway replicas.
+    backend: Literal["sqlite", "postgres"] = Field(
+        "sqlite", description="where sessions, transcripts, the inbox and memory live"
+    )
+    url: SecretStr | None = Field(
+        None,
+        description="postgres: a libpq URL (postgresql://user:pass@host/db); "
+        "PARLEY_DATABASE_URL when unset",
+    )
+    pool_size: int = Field(10, ge=2, le=200, description="postgres: connections per replica")
     # write() alone survives a killed process; fsync also survives a power cut, at a
     # cost of milliseconds per transcript append and per state.db commit.
     fsync: bool = Field(False, description="fsync transcripts and state.db on every write")
     max_open_transcripts: int = Field(256, ge=1, le=100_000, description="kept in memory, LRU")
+
+    @model_validator(mode="after")
+    def _postgres_needs_a_url(self) -> StorageConfig:
+        if self.backend == "postgres" and self.url is None:
+            raise ValueError("backend 'postgres' needs url (or PARLEY_DATABASE_URL)")
+        return self
 
 
 class LoggingConfig(_Strict):
