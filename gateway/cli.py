@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import CoreError, TranscriptError
 from gateway.config import LoadedConfig, effective_config_toml, load_config
+from gateway.db_cli import add_db_commands, db_command
 from gateway.errors import ConfigFileError, GatewayError
 from gateway.memory_cli import add_memory_commands, bench_command, memory_command
 
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("channel", help="telegram, discord, ...")
     revoke.add_argument("sender_id", help="the person's user id on that channel")
     add_memory_commands(sub, common)
+    add_db_commands(sub, common)
     return parser
 
 
@@ -125,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(memory_command(loaded, args))
         if command == "bench":
             return asyncio.run(bench_command(loaded, args))
+        if command == "db":
+            return asyncio.run(db_command(loaded, args))
     except (GatewayError, CoreError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return EXIT_PROBLEM
