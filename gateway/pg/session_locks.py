@@ -1,0 +1,123 @@
+"""One turn at a time per session across every replica: PostgreSQL advisory locks.
+
+A replica holds the locks of the sessions it is running on one dedicated connection
+(session-level advisory locks, keyed by a 64-bit hash of the session key). Taking one
+is ``pg_try_advisory_lock``; when another replica holds it, the waiter sleeps until
+that replica's release NOTIFYs the key, or ``poll_seconds`` pass. A replica that dies
+loses its connection and PostgreSQL drops its locks; no NOTIFY comes then, so the
+waiters find out by polling. Within a replica the lanes already run one turn per
+session, so these locks only ever contend with other replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import psycopg
+
+from gateway.errors import StateError
+
+log = logging.getLogger("parley.gateway.pg")
+
+CHANNEL = "parley_session_unlocked"
+DEFAULT_POLL_SECONDS = 1.0
+
+
+class SessionLocks:
+    """The replica's session locks; explicit open/close."""
+
+    def __init__(self, url: str, *, poll_seconds: float = DEFAULT_POLL_SECONDS) -> None:
+        self._url = url
+        self._poll = poll_seconds
+        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._listener: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._listen_task: asyncio.Task[None] | None = None
+        self._released: dict[str, asyncio.Event] = {}
+        self._statement = asyncio.Lock()  # one statement at a time on the lock connection
+        self.held: set[str] = set()
+
+    async def open(self) -> None:
+        try:
+            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            self._listener = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            await self._listener.execute(f"LISTEN {CHANNEL}")
+        except psycopg.Error as exc:
+            await self.close()
+            raise StateError(f"cannot open the session lock connection: {exc}") from exc
+        self._listen_task = asyncio.create_task(self._listen(), name="session-lock-listener")
+
+    async def close(self) -> None:
+        task, self._listen_task = self._listen_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for conn in (self._conn, self._listener):
+            if conn is not None:
+                await conn.close()  # drops every lock still held
+        self._conn = self._listener = None
+        self.held.clear()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key``'s lock for the block, waiting for other replicas first."""
+        await self.acquire(key)
+        try:
+            yield
+        finally:
+            await self.release(key)
+
+    async def acquire(self, key: str) -> None:
+        waited = False
+        while not await self._try(key):
+            if not waited:
+                log.debug("session %s is running on another replica; waiting", key)
+                waited = True
+            event = self._released.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll):
+                    await event.wait()
+            event.clear()
+        self.held.add(key)
+
+    async def release(self, key: str) -> None:
+        self.held.discard(key)
+        try:
+            async with self._statement:
+                conn = self._connection()
+                await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+                await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, key))
+        except psycopg.Error as exc:
+            # The connection is gone, and with it the lock: nothing left to release.
+            log.error("releasing the session lock of %s failed: %s", key, exc)
+
+    async def _try(self, key: str) -> bool:
+        async with self._statement:
+            conn = self._connection()
+            try:
+                cursor = await conn.execute(
+                    "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
+                )
+                row = await cursor.fetchone()
+            except psycopg.Error as exc:
+                raise StateError(f"the session lock connection failed: {exc}") from exc
+        return bool(row and row[0])
+
+    def _connection(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        if self._conn is None:
+            raise StateError("session locks are not open")
+        return self._conn
+
+    async def _listen(self) -> None:
+        assert self._listener is not None
+        try:
+            async for note in self._listener.notifies():
+                event = self._released.get(note.payload)
+                if event is not None:
+                    event.set()
+        except psycopg.Error as exc:
+            # Waiters fall back to polling; nothing is lost but promptness.
+            log.warning("session lock notifications stopped: %s", exc)
