@@ -16,7 +16,7 @@ import dataclasses
 import json
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -45,30 +45,33 @@ class RecordResult:
 
 
 # json.loads joins a valid surrogate pair into one code point: any left is alone.
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# NUL: PostgreSQL text (and its JSON types) cannot hold it at all.
+_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
 
 
 def well_formed(message: InboundMessage) -> InboundMessage:
-    """``message`` with lone UTF-16 surrogates replaced by U+FFFD in every text field.
+    """``message`` with lone UTF-16 surrogates and NUL characters replaced by U+FFFD in
+    every text field.
 
-    JSON allows ``"\\ud800"`` and Python decodes it into a str that UTF-8 cannot
-    encode: SQLite, the transcript and the platforms would all refuse it later. A
-    platform (or a browser) can send one; it must cost a character, never the message.
+    JSON allows ``"\\ud800"`` and ``"\\u0000"`` and Python decodes them into a str
+    that UTF-8 cannot encode (a surrogate) or that PostgreSQL refuses (NUL): the
+    stores, the transcript and the platforms would refuse it later. A platform (or a
+    browser) can send one; it must cost a character, never the message.
     """
     changes = {
         name: _scrub(value)
         for name in InboundMessage.__dataclass_fields__
-        if isinstance(value := getattr(message, name), str) and _has_surrogate(value)
+        if isinstance(value := getattr(message, name), str) and _has_unstorable(value)
     }
     return dataclasses.replace(message, **changes) if changes else message
 
 
-def _has_surrogate(text: str) -> bool:
-    return _SURROGATE.search(text) is not None
+def _has_unstorable(text: str) -> bool:
+    return _UNSTORABLE.search(text) is not None
 
 
 def _scrub(text: str) -> str:
-    return _SURROGATE.sub("\ufffd", text)
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def message_to_json(message: InboundMessage) -> str:
@@ -152,14 +155,14 @@ class Inbox:
                 "SELECT * FROM inbox WHERE channel = ? AND account = ? AND platform_message_id = ?",
                 (message.channel, message.account, message.message_id),
             ).fetchone()
-            return RecordResult(_item(row), is_new=False)
+            return RecordResult(item_from_row(row), is_new=False)
         item = self._get_sync(int(cursor.lastrowid or 0))
         assert item is not None
         return RecordResult(item, is_new=True)
 
     def _get_sync(self, item_id: int) -> InboxItem | None:
         row = self._db.conn.execute("SELECT * FROM inbox WHERE id = ?", (item_id,)).fetchone()
-        return _item(row) if row else None
+        return item_from_row(row) if row else None
 
     def _set_sync(
         self,
@@ -189,7 +192,7 @@ class Inbox:
             "SELECT * FROM inbox WHERE status IN ('received', 'replied') ORDER BY id LIMIT ?",
             (limit,),
         ).fetchall()
-        return [_item(r) for r in rows]
+        return [item_from_row(r) for r in rows]
 
     def _newest_sync(self, channel: str, since: str, limit: int) -> list[SeenMark]:
         # Newest first along the primary key (arrival order), so the scan stops at the
@@ -200,21 +203,29 @@ class Inbox:
             " FROM inbox WHERE channel = ? ORDER BY id DESC",
             (channel,),
         )
-        marks: dict[tuple[str, str, str | None], SeenMark] = {}
-        for account, chat_id, thread_id, message_id, received_at in rows:
-            if received_at < since or len(marks) >= limit:
-                break
-            key = (account, str(chat_id), None if thread_id is None else str(thread_id))
-            if key not in marks:
-                marks[key] = SeenMark(account, key[1], key[2], message_id)
-        return list(marks.values())
+        return newest_marks(rows, since, limit)
 
     def _counts_sync(self) -> dict[str, int]:
         rows = self._db.conn.execute("SELECT status, count(*) FROM inbox GROUP BY status")
         return {status: n for status, n in rows}
 
 
-def _item(row: sqlite3.Row) -> InboxItem:
+def newest_marks(rows: Iterable[Sequence[Any]], since: str, limit: int) -> list[SeenMark]:
+    """The first (newest) message per conversation from ``rows`` of (account, chat_id,
+    thread_id, platform message id, received_at), newest first; stops at the first row
+    received before ``since`` or once ``limit`` conversations are found."""
+    marks: dict[tuple[str, str, str | None], SeenMark] = {}
+    for account, chat_id, thread_id, message_id, received_at in rows:
+        if received_at < since or len(marks) >= limit:
+            break
+        key = (account, str(chat_id), None if thread_id is None else str(thread_id))
+        if key not in marks:
+            marks[key] = SeenMark(account, key[1], key[2], message_id)
+    return list(marks.values())
+
+
+def item_from_row(row: Mapping[str, Any]) -> InboxItem:
+    """From an inbox row of either backend (sqlite3.Row or a psycopg dict row)."""
     return InboxItem(
         id=row["id"],
         message=message_from_json(row["payload"]),

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.db import Database
 from gateway.errors import PairingError
@@ -82,6 +82,38 @@ def pairing_text(request: PairingRequest, now: datetime) -> str:
     )
 
 
+def check_existing(current: PairingRequest | None, now: datetime) -> PairingCheck | None:
+    """The answer the sender's current request gives, or None when a new code is due
+    (no request yet, or an expired one)."""
+    if current is not None and current.status == "approved":
+        return PairingCheck(allowed=True, request=current)
+    if current is not None and current.status == "denied":
+        return PairingCheck(allowed=False, request=current, reason="denied")
+    if current is not None and not current.expired(now):
+        due = current.notified_at is None or now - current.notified_at >= RENOTIFY_AFTER
+        return PairingCheck(allowed=False, request=current, notify=due, reason="pending")
+    return None
+
+
+def cannot_decide(request: PairingRequest, now: datetime) -> str | None:
+    """Why ``request`` can no longer be approved or denied; None when it can."""
+    if request.status != "pending":
+        return (
+            f"{request.display_code} was already {request.status}"
+            f" ({request.channel} user {request.sender_id})"
+        )
+    if request.expired(now):
+        return (
+            f"{request.display_code} expired at {request.expires_at:%Y-%m-%d %H:%M} UTC;"
+            " the person gets a new code when they write again"
+        )
+    return None
+
+
+def draw_code() -> str:
+    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+
+
 class PairingStore:
     def __init__(self, db: Database, *, now: Callable[[], datetime] = utcnow) -> None:
         self._db = db
@@ -118,7 +150,7 @@ class PairingStore:
         row = self._db.conn.execute(
             "SELECT * FROM pairing WHERE channel = ? AND sender_id = ?", (channel, sender_id)
         ).fetchone()
-        return _request(row) if row else None
+        return request_from_row(row) if row else None
 
     def _check_sync(
         self,
@@ -128,14 +160,9 @@ class PairingStore:
         sender_name: str | None,
         now: datetime,
     ) -> PairingCheck:
-        current = self._get_sync(channel, sender_id)
-        if current is not None and current.status == "approved":
-            return PairingCheck(allowed=True, request=current)
-        if current is not None and current.status == "denied":
-            return PairingCheck(allowed=False, request=current, reason="denied")
-        if current is not None and not current.expired(now):
-            due = current.notified_at is None or now - current.notified_at >= RENOTIFY_AFTER
-            return PairingCheck(allowed=False, request=current, notify=due, reason="pending")
+        decided = check_existing(self._get_sync(channel, sender_id), now)
+        if decided is not None:
+            return decided
         conn = self._db.conn
         pending = conn.execute(
             "SELECT count(*) FROM pairing WHERE channel = ? AND status = 'pending'"
@@ -145,7 +172,7 @@ class PairingStore:
         if pending >= MAX_PENDING_PER_CHANNEL:
             return PairingCheck(allowed=False, request=None, reason="too many pending codes")
         for _ in range(8):  # a clash in a 32^8 space is rare; retry rather than fail
-            code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+            code = draw_code()
             try:
                 conn.execute(
                     "INSERT INTO pairing (channel, sender_id, account, sender_name, code, status,"
@@ -183,23 +210,16 @@ class PairingStore:
             rows = self._db.conn.execute(
                 "SELECT * FROM pairing WHERE status = ? ORDER BY created_at", (status,)
             ).fetchall()
-        return [_request(r) for r in rows]
+        return [request_from_row(r) for r in rows]
 
     def _decide_sync(self, code: str, status: PairingStatus, now: datetime) -> PairingRequest:
         row = self._db.conn.execute("SELECT * FROM pairing WHERE code = ?", (code,)).fetchone()
         if row is None:
             raise PairingError(f"no pairing request has the code {format_code(code)!s}")
-        request = _request(row)
-        if request.status != "pending":
-            raise PairingError(
-                f"{request.display_code} was already {request.status}"
-                f" ({request.channel} user {request.sender_id})"
-            )
-        if request.expired(now):
-            raise PairingError(
-                f"{request.display_code} expired at {request.expires_at:%Y-%m-%d %H:%M} UTC;"
-                " the person gets a new code when they write again"
-            )
+        request = request_from_row(row)
+        problem = cannot_decide(request, now)
+        if problem is not None:
+            raise PairingError(problem)
         self._db.conn.execute(
             "UPDATE pairing SET status = ?, decided_at = ? WHERE code = ?",
             (status, now.isoformat(), code),
@@ -219,7 +239,8 @@ def _when(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
-def _request(row: sqlite3.Row) -> PairingRequest:
+def request_from_row(row: Mapping[str, Any]) -> PairingRequest:
+    """From a pairing row of either backend (sqlite3.Row or a psycopg dict row)."""
     return PairingRequest(
         channel=row["channel"],
         sender_id=row["sender_id"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from core.messages import Usage
 from gateway.db import Database
 
-_COLUMNS = (
+SESSION_COLUMNS = (
     "session_id, key, agent_id, channel, account, chat_type, peer, parent_key, display_name,"
     " created_at, updated_at, status, archived_reason, archived_at, model, settings, last_route,"
     " input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, context_tokens,"
@@ -79,7 +79,8 @@ class SessionRecord:
     last_message_ids: list[str] = field(default_factory=list)  # of the last reply delivered
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> SessionRecord:
+    def from_row(cls, row: Mapping[str, Any]) -> SessionRecord:
+        """From a sessions row of either backend (sqlite3.Row or a psycopg dict row)."""
         return cls(
             session_id=row["session_id"],
             key=row["key"],
@@ -118,6 +119,29 @@ class SessionRecord:
 class SessionPage:
     sessions: list[SessionRecord]
     next_cursor: str | None
+
+
+MAX_PAGE_SIZE = 500
+
+
+def page_limit(limit: int) -> int:
+    return max(1, min(limit, MAX_PAGE_SIZE))
+
+
+def split_cursor(cursor: str) -> tuple[str, str]:
+    """The cursor is "<updated_at>|<session_id>" of the last row of the previous page."""
+    updated, _, session_id = cursor.partition("|")
+    return updated, session_id
+
+
+def session_page(records: Sequence[SessionRecord], limit: int) -> SessionPage:
+    """A page from up to ``limit + 1`` records: the extra one only says there is more."""
+    page = list(records[:limit])
+    next_cursor = None
+    if len(records) > limit:
+        last = page[-1]
+        next_cursor = f"{last.updated_at.isoformat()}|{last.session_id}"
+    return SessionPage(page, next_cursor)
 
 
 class SessionRegistry:
@@ -263,20 +287,20 @@ class SessionRegistry:
         cursor: str | None = None,
     ) -> SessionPage:
         return await self._db.run(
-            self._list_sync, status, channel, agent_id, query, max(1, min(limit, 500)), cursor
+            self._list_sync, status, channel, agent_id, query, page_limit(limit), cursor
         )
 
     # -- on the database thread -------------------------------------------------------
 
     def _get_sync(self, session_id: str) -> SessionRecord | None:
         row = self._db.conn.execute(
-            f"SELECT {_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
         ).fetchone()
         return SessionRecord.from_row(row) if row else None
 
     def _get_active_sync(self, key: str) -> SessionRecord | None:
         row = self._db.conn.execute(
-            f"SELECT {_COLUMNS} FROM sessions WHERE key = ? AND status = 'active'", (key,)
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE key = ? AND status = 'active'", (key,)
         ).fetchone()
         return SessionRecord.from_row(row) if row else None
 
@@ -285,7 +309,8 @@ class SessionRegistry:
         if found:
             return found
         row = self._db.conn.execute(
-            f"SELECT {_COLUMNS} FROM sessions WHERE key = ? ORDER BY created_at DESC LIMIT 1",
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE key = ?"
+            " ORDER BY created_at DESC LIMIT 1",
             (key_or_id,),
         ).fetchone()
         return SessionRecord.from_row(row) if row else None
@@ -414,18 +439,12 @@ class SessionRegistry:
             where.append("(instr(lower(key), ?) > 0 OR instr(lower(display_name), ?) > 0)")
             params += [query.lower(), query.lower()]
         if cursor:
-            # The cursor is "<updated_at>|<session_id>" of the last row of the previous page.
-            updated, _, sid = cursor.partition("|")
+            updated, sid = split_cursor(cursor)
             where.append("(updated_at < ? OR (updated_at = ? AND session_id < ?))")
             params += [updated, updated, sid]
-        sql = f"SELECT {_COLUMNS} FROM sessions"
+        sql = f"SELECT {SESSION_COLUMNS} FROM sessions"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY updated_at DESC, session_id DESC LIMIT ?"
         rows = self._db.conn.execute(sql, (*params, limit + 1)).fetchall()
-        records = [SessionRecord.from_row(r) for r in rows[:limit]]
-        next_cursor = None
-        if len(rows) > limit:
-            last = records[-1]
-            next_cursor = f"{last.updated_at.isoformat()}|{last.session_id}"
-        return SessionPage(records, next_cursor)
+        return session_page([SessionRecord.from_row(r) for r in rows], limit)

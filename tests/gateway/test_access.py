@@ -1,10 +1,12 @@
 """Who the gateway answers: group activation, allowlists and DM pairing, end to end
-through a real state.db with the recording channel; plus the typing keep-alive, the
-group turn text, partial deliveries and the HTTP server."""
+through a real state.db with the recording channel (the pairing flows also with the
+pairing store in PostgreSQL); plus the typing keep-alive, the group turn text, partial
+deliveries and the HTTP server."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,28 @@ from gateway.errors import PairingError
 from gateway.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, normalise_code
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
+from tests.gateway.state_backends import open_backend, state_location
 from tests.gateway.test_app import Clock, clock, make_config, stack
 
-__all__ = ["clock", "stack"]  # the shared fixtures
+__all__ = ["clock", "stack", "state_location"]  # the shared fixtures
+
+
+@pytest.fixture
+async def pairing_stack(
+    state_location: tuple[str, Path | str], stack: Any, clock: Clock
+) -> AsyncIterator[Any]:
+    """``stack`` with its pairing store on each backend in turn. The gateway does not
+    choose its backend by config yet (issue 8), so the PostgreSQL store is put in the
+    two places that hold it: the gateway (the operator's side) and its access gate."""
+    gateway, _, _ = stack
+    if state_location[0] == "sqlite":  # the gateway's own state.db
+        yield stack
+        return
+    async with open_backend(*state_location) as backend:
+        store = backend.pairing(now=clock)
+        gateway.pairing = store
+        gateway.access.pairing = store
+        yield stack
 
 
 async def deliver(gateway: Gateway, channel: RecordingChannel, text: str, **kw: Any) -> None:
@@ -74,8 +95,8 @@ async def test_allowlist_lets_in_only_listed_people(stack: Any) -> None:
     assert [m.text for m in channel.sent] == ["echo: hi"]
 
 
-async def test_pairing_code_then_approval_then_answers(stack: Any, clock: Clock) -> None:
-    gateway, channel, provider = stack
+async def test_pairing_code_then_approval_then_answers(pairing_stack: Any, clock: Clock) -> None:
+    gateway, channel, provider = pairing_stack
     channel.chat_policy = ChatPolicy(dm_policy="pairing")
     await deliver(gateway, channel, "hello?", sender="bob")
     assert provider.requests == []
@@ -97,8 +118,8 @@ async def test_pairing_code_then_approval_then_answers(stack: Any, clock: Clock)
         await gateway.pairing.approve(code)
 
 
-async def test_pairing_deny_silences_and_expiry_renews(stack: Any, clock: Clock) -> None:
-    gateway, channel, _ = stack
+async def test_pairing_deny_silences_and_expiry_renews(pairing_stack: Any, clock: Clock) -> None:
+    gateway, channel, _ = pairing_stack
     channel.chat_policy = ChatPolicy(dm_policy="pairing")
     await deliver(gateway, channel, "hi", sender="eve")
     first = code_in(channel.sent[-1].text)
@@ -115,8 +136,8 @@ async def test_pairing_deny_silences_and_expiry_renews(stack: Any, clock: Clock)
     assert len(channel.sent) == sent  # denied: no answer, no new code
 
 
-async def test_pairing_caps_open_codes_per_channel(stack: Any) -> None:
-    gateway, channel, _ = stack
+async def test_pairing_caps_open_codes_per_channel(pairing_stack: Any) -> None:
+    gateway, channel, _ = pairing_stack
     channel.chat_policy = ChatPolicy(dm_policy="pairing")
     for n in range(MAX_PENDING_PER_CHANNEL + 1):
         await deliver(gateway, channel, "hi", sender=f"stranger{n}")

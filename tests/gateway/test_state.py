@@ -1,4 +1,6 @@
-"""state.db: migrations, the session registry and the durable inbox on a real SQLite file."""
+"""State: state.db's migrations on a real SQLite file; the session registry, the durable
+inbox and the DM pairing store on both backends (SQLite and a real PostgreSQL), from one
+suite: every test that takes ``state`` runs once per backend."""
 
 from __future__ import annotations
 
@@ -12,9 +14,13 @@ import pytest
 from channels.base import InboundMessage, SeenMark
 from core.messages import Usage
 from gateway.db import SCHEMA_VERSION, Database
-from gateway.errors import SchemaTooNewError
-from gateway.inbox import Inbox
-from gateway.registry import SessionOrigin, SessionRegistry
+from gateway.errors import PairingError, SchemaTooNewError
+from gateway.inbox import well_formed
+from gateway.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, format_code
+from gateway.registry import SessionOrigin
+from tests.gateway.state_backends import StateBackend, state, state_location
+
+__all__ = ["state", "state_location"]  # the shared fixtures
 
 ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default", "direct", "alice")
 
@@ -46,135 +52,327 @@ async def test_schema_created_and_newer_schema_refused(tmp_path: Path) -> None:
         await Database(path).open()
 
 
-async def test_registry_lifecycle(tmp_path: Path) -> None:
-    async with Database(tmp_path / "state.db") as db:
-        registry = SessionRegistry(db)
-        first = await registry.create(ORIGIN, settings={"model": "m1"})
-        assert (await registry.get_active(ORIGIN.key)) == first
-        # A second create for the same key returns the active one, never a duplicate.
-        assert (await registry.create(ORIGIN)).session_id == first.session_id
-        later = datetime.now(UTC) + timedelta(seconds=5)
-        await registry.record_turn(
-            first.session_id,
-            usage=Usage(100, 20, 50, 10),
-            context_tokens=180,
-            entry_count=3,
-            last_entry_id="abc",
-            model="m",
-            now=later,
+async def test_registry_lifecycle(state: StateBackend) -> None:
+    registry = state.registry
+    first = await registry.create(ORIGIN, settings={"model": "m1"})
+    assert (await registry.get_active(ORIGIN.key)) == first
+    # A second create for the same key returns the active one, never a duplicate.
+    assert (await registry.create(ORIGIN)).session_id == first.session_id
+    later = datetime.now(UTC) + timedelta(seconds=5)
+    await registry.record_turn(
+        first.session_id,
+        usage=Usage(100, 20, 50, 10),
+        context_tokens=180,
+        entry_count=3,
+        last_entry_id="abc",
+        model="m",
+        now=later,
+    )
+    await registry.record_turn(
+        first.session_id,
+        usage=Usage(1, 2, 3, 4),
+        context_tokens=190,
+        entry_count=5,
+        last_entry_id="def",
+        model=None,
+        now=later - timedelta(hours=1),
+    )
+    got = await registry.get(first.session_id)
+    assert got is not None
+    assert got.usage == Usage(101, 22, 53, 14)
+    assert (got.turn_count, got.entry_count, got.last_entry_id) == (2, 5, "def")
+    assert got.updated_at == later  # updated_at never moves backwards
+    await registry.archive(first.session_id, "daily")
+    assert await registry.get_active(ORIGIN.key) is None
+    second = await registry.create(ORIGIN)
+    assert second.session_id != first.session_id
+    assert (await registry.find(ORIGIN.key)).session_id == second.session_id
+    archived = await registry.get(first.session_id)
+    assert archived is not None and archived.status == "archived"
+    assert archived.archived_reason == "daily"
+
+
+async def test_registry_list_filters_and_paginates(state: StateBackend) -> None:
+    registry = state.registry
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(7):
+        origin = SessionOrigin(
+            f"agent:main:test:direct:user{i}",
+            "main",
+            "tg" if i % 2 else "test",
+            "default",
+            "direct",
+            f"user{i}",
+            display_name=f"User {i}",
         )
-        await registry.record_turn(
-            first.session_id,
-            usage=Usage(1, 2, 3, 4),
-            context_tokens=190,
-            entry_count=5,
-            last_entry_id="def",
-            model=None,
-            now=later - timedelta(hours=1),
-        )
-        got = await registry.get(first.session_id)
-        assert got is not None
-        assert got.usage == Usage(101, 22, 53, 14)
-        assert (got.turn_count, got.entry_count, got.last_entry_id) == (2, 5, "def")
-        assert got.updated_at == later  # updated_at never moves backwards
-        await registry.archive(first.session_id, "daily")
-        assert await registry.get_active(ORIGIN.key) is None
-        second = await registry.create(ORIGIN)
-        assert second.session_id != first.session_id
-        assert (await registry.find(ORIGIN.key)).session_id == second.session_id
-        archived = await registry.get(first.session_id)
-        assert archived is not None and archived.status == "archived"
-        assert archived.archived_reason == "daily"
+        await registry.create(origin, now=base + timedelta(minutes=i))
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await registry.list(limit=3, cursor=cursor)
+        seen += [r.key for r in page.sessions]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == [f"agent:main:test:direct:user{i}" for i in reversed(range(7))]
+    tg = await registry.list(channel="tg")
+    assert {r.peer for r in tg.sessions} == {"user1", "user3", "user5"}
+    found = await registry.list(query="USER 4")
+    assert [r.peer for r in found.sessions] == ["user4"]
 
 
-async def test_registry_list_filters_and_paginates(tmp_path: Path) -> None:
-    async with Database(tmp_path / "state.db") as db:
-        registry = SessionRegistry(db)
-        base = datetime(2026, 1, 1, tzinfo=UTC)
-        for i in range(7):
-            origin = SessionOrigin(
-                f"agent:main:test:direct:user{i}",
-                "main",
-                "tg" if i % 2 else "test",
-                "default",
-                "direct",
-                f"user{i}",
-                display_name=f"User {i}",
-            )
-            await registry.create(origin, now=base + timedelta(minutes=i))
-        seen: list[str] = []
-        cursor = None
-        while True:
-            page = await registry.list(limit=3, cursor=cursor)
-            seen += [r.key for r in page.sessions]
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        assert seen == [f"agent:main:test:direct:user{i}" for i in reversed(range(7))]
-        tg = await registry.list(channel="tg")
-        assert {r.peer for r in tg.sessions} == {"user1", "user3", "user5"}
-        found = await registry.list(query="USER 4")
-        assert [r.peer for r in found.sessions] == ["user4"]
+async def test_inbox_dedupes_and_tracks_state(state: StateBackend) -> None:
+    inbox = state.inbox
+    first = await inbox.record(message("42", "hello"))
+    again = await inbox.record(message("42", "hello"))
+    assert first.is_new and not again.is_new
+    assert again.item.id == first.item.id
+    other = await inbox.record(message("43"))
+    assert [i.id for i in await inbox.open_items()] == [first.item.id, other.item.id]
+    await inbox.mark_replied([first.item.id], "sid", ["the reply"])
+    item = await inbox.get(first.item.id)
+    assert item is not None and item.status == "replied" and item.reply == ["the reply"]
+    assert item.message == message("42", "hello")
+    await inbox.mark_delivered([first.item.id])
+    await inbox.mark_failed([other.item.id], "blocked")
+    assert await inbox.open_items() == []
+    assert await inbox.counts() == {"delivered": 1, "failed": 1}
 
 
-async def test_inbox_dedupes_and_tracks_state(tmp_path: Path) -> None:
-    async with Database(tmp_path / "state.db") as db:
-        inbox = Inbox(db)
-        first = await inbox.record(message("42", "hello"))
-        again = await inbox.record(message("42", "hello"))
-        assert first.is_new and not again.is_new
-        assert again.item.id == first.item.id
-        other = await inbox.record(message("43"))
-        assert [i.id for i in await inbox.open_items()] == [first.item.id, other.item.id]
-        await inbox.mark_replied([first.item.id], "sid", ["the reply"])
-        item = await inbox.get(first.item.id)
-        assert item is not None and item.status == "replied" and item.reply == ["the reply"]
-        assert item.message == message("42", "hello")
-        await inbox.mark_delivered([first.item.id])
-        await inbox.mark_failed([other.item.id], "blocked")
-        assert await inbox.open_items() == []
-        assert await inbox.counts() == {"delivered": 1, "failed": 1}
-
-
-async def test_inbox_survives_reopen(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    async with Database(path) as db:
-        await Inbox(db).record(message("1"))
-    async with Database(path) as db:
-        items = await Inbox(db).open_items()
+async def test_inbox_survives_reopen(state: StateBackend) -> None:
+    await state.inbox.record(message("1"))
+    async with state.reopen() as reopened:
+        items = await reopened.inbox.open_items()
         assert [i.message.message_id for i in items] == ["1"]
 
 
-async def test_inbox_gives_the_newest_message_per_recent_conversation(tmp_path: Path) -> None:
-    async with Database(tmp_path / "state.db") as db:
-        inbox = Inbox(db)
+async def test_inbox_gives_the_newest_message_per_recent_conversation(
+    state: StateBackend,
+) -> None:
+    inbox = state.inbox
 
-        def at(mid: str, chat: str, **fields: object) -> InboundMessage:
-            return dataclasses.replace(message(mid), channel="discord", chat_id=chat, **fields)
+    def at(mid: str, chat: str, **fields: object) -> InboundMessage:
+        return dataclasses.replace(message(mid), channel="discord", chat_id=chat, **fields)
 
-        for item in (
-            at("10", "old-chat"),
-            at("11", "c1"),
-            at("12", "c1", thread_id="t1"),
-            at("13", "c2", account="second"),
-            at("14", "c1"),
-            at("15", "c1", thread_id="t1"),
-            message("16"),  # another channel
-        ):
-            await inbox.record(item)
-        # old-chat was last active long ago (received_at is the arrival time).
-        long_ago = (datetime.now(UTC) - timedelta(days=30)).isoformat()
-        await db.run(
-            lambda: db.conn.execute(
-                "UPDATE inbox SET received_at = ? WHERE platform_message_id = '10'", (long_ago,)
-            )
-        )
-        since = datetime.now(UTC) - timedelta(days=7)
-        marks = await inbox.newest_per_conversation("discord", since)
-        assert marks == [
-            SeenMark("default", "c1", "t1", "15"),
-            SeenMark("default", "c1", None, "14"),
-            SeenMark("second", "c2", None, "13"),
-        ]
-        assert await inbox.newest_per_conversation("discord", since, limit=1) == marks[:1]
-        assert await inbox.newest_per_conversation("discord", datetime.now(UTC)) == []
+    for item in (
+        at("10", "old-chat"),
+        at("11", "c1"),
+        at("12", "c1", thread_id="t1"),
+        at("13", "c2", account="second"),
+        at("14", "c1"),
+        at("15", "c1", thread_id="t1"),
+        message("16"),  # another channel
+    ):
+        await inbox.record(item)
+    # old-chat was last active long ago (received_at is the arrival time).
+    long_ago = (datetime.now(UTC) - timedelta(days=30)).isoformat()
+    await state.execute(
+        "UPDATE inbox SET received_at = ? WHERE platform_message_id = '10'", (long_ago,)
+    )
+    since = datetime.now(UTC) - timedelta(days=7)
+    marks = await inbox.newest_per_conversation("discord", since)
+    assert marks == [
+        SeenMark("default", "c1", "t1", "15"),
+        SeenMark("default", "c1", None, "14"),
+        SeenMark("second", "c2", None, "13"),
+    ]
+    assert await inbox.newest_per_conversation("discord", since, limit=1) == marks[:1]
+    assert await inbox.newest_per_conversation("discord", datetime.now(UTC)) == []
+
+
+async def test_registry_records_compactions_deliveries_and_settings(state: StateBackend) -> None:
+    registry = state.registry
+    record = await registry.create(ORIGIN, model="m1", now=datetime(2026, 1, 1, tzinfo=UTC))
+    await registry.record_turn(
+        record.session_id,
+        usage=Usage(10, 1),
+        context_tokens=500,
+        entry_count=2,
+        last_entry_id="e2",
+        model=None,
+        compactions=1,
+    )
+    # /compact without a new size keeps the old one; with one, replaces it.
+    await registry.record_compaction(
+        record.session_id,
+        compactions=1,
+        usage=Usage(5, 2, 1, 1),
+        context_tokens=None,
+        entry_count=3,
+        last_entry_id="e3",
+    )
+    got = await registry.get(record.session_id)
+    assert got is not None
+    assert (got.context_tokens, got.compaction_count, got.model) == (500, 2, "m1")
+    assert got.usage == Usage(15, 3, 1, 1)
+    await registry.record_compaction(
+        record.session_id,
+        compactions=1,
+        usage=Usage(),
+        context_tokens=120,
+        entry_count=4,
+        last_entry_id="e4",
+    )
+    await registry.record_delivery(
+        record.session_id,
+        {"chat_id": "alice", "thread_id": None},
+        "timed out",
+        entry_count=5,
+        last_entry_id="e5",
+        message_ids=["m1", "m2"],
+    )
+    await registry.update_settings(record.session_id, {"model": "m2", "think": True})
+    got = await registry.get(record.session_id)
+    assert got is not None
+    assert (got.context_tokens, got.compaction_count) == (120, 3)
+    assert got.last_route == {"chat_id": "alice", "thread_id": None}
+    assert (got.delivery_error, got.last_message_ids) == ("timed out", ["m1", "m2"])
+    assert (got.entry_count, got.last_entry_id) == (5, "e5")
+    assert got.settings == {"model": "m2", "think": True}
+    await registry.record_entries(record.session_id, 7, "e7")
+    got = await registry.get(record.session_id)
+    assert got is not None and (got.entry_count, got.last_entry_id) == (7, "e7")
+
+
+async def test_registry_find_and_list_by_status_and_plain_text_query(
+    state: StateBackend,
+) -> None:
+    registry = state.registry
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    old = await registry.create(ORIGIN, now=base)
+    await registry.archive(old.session_id, "idle", now=base + timedelta(hours=1))
+    assert await registry.get_active(ORIGIN.key) is None
+    # No active session: the key finds the latest one; an id finds itself.
+    assert (await registry.find(ORIGIN.key)).session_id == old.session_id
+    assert (await registry.find(old.session_id)).session_id == old.session_id
+    assert await registry.find("agent:main:nobody") is None
+    new = await registry.create(ORIGIN, now=base + timedelta(hours=2))
+    percent = SessionOrigin(
+        "agent:main:test:group:50%_off", "main", "test", "default", "group", "g"
+    )
+    await registry.create(percent, now=base + timedelta(hours=3))
+    archived = await registry.list(status="archived")
+    assert [r.session_id for r in archived.sessions] == [old.session_id]
+    active = await registry.list(status="active")
+    assert [r.key for r in active.sessions] == [percent.key, new.key]
+    # The query is plain text, not a pattern: "%" and "_" match only themselves.
+    assert [r.key for r in (await registry.list(query="0%_O")).sessions] == [percent.key]
+    assert (await registry.list(query="%")).sessions[0].key == percent.key
+    assert len((await registry.list(query="%")).sessions) == 1
+
+
+async def test_inbox_keeps_undelivered_replies_open_and_rejects(state: StateBackend) -> None:
+    inbox = state.inbox
+    first = (await inbox.record(message("1"))).item
+    second = (await inbox.record(message("2"))).item
+    await inbox.mark_replied([first.id, second.id], "sid", ["one", "two"])
+    await inbox.note_undelivered([first.id, second.id], "network down")
+    open_items = await inbox.open_items()
+    assert [(i.id, i.status, i.error) for i in open_items] == [
+        (first.id, "replied", "network down"),
+        (second.id, "replied", "network down"),
+    ]
+    # The stored reply and session survive a status change that does not name them.
+    assert [(i.session_id, i.reply) for i in open_items] == [("sid", ["one", "two"])] * 2
+    assert await inbox.open_items(limit=1) == open_items[:1]
+    await inbox.mark_rejected([second.id], "queue full")
+    assert await inbox.counts() == {"replied": 1, "rejected": 1}
+    assert await inbox.get(9_999) is None
+
+
+async def test_inbox_stores_any_text_a_platform_sends(state: StateBackend) -> None:
+    # A NUL, controls and non-BMP text in a message must not cost the message, nor
+    # break the per-conversation scan over its neighbours.
+    text = "nul \x00 bell \x07 😀 \u212a"
+    recorded = await state.inbox.record(message("1", text))
+    assert recorded.is_new and recorded.item.message.text == text
+    got = await state.inbox.get(recorded.item.id)
+    assert got is not None and got.message == message("1", text)
+    marks = await state.inbox.newest_per_conversation("test", datetime.now(UTC) - timedelta(1))
+    assert marks == [SeenMark("default", "alice", None, "1")]
+
+
+# -- DM pairing ---------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def test_pairing_code_reminder_and_approval(state: StateBackend) -> None:
+    clock = Clock()
+    store = state.pairing(now=clock)
+    first = await store.check("test", "default", "Bob", "Bob B")
+    assert (first.allowed, first.notify, first.reason) == (False, True, "new code")
+    assert first.request is not None and first.request.sender_id == "bob"
+    code = first.request.code
+    await store.mark_notified("test", "BOB")
+    clock.now += timedelta(minutes=1)
+    soon = await store.check("test", "default", "bob", "Bob B")
+    assert (soon.notify, soon.reason, soon.request.code) == (False, "pending", code)
+    clock.now += RENOTIFY_AFTER
+    reminder = await store.check("test", "default", "bob", "Bob B")
+    assert (reminder.notify, reminder.request.code) == (True, code)
+    approved = await store.approve(format_code(code).lower())
+    assert (approved.status, approved.decided_at) == ("approved", clock.now)
+    assert (await store.check("test", "default", "bob", None)).allowed
+    with pytest.raises(PairingError, match="already approved"):
+        await store.approve(code)
+    with pytest.raises(PairingError, match="no pairing request has the code ZZZZ-ZZZZ"):
+        await store.deny("zzzz-zzzz")
+
+
+async def test_pairing_expiry_renews_and_deny_silences(state: StateBackend) -> None:
+    clock = Clock()
+    store = state.pairing(now=clock)
+    first = (await store.check("test", "default", "eve", None)).request
+    assert first is not None
+    clock.now += CODE_TTL + timedelta(seconds=1)
+    with pytest.raises(PairingError, match="expired"):
+        await store.approve(first.code)
+    renewed = await store.check("test", "default", "eve", "Eve")
+    assert renewed.reason == "new code" and renewed.request is not None
+    assert renewed.request.code != first.code and renewed.request.notified_at is None
+    assert renewed.request.expires_at == clock.now + CODE_TTL
+    denied = await store.deny(renewed.request.code)
+    assert denied.status == "denied"
+    clock.now += CODE_TTL * 2
+    later = await store.check("test", "default", "eve", "Eve")
+    assert (later.allowed, later.notify, later.reason) == (False, False, "denied")
+    # Revoking forgets the decision: the next message starts over with a new code.
+    assert await store.revoke("test", "EVE") is True
+    assert await store.revoke("test", "eve") is False
+    assert (await store.check("test", "default", "eve", "Eve")).reason == "new code"
+
+
+async def test_pairing_caps_open_codes_per_channel(state: StateBackend) -> None:
+    clock = Clock()
+    store = state.pairing(now=clock)
+    for n in range(MAX_PENDING_PER_CHANNEL):
+        assert (await store.check("test", "default", f"s{n}", None)).reason == "new code"
+        clock.now += timedelta(seconds=1)
+    full = await store.check("test", "default", "late", None)
+    assert (full.allowed, full.request, full.reason) == (False, None, "too many pending codes")
+    # Another channel has its own cap.
+    assert (await store.check("other", "default", "late", None)).reason == "new code"
+    pending = await store.list("pending")
+    assert [r.sender_id for r in pending] == ["s0", "s1", "s2", "late"]
+    assert [r.channel for r in await store.list()] == ["test"] * 3 + ["other"]
+    assert await store.list("approved") == []
+    # Expired codes do not count against the cap.
+    clock.now += CODE_TTL
+    assert (await store.check("test", "default", "late", None)).reason == "new code"
+
+
+def test_well_formed_replaces_what_no_store_can_hold() -> None:
+    raw = dataclasses.replace(
+        message("m\x001", "nul\x00 lone\ud800 pair 😀"), sender_name="Al\x00ice"
+    )
+    clean = well_formed(raw)
+    assert clean.text == "nul\ufffd lone\ufffd pair 😀"
+    assert (clean.sender_name, clean.message_id) == ("Al\ufffdice", "m\ufffd1")
+    assert well_formed(message("ok")) == message("ok")

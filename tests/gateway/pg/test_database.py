@@ -44,9 +44,7 @@ async def test_replicas_starting_at_once_migrate_once(pg_url: str) -> None:
 
 async def test_a_newer_schema_is_refused(pg_url: str) -> None:
     async with PgDatabase(pg_url) as db:
-        await db.run(
-            lambda c: c.execute("INSERT INTO parley_schema (version) VALUES (%s)", (999,))
-        )
+        await db.run(lambda c: c.execute("INSERT INTO parley_schema (version) VALUES (%s)", (999,)))
     with pytest.raises(SchemaTooNewError, match="schema version 999"):
         await PgDatabase(pg_url).open()
 

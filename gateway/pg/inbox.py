@@ -1,0 +1,157 @@
+"""The durable inbox in the shared PostgreSQL: ``Inbox``'s API, states and dedupe.
+
+Any replica may receive any platform delivery, so the unique (channel, account,
+platform message id) is what answers a message once: the second replica's insert
+waits for the first to commit, does nothing, and reads the first one's item.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from channels.base import InboundMessage, SeenMark
+from gateway.inbox import (
+    InboxItem,
+    RecordResult,
+    item_from_row,
+    message_to_json,
+    newest_marks,
+)
+from gateway.pg.database import Connection, PgDatabase
+
+# Rows fetched per round trip while scanning for the newest message per conversation.
+NEWEST_BATCH = 500
+
+
+class PgInbox:
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
+
+    async def record(self, message: InboundMessage) -> RecordResult:
+        return await self._db.run(_record, message)
+
+    async def get(self, item_id: int) -> InboxItem | None:
+        return await self._db.run(_get, item_id)
+
+    # Each status change takes every id of a folded turn at once: one statement.
+
+    async def mark_replied(
+        self, item_ids: Sequence[int], session_id: str | None, reply: list[str]
+    ) -> None:
+        await self._db.run(_set, item_ids, "replied", session_id, json.dumps(reply), None)
+
+    async def mark_delivered(self, item_ids: Sequence[int]) -> None:
+        await self._db.run(_set, item_ids, "delivered", None, None, None)
+
+    async def note_undelivered(self, item_ids: Sequence[int], error: str) -> None:
+        """The reply could not be sent yet (the platform was unreachable): the item stays
+        open as ``replied``, with the error, so the reply is sent again later."""
+        await self._db.run(_set, item_ids, "replied", None, None, error)
+
+    async def mark_failed(self, item_ids: Sequence[int], error: str) -> None:
+        await self._db.run(_set, item_ids, "failed", None, None, error)
+
+    async def mark_rejected(self, item_ids: Sequence[int], reason: str) -> None:
+        await self._db.run(_set, item_ids, "rejected", None, None, reason)
+
+    async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
+        return await self._db.run(_open, limit)
+
+    async def newest_per_conversation(
+        self, channel: str, since: datetime, limit: int = 1000
+    ) -> list[SeenMark]:
+        """Per conversation (account, chat, thread) of ``channel`` with a message stored
+        since ``since``: its newest message; the most recently active first, at most
+        ``limit`` of them."""
+        return await self._db.run(_newest, channel, since.isoformat(), limit)
+
+    async def counts(self) -> dict[str, int]:
+        return await self._db.run(_counts)
+
+
+# -- on a pool thread, inside the caller's transaction ------------------------------------
+
+
+def _record(conn: Connection, message: InboundMessage) -> RecordResult:
+    now = datetime.now(UTC).isoformat()
+    row = conn.execute(
+        "INSERT INTO inbox (channel, account, platform_message_id, received_at,"
+        " updated_at, payload, status) VALUES (%s, %s, %s, %s, %s, %s, 'received')"
+        " ON CONFLICT (channel, account, platform_message_id) DO NOTHING RETURNING *",
+        (message.channel, message.account, message.message_id, now, now, message_to_json(message)),
+    ).fetchone()
+    if row is not None:
+        return RecordResult(item_from_row(row), is_new=True)
+    # A duplicate: a new statement sees the first copy, even one committed by another
+    # replica while this insert waited on it.
+    existing = conn.execute(
+        "SELECT * FROM inbox WHERE channel = %s AND account = %s AND platform_message_id = %s",
+        (message.channel, message.account, message.message_id),
+    ).fetchone()
+    assert existing is not None  # rows are never deleted
+    return RecordResult(item_from_row(existing), is_new=False)
+
+
+def _get(conn: Connection, item_id: int) -> InboxItem | None:
+    row = conn.execute("SELECT * FROM inbox WHERE id = %s", (item_id,)).fetchone()
+    return item_from_row(row) if row else None
+
+
+def _set(
+    conn: Connection,
+    item_ids: Sequence[int],
+    status: str,
+    session_id: str | None,
+    reply: str | None,
+    error: str | None,
+) -> None:
+    now = datetime.now(UTC).isoformat()
+    conn.execute(
+        "UPDATE inbox SET status = %s, session_id = COALESCE(%s, session_id),"
+        " reply = COALESCE(%s, reply), error = COALESCE(%s, error), updated_at = %s"
+        " WHERE id = ANY(%s)",
+        (status, session_id, reply, error, now, list(item_ids)),
+    )
+
+
+def _open(conn: Connection, limit: int) -> list[InboxItem]:
+    rows = conn.execute(
+        "SELECT * FROM inbox WHERE status IN ('received', 'replied') ORDER BY id LIMIT %s",
+        (limit,),
+    ).fetchall()
+    return [item_from_row(r) for r in rows]
+
+
+def _newest(conn: Connection, channel: str, since: str, limit: int) -> list[SeenMark]:
+    # Newest first along the primary key (arrival order), through a server-side cursor
+    # so the scan stops once ``limit`` conversations are found. The chat and thread are
+    # read from the payload here, not with ->> in SQL: PostgreSQL's JSON types refuse
+    # a "\u0000" anywhere in the document, which a message's text may carry.
+    with conn.cursor(name="parley_inbox_newest") as cursor:
+        cursor.itersize = NEWEST_BATCH
+        cursor.execute(
+            "SELECT account, payload, platform_message_id, received_at FROM inbox"
+            ' WHERE channel = %s AND received_at COLLATE "C" >= %s ORDER BY id DESC',
+            (channel, since),
+        )
+        return newest_marks(_conversation_rows(cursor), since, limit)
+
+
+def _conversation_rows(rows: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any, ...]]:
+    for row in rows:
+        payload = json.loads(row["payload"])
+        yield (
+            row["account"],
+            payload.get("chat_id"),
+            payload.get("thread_id"),
+            row["platform_message_id"],
+            row["received_at"],
+        )
+
+
+def _counts(conn: Connection) -> dict[str, int]:
+    rows = conn.execute("SELECT status, count(*) AS n FROM inbox GROUP BY status").fetchall()
+    return {row["status"]: int(row["n"]) for row in rows}
