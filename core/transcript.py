@@ -18,6 +18,10 @@ Cost: an open ``Transcript`` keeps the live window (from the latest compaction's
 kept entry to the end) in memory and appends to it, so a turn never re-reads the file.
 Opening reads the file backwards in blocks only until it has found the latest
 compaction and its first kept entry; the lines before are never parsed.
+
+What is not about files (building and checking entries, the live window, the entry
+payloads) sits in ``LiveWindow`` and ``TranscriptBase``, which the PostgreSQL backend
+(``gateway/pg/transcripts.py``) shares, so both store byte-identical lines.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from core.errors import TranscriptError
 from core.messages import Message, Usage
@@ -62,6 +66,21 @@ def _iso(moment: datetime) -> str:
 
 def _now_iso() -> str:
     return _iso(datetime.now(UTC))
+
+
+def new_entry_id() -> str:
+    """A fresh entry id (16 hex digits); a module function so tests can make ids fixed."""
+    return secrets.token_hex(8)
+
+
+def new_header(session_id: str, key: str, meta: Mapping[str, Any] | None) -> TranscriptHeader:
+    """The header of a transcript created now."""
+    return TranscriptHeader(session_id, key, _now_iso(), meta=dict(meta or {}))
+
+
+def encode_header(header: TranscriptHeader) -> bytes:
+    """The header's line as it is stored (no newline)."""
+    return _encode(header.to_dict())
 
 
 def _encode(record: Mapping[str, Any]) -> bytes:
@@ -287,14 +306,160 @@ def _last_newline(read: Reader, size: int, block: int) -> int:
     return -1
 
 
-def _try_entry(line: bytes) -> Entry | None:
+def parse_entry_or_none(line: bytes | str) -> Entry | None:
+    """The entry on ``line``, or None for a corrupt line (which still takes its slot)."""
     try:
         return Entry.from_json(line)
     except TranscriptError:
         return None
 
 
-class Transcript:
+@dataclass(frozen=True, slots=True)
+class PendingAppend:
+    """An entry built and checked but not yet stored: ``line`` is what gets written
+    (without the newline), ``entry`` what a reopen would parse from it."""
+
+    line: bytes
+    entry: Entry
+    keep_from: int | None  # a compaction's first kept live entry (index), if any
+
+
+class LiveWindow:
+    """The live window (from the latest compaction's first kept entry to the end) kept
+    in memory, and the bookkeeping every append does to it, whatever stores the lines.
+    Not locked: its owner holds its own lock around every call."""
+
+    def __init__(self, entries: list[Entry], cycle_bytes: int = 0) -> None:
+        self._entries = entries
+        self._view: tuple[Entry, ...] | None = None
+        self.last: Entry | None = entries[-1] if entries else None
+        self.cycle_bytes = cycle_bytes  # bytes written after the latest compaction entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def view(self) -> tuple[Entry, ...]:
+        if self._view is None:
+            self._view = tuple(self._entries)
+        return self._view
+
+    def prepare(
+        self, kind: str, payload: dict[str, Any], *, ts: datetime | None = None
+    ) -> PendingAppend:
+        """Build the next entry; raises TranscriptError (nothing changed) when it cannot
+        be stored."""
+        keep_from: int | None = None
+        if kind == ENTRY_COMPACTION:
+            keep_from = self._kept_index(payload["first_kept_entry_id"])
+        record = {
+            "id": new_entry_id(),
+            "parent_id": self.last.id if self.last else None,
+            "ts": _now_iso() if ts is None else _iso(ts),
+            "type": kind,
+            **payload,
+        }
+        line = _encode(record)
+        # Parse what will be stored, so memory holds exactly what a reopen would.
+        return PendingAppend(line, Entry.from_json(line), keep_from)
+
+    def commit(self, pending: PendingAppend) -> None:
+        """Take in an entry once it is stored."""
+        entry = pending.entry
+        if pending.keep_from is not None:
+            self._entries = self._entries[pending.keep_from :]
+        elif entry.type == ENTRY_COMPACTION:
+            self._entries = []
+        self._entries.append(entry)
+        self._view = None
+        self.last = entry
+        if entry.type == ENTRY_COMPACTION:
+            self.cycle_bytes = 0
+        else:
+            self.cycle_bytes += len(pending.line) + 1
+
+    def _kept_index(self, first_kept: str | None) -> int | None:
+        if first_kept is None:
+            return None
+        for index in range(len(self._entries) - 1, -1, -1):
+            if self._entries[index].id == first_kept:
+                return index
+        raise TranscriptError(f"first_kept_entry_id {first_kept!r} is not a live entry")
+
+
+class TranscriptBase:
+    """What every transcript backend shares: the entry payloads and the reading helpers
+    built on ``numbered_entries``. Subclasses store lines in ``_append``."""
+
+    def entries(self, offset: int = 0, limit: int | None = None) -> Iterator[Entry]:
+        """Every entry in file order, read from storage (for inspection and export).
+
+        ``offset`` and ``limit`` count entry lines, like ``entry_count``, so pages line
+        up with it; a corrupt line takes its slot but is not yielded.
+        """
+        for _, entry in self.numbered_entries(offset, limit):
+            yield entry
+
+    def numbered_entries(
+        self, offset: int = 0, limit: int | None = None
+    ) -> Iterator[tuple[int, Entry]]:
+        raise NotImplementedError
+
+    def append_message(
+        self,
+        message: Message,
+        *,
+        usage: Usage | None = None,
+        meta: Mapping[str, Any] | None = None,
+        ts: datetime | None = None,
+    ) -> Entry:
+        """Append a message; ``ts`` (default: now) is for imports that keep their own times."""
+        payload: dict[str, Any] = {"message": message.to_dict()}
+        if usage is not None:
+            payload["usage"] = usage.to_dict()
+        if meta:
+            payload["meta"] = dict(meta)
+        return self._append(ENTRY_MESSAGE, payload, ts=ts)
+
+    def append_compaction(
+        self,
+        summary: str,
+        *,
+        first_kept_entry_id: str | None,
+        tokens_before: int,
+        tokens_after: int,
+        trigger: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> Entry:
+        """Record a compaction. ``first_kept_entry_id`` must name a live entry (the
+        window then runs from it), or be None (the window starts at this entry)."""
+        payload = {
+            "summary": summary,
+            "first_kept_entry_id": first_kept_entry_id,
+            "tokens_before": int(tokens_before),
+            "tokens_after": int(tokens_after),
+            "trigger": trigger,
+            "details": dict(details or {}),
+        }
+        return self._append(ENTRY_COMPACTION, payload)
+
+    def append_custom(self, custom_type: str, data: Mapping[str, Any]) -> Entry:
+        """Record something for the runtime or inspectors; never sent to the model."""
+        return self._append(ENTRY_CUSTOM, {"custom_type": custom_type, "data": dict(data)})
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _append(self, kind: str, payload: dict[str, Any], *, ts: datetime | None = None) -> Entry:
+        raise NotImplementedError
+
+
+class Transcript(TranscriptBase):
     """One session's transcript file, open for appending (one writer per session).
 
     Thread-safe: the runner calls it from worker threads. Build it with ``create`` or
@@ -322,16 +487,13 @@ class Transcript:
         self._header = header
         self._header_end = header_end
         self._size = size
-        self._live = live
-        self._live_view: tuple[Entry, ...] | None = None
-        self._last: Entry | None = live[-1] if live else None
+        self._window = LiveWindow(live, cycle_bytes)
         self._live_start = live_start  # byte offset of the live region found at open
         self._lines_since_start = live_lines  # lines from _live_start on, appends included
         self._prefix_newlines: int | None = 1 if live_start == header_end else None
         self._report = report
         self._fsync = fsync
         self._read_only = read_only
-        self._cycle_bytes = cycle_bytes  # bytes written after the latest compaction entry
         self._lock = threading.RLock()
 
     # -- construction -------------------------------------------------------------------
@@ -348,8 +510,8 @@ class Transcript:
     ) -> Transcript:
         """Create a new transcript (mode 0600); refuses to overwrite an existing file."""
         path = Path(path)
-        header = TranscriptHeader(session_id, key, _now_iso(), meta=dict(meta or {}))
-        line = _encode(header.to_dict()) + b"\n"
+        header = new_header(session_id, key, meta)
+        line = encode_header(header) + b"\n"
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             fd = os.open(path, flags, FILE_MODE)
@@ -429,8 +591,14 @@ class Transcript:
         return self._report
 
     @property
+    def location(self) -> str:
+        """Where the transcript is stored, for messages."""
+        return str(self._path)
+
+    @property
     def last_entry(self) -> Entry | None:
-        return self._last
+        with self._lock:
+            return self._window.last
 
     @property
     def closed(self) -> bool:
@@ -447,23 +615,12 @@ class Transcript:
         """Bytes of the entries after the latest compaction (the whole file without one):
         what the memory flush's size trigger measures."""
         with self._lock:
-            return self._cycle_bytes
+            return self._window.cycle_bytes
 
     def live_entries(self) -> Sequence[Entry]:
         """The entries the model's view is built from; never re-reads the file."""
         with self._lock:
-            if self._live_view is None:
-                self._live_view = tuple(self._live)
-            return self._live_view
-
-    def entries(self, offset: int = 0, limit: int | None = None) -> Iterator[Entry]:
-        """Every entry in file order, read from disk (for inspection and export).
-
-        ``offset`` and ``limit`` count entry lines, like ``entry_count``, so pages line
-        up with it; a corrupt line takes its slot but is not yielded.
-        """
-        for _, entry in self.numbered_entries(offset, limit):
-            yield entry
+            return self._window.view()
 
     def numbered_entries(
         self, offset: int = 0, limit: int | None = None
@@ -479,52 +636,19 @@ class Transcript:
         for index, line in enumerate(lines):
             if stop is not None and index >= stop:
                 return
-            if index >= offset and (entry := _try_entry(line)) is not None:
+            if index >= offset and (entry := parse_entry_or_none(line)) is not None:
                 yield index, entry
 
-    # -- appending ----------------------------------------------------------------------
+    def raw_lines(self) -> Iterator[bytes]:
+        """The stored lines, header first, without newlines: what an export writes. A
+        torn last line a read-only open ignored is left out."""
+        with self._lock:
+            self._check_open()
+            header_end, end = self._header_end, self._size
+        yield self._read(0, header_end).removesuffix(b"\n")
+        yield from _lines_forward(self._read, header_end, end, DEFAULT_SCAN_BLOCK)
 
-    def append_message(
-        self,
-        message: Message,
-        *,
-        usage: Usage | None = None,
-        meta: Mapping[str, Any] | None = None,
-        ts: datetime | None = None,
-    ) -> Entry:
-        """Append a message; ``ts`` (default: now) is for imports that keep their own times."""
-        payload: dict[str, Any] = {"message": message.to_dict()}
-        if usage is not None:
-            payload["usage"] = usage.to_dict()
-        if meta:
-            payload["meta"] = dict(meta)
-        return self._append(ENTRY_MESSAGE, payload, ts=ts)
-
-    def append_compaction(
-        self,
-        summary: str,
-        *,
-        first_kept_entry_id: str | None,
-        tokens_before: int,
-        tokens_after: int,
-        trigger: str,
-        details: Mapping[str, Any] | None = None,
-    ) -> Entry:
-        """Record a compaction. ``first_kept_entry_id`` must name a live entry (the
-        window then runs from it), or be None (the window starts at this entry)."""
-        payload = {
-            "summary": summary,
-            "first_kept_entry_id": first_kept_entry_id,
-            "tokens_before": int(tokens_before),
-            "tokens_after": int(tokens_after),
-            "trigger": trigger,
-            "details": dict(details or {}),
-        }
-        return self._append(ENTRY_COMPACTION, payload)
-
-    def append_custom(self, custom_type: str, data: Mapping[str, Any]) -> Entry:
-        """Record something for the runtime or inspectors; never sent to the model."""
-        return self._append(ENTRY_CUSTOM, {"custom_type": custom_type, "data": dict(data)})
+    # -- closing ------------------------------------------------------------------------
 
     def close(self) -> None:
         with self._lock:
@@ -532,14 +656,8 @@ class Transcript:
                 fd, self._fd = self._fd, None
                 os.close(fd)
 
-    def __enter__(self) -> Transcript:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        return f"<Transcript {self._path} id={self._header.id} live={len(self._live)}>"
+        return f"<Transcript {self._path} id={self._header.id} live={len(self._window)}>"
 
     # -- internals ----------------------------------------------------------------------
 
@@ -548,43 +666,16 @@ class Transcript:
             fd = self._check_open()
             if self._read_only:
                 raise TranscriptError(f"transcript opened read-only: {self._path}")
-            keep_from: int | None = None
-            if kind == ENTRY_COMPACTION:
-                keep_from = self._kept_index(payload["first_kept_entry_id"])
-            record = {
-                "id": secrets.token_hex(8),
-                "parent_id": self._last.id if self._last else None,
-                "ts": _now_iso() if ts is None else _iso(ts),
-                "type": kind,
-                **payload,
-            }
-            line = _encode(record)
-            # Parse what will be on disk, so memory holds exactly what a reopen would.
-            entry = Entry.from_json(line)
-            self._write(fd, line + b"\n")
-            if keep_from is not None:
-                self._live = self._live[keep_from:]
-            elif kind == ENTRY_COMPACTION:
-                self._live = []
-            self._live.append(entry)
-            self._live_view = None
-            self._last = entry
+            pending = self._window.prepare(kind, payload, ts=ts)
+            self._write(fd, pending.line + b"\n")
+            self._window.commit(pending)
             self._lines_since_start += 1
-            self._cycle_bytes = 0 if kind == ENTRY_COMPACTION else self._cycle_bytes + len(line) + 1
             if self._fsync:
                 try:
                     os.fsync(fd)
                 except OSError as exc:
                     raise TranscriptError(f"entry written but not synced: {exc}") from exc
-            return entry
-
-    def _kept_index(self, first_kept: str | None) -> int | None:
-        if first_kept is None:
-            return None
-        for index in range(len(self._live) - 1, -1, -1):
-            if self._live[index].id == first_kept:
-                return index
-        raise TranscriptError(f"first_kept_entry_id {first_kept!r} is not a live entry")
+            return pending.entry
 
     def _write(self, fd: int, data: bytes) -> None:
         try:
@@ -641,7 +732,7 @@ def _load(fd: int, path: Path, *, fsync: bool, read_only: bool, block: int) -> T
     def parse(line: bytes) -> Entry | None:
         nonlocal parsed
         parsed += 1
-        return _try_entry(line)
+        return parse_entry_or_none(line)
 
     size = os.fstat(fd).st_size
     if size == 0:

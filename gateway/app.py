@@ -66,10 +66,9 @@ from gateway.commands import (
     parse_info_command,
 )
 from gateway.config import LoadedConfig
-from gateway.db import Database
 from gateway.errors import ChannelFailure, LaneBusy
 from gateway.http_server import HttpServer
-from gateway.inbox import Inbox, InboxItem, well_formed
+from gateway.inbox import InboxItem, well_formed
 from gateway.lanes import LaneManager
 from gateway.memory import (
     build_memory_index,
@@ -78,9 +77,8 @@ from gateway.memory import (
     scope_for_key,
     search_scopes,
 )
-from gateway.pairing import PairingStore
 from gateway.providers import build_provider
-from gateway.registry import SessionOrigin, SessionRecord, SessionRegistry, utcnow
+from gateway.registry import SessionOrigin, SessionRecord, utcnow
 from gateway.resets import (
     match_reset_trigger,
     resolve_reset_policy,
@@ -89,6 +87,7 @@ from gateway.resets import (
 )
 from gateway.routing import SessionRoute, resolve_session_key
 from gateway.storage_errors import storage_failure
+from gateway.stores import StateStores
 from gateway.user_errors import (
     BUSY_TEXT,
     EMPTY_REPLY_TEXT,
@@ -184,10 +183,10 @@ class Gateway:
         self.zone = ZoneInfo("UTC")  # the configured zone, resolved in start() (reads files)
         self._provider = provider
         self._owns_provider = provider is None
-        self.db = Database(loaded.state_db, fsync=self.config.storage.fsync)
-        self.registry = SessionRegistry(self.db)
-        self.inbox = Inbox(self.db)
-        self.pairing = PairingStore(self.db, now=clock)
+        self.state = StateStores(loaded, now=clock)
+        self.registry = self.state.registry
+        self.inbox = self.state.inbox
+        self.pairing = self.state.pairing
         self.access = AccessGate(self.pairing)
         self.metrics = GatewayMetrics()
         self.metrics.declare_channels(self.channels)
@@ -252,7 +251,7 @@ class Gateway:
         workspace = self.loaded.workspace
         await asyncio.to_thread(ensure_workspace, workspace)
         await asyncio.to_thread(self.loaded.sessions_dir.mkdir, parents=True, exist_ok=True)
-        await self.db.open()
+        await self.state.open()
         if self._provider is None:
             self._provider, banner = build_provider(self.config.providers)
             self.banner = self.banner or banner
@@ -372,7 +371,7 @@ class Gateway:
         for transcript in self._transcripts.values():
             transcript.close()
         self._transcripts.clear()
-        await self.db.close()
+        await self.state.close()
         self._started = False
         self._stopping = False
 

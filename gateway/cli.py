@@ -208,14 +208,13 @@ async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
 
 
 async def _sessions(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.db import Database
-    from gateway.registry import SessionRegistry
+    from gateway.stores import StateStores
 
-    if not loaded.state_db.exists():
+    if loaded.config.storage.backend == "sqlite" and not loaded.state_db.exists():
         print("no sessions yet")
         return EXIT_OK
-    async with Database(loaded.state_db) as db:
-        registry = SessionRegistry(db)
+    async with StateStores(loaded) as state:
+        registry = state.registry
         if args.sessions_command == "list":
             page = await registry.list(
                 status=args.status, channel=args.channel, query=args.query, limit=args.limit
@@ -312,11 +311,10 @@ def _entry_line(entry: Entry) -> str:
 
 
 async def _pairing(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.db import Database
-    from gateway.pairing import PairingStore
+    from gateway.stores import StateStores
 
-    async with Database(loaded.state_db) as db:
-        store = PairingStore(db)
+    async with StateStores(loaded) as state:
+        store = state.pairing
         action = args.pairing_command
         if action == "list":
             requests = await store.list(args.status)

@@ -60,10 +60,10 @@ class AdminService:
     async def health(self) -> s.Health:
         gateway = self.gateway
         try:
-            await gateway.db.run(lambda: gateway.db.conn.execute("SELECT 1").fetchone())
-            state = s.HealthCheck(ok=True, detail=str(gateway.loaded.state_db))
+            await gateway.state.ping()
+            state = s.HealthCheck(ok=True, detail=gateway.state.where)
         except Exception as exc:  # any failure here is the answer, not a crash
-            state = s.HealthCheck(ok=False, detail=f"state.db unavailable: {exc}")
+            state = s.HealthCheck(ok=False, detail=f"{gateway.state.where} unavailable: {exc}")
         channels = {}
         for name, channel in gateway.channels.items():
             probe = getattr(channel, "connected", None)

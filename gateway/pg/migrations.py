@@ -94,23 +94,120 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX inbox_open ON inbox (status, id) WHERE status IN ('received', 'replied');
     CREATE INDEX inbox_by_channel ON inbox (channel, id);
     """,
-    # 2: transcripts: the JSONL file of each session as rows, one per line, in order.
+    # 2: transcripts: each session's JSONL file as rows, byte for byte. The header line
+    # is transcripts.header; entry lines are transcript_lines, seq being the line number
+    # in the file (the header is line 1, so entries start at 2). line_count (header
+    # included) is updated with each insert: the next seq, entry_count and a listing
+    # stamp without counting rows. A compaction row's kept_seq is the seq of its first
+    # kept entry, so opening finds the live window by index instead of by scanning.
     """
     CREATE TABLE transcripts (
         session_id TEXT PRIMARY KEY,
         header TEXT NOT NULL,
         created_at TEXT NOT NULL,
-        line_count BIGINT NOT NULL DEFAULT 0
+        line_count BIGINT NOT NULL DEFAULT 1 CHECK (line_count >= 1)
     );
     CREATE TABLE transcript_lines (
         session_id TEXT NOT NULL REFERENCES transcripts ON DELETE CASCADE,
-        seq BIGINT NOT NULL,
+        seq BIGINT NOT NULL CHECK (seq >= 2),
         kind TEXT NOT NULL,
         line TEXT NOT NULL,
+        kept_seq BIGINT,
         PRIMARY KEY (session_id, seq)
     );
     CREATE INDEX transcript_compactions ON transcript_lines (session_id, seq)
         WHERE kind = 'compaction';
+    """,
+    # 3: long-term memory (memory.db's tables, issue 8): one row per index in
+    # memory_indexes (an agent's live index, and the shadow a full rebuild fills), the
+    # rest keyed by that row, so a rebuild becomes live by flipping two rows.
+    """
+    CREATE EXTENSION IF NOT EXISTS vector;
+    CREATE EXTENSION IF NOT EXISTS pg_trgm;
+
+    -- FTS5's ``porter unicode61`` keeps stop words; PostgreSQL's english config drops
+    -- them. The same stemmer without a stop list keeps queries of common words working
+    -- and document lengths (BM25) comparable. Hyphenated compounds are not indexed
+    -- whole: unicode61 splits them into their parts, and so do the part mappings.
+    CREATE TEXT SEARCH DICTIONARY parley_english_stem (TEMPLATE = snowball, LANGUAGE = english);
+    CREATE TEXT SEARCH CONFIGURATION parley_english (COPY = english);
+    ALTER TEXT SEARCH CONFIGURATION parley_english
+        ALTER MAPPING FOR asciiword, word, hword_asciipart, hword_part WITH parley_english_stem;
+    ALTER TEXT SEARCH CONFIGURATION parley_english DROP MAPPING FOR asciihword, hword;
+
+    -- The number of tokens a tsvector was made of (BM25's document length).
+    CREATE FUNCTION parley_ts_tokens(tsvector) RETURNS integer
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+        RETURN (SELECT coalesce(sum(cardinality(positions)), 0)::integer FROM unnest($1));
+
+    CREATE TABLE memory_indexes (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('live', 'shadow', 'retired')),
+        meta TEXT,
+        dims INTEGER,
+        created_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE UNIQUE INDEX memory_indexes_one_live ON memory_indexes (name) WHERE role = 'live';
+    CREATE UNIQUE INDEX memory_indexes_one_shadow ON memory_indexes (name)
+        WHERE role = 'shadow';
+
+    CREATE TABLE memory_files (
+        index_id BIGINT NOT NULL REFERENCES memory_indexes ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        source TEXT NOT NULL DEFAULT 'memory',
+        scope TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        mtime DOUBLE PRECISION NOT NULL,
+        size BIGINT NOT NULL,
+        chunks INTEGER NOT NULL DEFAULT 0,
+        vectors_pending BOOLEAN NOT NULL DEFAULT false,
+        indexed_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (index_id, path)
+    );
+
+    -- ``embedding`` is an untyped vector: the width is known only once the embedder
+    -- answers, and a rebuild for another model fills the same table beside the live
+    -- index. Each width gets its own partial HNSW index on ``embedding::vector(n)``.
+    CREATE TABLE memory_chunks (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        index_id BIGINT NOT NULL REFERENCES memory_indexes ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        source TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        start_line INTEGER NOT NULL,
+        end_line INTEGER NOT NULL,
+        hash TEXT NOT NULL,
+        text TEXT NOT NULL,
+        ts TEXT,
+        entry_ids TEXT NOT NULL DEFAULT '[]',
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        tsv TSVECTOR NOT NULL,
+        doc_len INTEGER NOT NULL,
+        cjk_tsv TSVECTOR,
+        cjk_len INTEGER NOT NULL DEFAULT 0,
+        embedding VECTOR,
+        dims INTEGER
+    );
+    CREATE INDEX memory_chunks_path ON memory_chunks (index_id, path);
+    CREATE INDEX memory_chunks_scope ON memory_chunks (index_id, scope) INCLUDE (doc_len);
+    CREATE INDEX memory_chunks_fts ON memory_chunks USING gin (tsv);
+    CREATE INDEX memory_chunks_cjk ON memory_chunks USING gin (cjk_tsv)
+        WHERE cjk_tsv IS NOT NULL;
+
+    CREATE TABLE memory_embedding_cache (
+        index_id BIGINT NOT NULL REFERENCES memory_indexes ON DELETE CASCADE,
+        provider TEXT NOT NULL,
+        model TEXT NOT NULL,
+        provider_key TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        embedding BYTEA NOT NULL,
+        dims INTEGER NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (index_id, provider, model, provider_key, hash)
+    );
+    CREATE INDEX memory_embedding_cache_age ON memory_embedding_cache (index_id, updated_at);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

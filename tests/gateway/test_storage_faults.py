@@ -34,6 +34,7 @@ from core.memory.sources import AGENT_SCOPE
 from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.config import load_config
+from gateway.db import Database
 from gateway.memory import scope_for_key
 from gateway.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
 from tests.fakes.recording_channel import RecordingChannel
@@ -125,7 +126,8 @@ def install(gateway: Gateway, faults: Faults, monkeypatch: pytest.MonkeyPatch) -
         faults.hit("state")
         return sqlite3.OperationalError(faults.state)
 
-    db = gateway.db
+    db = gateway.state.sqlite
+    assert db is not None
     db._conn = FaultyConnection(db.conn, state_error)  # type: ignore[assignment]
 
     memory = gateway.memory
@@ -171,16 +173,20 @@ class World:
         self.opened.append(Transcript.open(path, read_only=True))
         return self.opened[-1]
 
+    @property
+    def sqlite(self) -> Database:
+        db = self.gateway.state.sqlite
+        assert db is not None
+        return db
+
     async def inbox(self) -> list[tuple[str, str, str | None]]:
         """(text, status, error) of every inbox item, in arrival order."""
 
         def rows() -> list[tuple[str, str, str | None]]:
-            cur = self.gateway.db.conn.execute(
-                "SELECT payload, status, error FROM inbox ORDER BY id"
-            )
+            cur = self.sqlite.conn.execute("SELECT payload, status, error FROM inbox ORDER BY id")
             return [(json.loads(p)["text"], s, e) for p, s, e in cur.fetchall()]
 
-        return await self.gateway.db.run(rows)
+        return await self.sqlite.run(rows)
 
     async def assert_intact(self) -> None:
         """Every transcript loads clean; state.db and memory.db pass integrity checks."""
@@ -188,7 +194,7 @@ class World:
             with Transcript.open(path, read_only=True) as transcript:
                 assert transcript.load_report.clean, (path, transcript.load_report)
                 list(transcript.entries())
-        assert await self.gateway.db.run(self.gateway.db.integrity_check) == []
+        assert await self.sqlite.run(self.sqlite.integrity_check) == []
         if self.gateway.memory is not None:
             assert await self.gateway.memory.integrity_check() == []
 

@@ -1,0 +1,91 @@
+"""The state stores of the configured backend, opened and closed together.
+
+``[storage] backend = "sqlite"`` (the default): state.db under $PARLEY_HOME.
+``"postgres"``: the shared database at ``[storage] url`` (the ``postgres`` extra).
+Both give the same registry, inbox and pairing APIs, so nothing above this module
+knows which one runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from gateway.config import LoadedConfig
+from gateway.db import Database
+from gateway.inbox import Inbox
+from gateway.pairing import PairingStore
+from gateway.registry import SessionRegistry, utcnow
+
+if TYPE_CHECKING:
+    from gateway.pg.database import PgDatabase
+    from gateway.pg.inbox import PgInbox
+    from gateway.pg.pairing import PgPairingStore
+    from gateway.pg.registry import PgSessionRegistry
+
+    Registry = SessionRegistry | PgSessionRegistry
+    InboxStore = Inbox | PgInbox
+    Pairing = PairingStore | PgPairingStore
+
+
+class StateStores:
+    """Registry, inbox and pairing on one backend; explicit open/close."""
+
+    def __init__(self, loaded: LoadedConfig, *, now: Callable[[], datetime] = utcnow) -> None:
+        storage = loaded.config.storage
+        self.backend = storage.backend
+        self.sqlite: Database | None = None
+        self.pg: PgDatabase | None = None
+        self.registry: Registry
+        self.inbox: InboxStore
+        self.pairing: Pairing
+        if storage.backend == "postgres":
+            from gateway.pg.database import PgDatabase
+            from gateway.pg.inbox import PgInbox
+            from gateway.pg.pairing import PgPairingStore
+            from gateway.pg.registry import PgSessionRegistry
+
+            assert storage.url is not None  # the config refuses postgres without one
+            self.pg = PgDatabase(storage.url.get_secret_value(), pool_size=storage.pool_size)
+            self.registry = PgSessionRegistry(self.pg)
+            self.inbox = PgInbox(self.pg)
+            self.pairing = PgPairingStore(self.pg, now=now)
+            self.where = f"postgres {self.pg.where}"
+        else:
+            self.sqlite = Database(loaded.state_db, fsync=storage.fsync)
+            self.registry = SessionRegistry(self.sqlite)
+            self.inbox = Inbox(self.sqlite)
+            self.pairing = PairingStore(self.sqlite, now=now)
+            self.where = str(loaded.state_db)
+
+    async def __aenter__(self) -> StateStores:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self.pg is not None:
+            await self.pg.open()
+        elif self.sqlite is not None:
+            await self.sqlite.open()
+
+    async def close(self) -> None:
+        if self.pg is not None:
+            await self.pg.close()
+        elif self.sqlite is not None:
+            await self.sqlite.close()
+
+    async def ping(self) -> None:
+        """One trivial statement: raises when the state database cannot answer."""
+        if self.pg is not None:
+            await self.pg.run(_select_one)
+        elif self.sqlite is not None:
+            db = self.sqlite
+            await db.run(lambda: db.conn.execute("SELECT 1").fetchone())
+
+
+def _select_one(conn: Any) -> None:
+    conn.execute("SELECT 1").fetchone()
