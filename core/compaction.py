@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +36,7 @@ from core.messages import Message, TextBlock, Usage
 from core.prompt import SILENT_REPLY, is_turn_context
 from core.summarizer import Summarizer
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry, Transcript
+from core.transcript_store import write_jsonl_file
 
 log = logging.getLogger("parley.core.compaction")
 
@@ -290,7 +289,9 @@ class Compactor:
                 checkpoint = await asyncio.to_thread(self._checkpoint, transcript, trigger)
                 details["checkpoint"] = checkpoint.name
             except OSError:
-                log.warning("compaction checkpoint of %s failed", transcript.path, exc_info=True)
+                log.warning(
+                    "compaction checkpoint of %s failed", transcript.location, exc_info=True
+                )
         try:
             entry = await asyncio.to_thread(
                 transcript.append_compaction,
@@ -329,8 +330,7 @@ class Compactor:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         target = folder / f"{stamp}-{trigger}.jsonl"
-        shutil.copyfile(transcript.path, target)
-        os.chmod(target, 0o600)
+        write_jsonl_file(transcript, target)  # mode 0600; from the file or the database
         copies = sorted(folder.glob("*.jsonl"))
         for old in copies[: max(0, len(copies) - self.config.checkpoints_kept)]:
             old.unlink(missing_ok=True)

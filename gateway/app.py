@@ -22,7 +22,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -55,7 +54,8 @@ from core.providers.base import Provider
 from core.runner import Runner, TurnRequest
 from core.tools.builtin import default_registry
 from core.tools.memory import memory_tools
-from core.transcript import ENTRY_COMPACTION, Transcript
+from core.transcript import ENTRY_COMPACTION
+from core.transcript_store import SessionTranscript
 from gateway.access import AccessGate
 from gateway.admin.metrics import GatewayMetrics
 from gateway.commands import (
@@ -207,7 +207,7 @@ class Gateway:
         )
         self.provider_health = ProviderHealth()
         self._register_gauges()  # read at scrape time: registered once, live across restarts
-        self._transcripts: OrderedDict[str, Transcript] = OrderedDict()
+        self._transcripts: OrderedDict[str, SessionTranscript] = OrderedDict()
         self._not_recorded: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._redelivering: set[int] = set()  # inbox ids queued for another send
         # Per undelivered reply: (sends tried again, monotonic time of the next one).
@@ -542,7 +542,7 @@ class Gateway:
         return render_context(report, mode or "list")
 
     async def context_report(
-        self, record: SessionRecord | None, transcript: Transcript | None, chat_type: str
+        self, record: SessionRecord | None, transcript: SessionTranscript | None, chat_type: str
     ) -> tuple[ContextReport, ContextView | None]:
         """What the next request would hold, by part, and how the history was cut."""
         assert self.engine is not None and self.prompt is not None and self.runner is not None
@@ -858,10 +858,9 @@ class Gateway:
         self._cache_transcript(record.session_id, transcript)
         return record
 
-    async def _create_transcript(self, record: SessionRecord) -> Transcript:
+    async def _create_transcript(self, record: SessionRecord) -> SessionTranscript:
         return await asyncio.to_thread(
-            Transcript.create,
-            self._transcript_path(record.session_id),
+            self.state.transcripts.create,
             record.session_id,
             record.key,
             {
@@ -869,28 +868,22 @@ class Gateway:
                 "agent_name": self.config.agent.name,
                 "memory_scope": scope_for_key(record.key, self.config.memory),
             },
-            fsync=self.config.storage.fsync,
         )
 
     # -- transcripts ------------------------------------------------------------------
 
-    def _transcript_path(self, session_id: str) -> Path:
-        return self.loaded.sessions_dir / f"{session_id}.jsonl"
-
-    async def transcript(self, record: SessionRecord) -> Transcript:
+    async def transcript(self, record: SessionRecord) -> SessionTranscript:
         cached = self._transcripts.get(record.session_id)
         if cached is not None:
             self._transcripts.move_to_end(record.session_id)
             return cached
-        path = self._transcript_path(record.session_id)
+        store = self.state.transcripts
         try:
-            transcript = await asyncio.to_thread(
-                Transcript.open, path, fsync=self.config.storage.fsync
-            )
+            transcript = await asyncio.to_thread(store.open, record.session_id)
         except TranscriptError:
-            if await asyncio.to_thread(path.exists):
+            if await asyncio.to_thread(store.exists, record.session_id):
                 raise
-            # The row exists but the file never did (a kill between the two): start it.
+            # The row exists but the transcript never did (a kill between the two).
             transcript = await self._create_transcript(record)
         report = transcript.load_report
         if not report.clean:
@@ -898,7 +891,7 @@ class Gateway:
         self._cache_transcript(record.session_id, transcript)
         return transcript
 
-    def _cache_transcript(self, session_id: str, transcript: Transcript) -> None:
+    def _cache_transcript(self, session_id: str, transcript: SessionTranscript) -> None:
         self._transcripts[session_id] = transcript
         self._transcripts.move_to_end(session_id)
         while len(self._transcripts) > self.config.storage.max_open_transcripts:
@@ -1191,7 +1184,7 @@ def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> Outboun
     )
 
 
-def _compaction_triggers(transcript: Transcript, since: int) -> list[str]:
+def _compaction_triggers(transcript: SessionTranscript, since: int) -> list[str]:
     """The triggers of the compactions written after entry line ``since`` (reads disk)."""
     return [
         str(entry.payload.get("trigger") or "unknown")
@@ -1215,12 +1208,12 @@ def _turn_text(message: InboundMessage) -> str:
     return text
 
 
-def _last_id(transcript: Transcript) -> str | None:
+def _last_id(transcript: SessionTranscript) -> str | None:
     last = transcript.last_entry
     return last.id if last is not None else None
 
 
-def _delivery_recorded(transcript: Transcript, ids: list[int]) -> bool:
+def _delivery_recorded(transcript: SessionTranscript, ids: list[int]) -> bool:
     """Does the live transcript record a successful delivery for any of ``ids``?"""
     wanted = set(ids)
     for entry in reversed(transcript.live_entries()):
@@ -1232,7 +1225,7 @@ def _delivery_recorded(transcript: Transcript, ids: list[int]) -> bool:
     return False
 
 
-def _recovered_progress(transcript: Transcript, inbox_id: int) -> tuple[bool, str | None]:
+def _recovered_progress(transcript: SessionTranscript, inbox_id: int) -> tuple[bool, str | None]:
     """Was this inbox item's user message written, and was a final reply written after it?"""
     found = False
     reply: str | None = None

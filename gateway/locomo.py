@@ -13,24 +13,35 @@ evidence turn counts when its whole text is inside what was read. The baseline, 
 the same way in the same run: FTS5 BM25 over single turns (``speaker: text``,
 ``porter unicode61``, the question's tokens OR-ed).
 
+``backend="postgres"`` runs the same bench on the PostgreSQL memory store: at
+``database_url`` (or ``PARLEY_DATABASE_URL``), else on an embedded server started in a
+temporary directory (``pgserver``, the ``dev`` extra), whose pgvector cannot compute
+distances on these machines: vectors are then ranked exactly by the client.
+
 Writes RESULTS.jsonl (one line per question, all categories) and prints one JSON object.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import platform
 import re
 import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from core.memory.backend import StoreBackend
 from core.memory.embedders import EmbedderSettings, build_embedder
 from core.memory.index import MemoryIndex
 from core.memory.query import quote_fts
@@ -40,6 +51,7 @@ from core.prompt import render_turn_context
 from core.tokens import default_counter
 from core.transcript import Transcript
 
+Backend = Literal["sqlite", "postgres"]
 BUDGETS = (250, 500, 1000, 2000)
 SCORED_CATEGORIES = (1, 2, 3, 4)
 _EVIDENCE = re.compile(r"D\d+:\d+")
@@ -253,6 +265,52 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _start_pgserver(data_dir: Path) -> Any:
+    """An embedded PostgreSQL (blocking: call in a thread)."""
+    # platformdirs warns when XDG_RUNTIME_DIR is unset; pgserver does not use it.
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    return pgserver.get_server(str(data_dir), cleanup_mode="stop")
+
+
+@contextlib.asynccontextmanager
+async def _store_backend(
+    backend: Backend, home: Path, database_url: str | None
+) -> AsyncIterator[tuple[StoreBackend | None, str]]:
+    """(the MemoryIndex backend, a description); None for memory.db under ``home``."""
+    if backend == "sqlite":
+        yield None, "sqlite"
+        return
+    from gateway.pg.database import PgDatabase
+    from gateway.pg.memory_store import PgMemoryBackend
+
+    url = database_url or os.environ.get("PARLEY_DATABASE_URL")
+    server = None
+    if not url:
+        # Unix socket paths are limited to ~107 bytes: keep the data directory short.
+        short = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="parley-pg-"))
+        server = await asyncio.to_thread(_start_pgserver, short / "data")
+        url = str(server.get_uri())
+    try:
+        async with PgDatabase(url) as db:
+            # A name of its own: a shared database keeps its other indexes untouched.
+            store = PgMemoryBackend(
+                db,
+                f"locomo-bench-{uuid.uuid4().hex[:12]}",
+                vector_index="exact" if server is not None else "hnsw",
+            )
+            try:
+                yield store, "postgres (embedded)" if server is not None else "postgres"
+            finally:
+                await asyncio.to_thread(store.drop)
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.cleanup)
+
+
 async def run_locomo(
     data: Path,
     out: Path,
@@ -260,6 +318,8 @@ async def run_locomo(
     settings: MemorySettings | None = None,
     work_dir: Path | None = None,
     limit_conversations: int | None = None,
+    backend: Backend = "sqlite",
+    database_url: str | None = None,
 ) -> dict[str, Any]:
     conversations = load_locomo(data)[:limit_conversations]
     base = settings or MemorySettings()
@@ -271,55 +331,70 @@ async def run_locomo(
     )
     with tempfile.TemporaryDirectory(prefix="parley-locomo-", dir=work_dir) as tmp:
         home = Path(tmp)
-        sessions_dir = home / "sessions"
-        sessions_dir.mkdir()
-        messages = sum(
-            write_transcripts(c, sessions_dir, f"locomo:{c.sample_id}") for c in conversations
-        )
-        index = MemoryIndex(
-            memory,
-            db_path=home / "memory" / "memory.db",
-            workspace=home / "workspace",
-            sessions_dir=sessions_dir,
-            embedder=build_embedder(memory.embedder),
-        )
-        await index.open()
-        try:
-            started = time.perf_counter()
-            report = await index.sync(reason="bench")
-            index_seconds = time.perf_counter() - started
-            status = (await index.status()).to_dict()
-            ours, baseline = RecallTable(), RecallTable()
-            latencies: list[float] = []
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with out.open("w", encoding="utf-8") as sink:
-                for conv in conversations:
-                    turns = {t.dia_id: _collapse(t.text) for t in conv.turns}
-                    bm25 = Bm25Baseline(conv)
-                    scopes = ["agent", f"locomo:{conv.sample_id}"]
-                    for q in conv.questions:
-                        t0 = time.perf_counter()
-                        result = await index.search(q.question, scopes=scopes)
-                        latencies.append((time.perf_counter() - t0) * 1000)
-                        rows = [(h.snippet, found_dia_ids(h.snippet, turns)) for h in result.hits]
-                        line = {
-                            "sample_id": conv.sample_id,
-                            "qa_index": q.index,
-                            "results": [{"text": t, "dia_ids": d} for t, d in rows],
-                        }
-                        sink.write(json.dumps(line, ensure_ascii=False) + "\n")
-                        ours.add(q.category, recall_within(rows, q.evidence, turns))
-                        baseline.add(
-                            q.category, recall_within(bm25.search(q.question), q.evidence, turns)
-                        )
-                    bm25.close()
-        finally:
-            await index.close()
+        async with _store_backend(backend, home, database_url) as (store, described):
+            return await _run(conversations, data, out, memory, home, store, described)
+
+
+async def _run(
+    conversations: list[Conversation],
+    data: Path,
+    out: Path,
+    memory: MemorySettings,
+    home: Path,
+    store: StoreBackend | None,
+    described: str,
+) -> dict[str, Any]:
+    sessions_dir = home / "sessions"
+    sessions_dir.mkdir()
+    messages = sum(
+        write_transcripts(c, sessions_dir, f"locomo:{c.sample_id}") for c in conversations
+    )
+    index = MemoryIndex(
+        memory,
+        db_path=home / "memory" / "memory.db",
+        workspace=home / "workspace",
+        sessions_dir=sessions_dir,
+        embedder=build_embedder(memory.embedder),
+        backend=store,
+    )
+    await index.open()
+    try:
+        started = time.perf_counter()
+        report = await index.sync(reason="bench")
+        index_seconds = time.perf_counter() - started
+        status = (await index.status()).to_dict()
+        ours, baseline = RecallTable(), RecallTable()
+        latencies: list[float] = []
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as sink:
+            for conv in conversations:
+                turns = {t.dia_id: _collapse(t.text) for t in conv.turns}
+                bm25 = Bm25Baseline(conv)
+                scopes = ["agent", f"locomo:{conv.sample_id}"]
+                for q in conv.questions:
+                    t0 = time.perf_counter()
+                    result = await index.search(q.question, scopes=scopes)
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                    rows = [(h.snippet, found_dia_ids(h.snippet, turns)) for h in result.hits]
+                    line = {
+                        "sample_id": conv.sample_id,
+                        "qa_index": q.index,
+                        "results": [{"text": t, "dia_ids": d} for t, d in rows],
+                    }
+                    sink.write(json.dumps(line, ensure_ascii=False) + "\n")
+                    ours.add(q.category, recall_within(rows, q.evidence, turns))
+                    baseline.add(
+                        q.category, recall_within(bm25.search(q.question), q.evidence, turns)
+                    )
+                bm25.close()
+    finally:
+        await index.close()
     chunks = int(status["chunks"])
     summary_ours, summary_base = ours.summary(), baseline.summary()
     at_1000 = summary_base["all"]["1000"]
     return {
         "bench": "locomo",
+        "backend": described,
         "data": str(data),
         "conversations": len(conversations),
         "questions_scored": summary_ours["n"],

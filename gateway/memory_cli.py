@@ -47,6 +47,10 @@ def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.Argume
         help="override [memory.embedder] provider",
     )  # fmt: skip
     locomo.add_argument("--conversations", type=int, default=None, help="only the first N")
+    locomo.add_argument(
+        "--backend", choices=["sqlite", "postgres"], default="sqlite",
+        help="memory store: memory.db, or PostgreSQL (PARLEY_DATABASE_URL, else embedded)",
+    )  # fmt: skip
 
 
 class ProgressBar:
@@ -139,7 +143,11 @@ async def bench_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
         )
     try:
         summary = await run_locomo(
-            args.data, args.out, settings=memory, limit_conversations=args.conversations
+            args.data,
+            args.out,
+            settings=memory,
+            limit_conversations=args.conversations,
+            backend=args.backend,
         )
     except LocomoError as exc:
         print(f"parley: {exc}", file=sys.stderr)

@@ -1,9 +1,10 @@
-"""The state stores of the configured backend, opened and closed together.
+"""The state stores of the configured backend (registry, inbox, pairing, transcripts),
+opened and closed together.
 
 ``[storage] backend = "sqlite"`` (the default): state.db under $PARLEY_HOME.
 ``"postgres"``: the shared database at ``[storage] url`` (the ``postgres`` extra).
-Both give the same registry, inbox and pairing APIs, so nothing above this module
-knows which one runs.
+Both give the same registry, inbox, pairing and transcript-store APIs, so nothing
+above this module knows which one runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.config import LoadedConfig
 from gateway.db import Database
 from gateway.inbox import Inbox
@@ -40,23 +42,27 @@ class StateStores:
         self.registry: Registry
         self.inbox: InboxStore
         self.pairing: Pairing
+        self.transcripts: TranscriptStore
         if storage.backend == "postgres":
             from gateway.pg.database import PgDatabase
             from gateway.pg.inbox import PgInbox
             from gateway.pg.pairing import PgPairingStore
             from gateway.pg.registry import PgSessionRegistry
+            from gateway.pg.transcripts import PgTranscriptStore
 
             assert storage.url is not None  # the config refuses postgres without one
             self.pg = PgDatabase(storage.url.get_secret_value(), pool_size=storage.pool_size)
             self.registry = PgSessionRegistry(self.pg)
             self.inbox = PgInbox(self.pg)
             self.pairing = PgPairingStore(self.pg, now=now)
+            self.transcripts = PgTranscriptStore(self.pg)
             self.where = f"postgres {self.pg.where}"
         else:
             self.sqlite = Database(loaded.state_db, fsync=storage.fsync)
             self.registry = SessionRegistry(self.sqlite)
             self.inbox = Inbox(self.sqlite)
             self.pairing = PairingStore(self.sqlite, now=now)
+            self.transcripts = FileTranscriptStore(loaded.sessions_dir, fsync=storage.fsync)
             self.where = str(loaded.state_db)
 
     async def __aenter__(self) -> StateStores:

@@ -14,6 +14,7 @@ When what the rows depend on changes (embedder, model, dimensions, chunking,
 tokenizer: ``IndexMeta``), the index is rebuilt into ``memory.db.reindex`` while the old
 one keeps answering (keyword-only, since its vectors belong to another model), then
 swapped in with one rename. A kill during the rebuild resumes it at the next start.
+Another ``StoreBackend`` (PostgreSQL) keeps its rows elsewhere and swaps its own way.
 
 Triggers: start-up, a search on a dirty index (an empty index waits for its first
 sync), the watcher on memory files (polling, debounced), transcript appends (debounced,
@@ -38,6 +39,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from core.errors import EmbedderError, MemoryIndexError
+from core.memory.backend import SHADOW_SUFFIX as SHADOW_SUFFIX  # re-exported
+from core.memory.backend import (
+    MemoryStoreProtocol,
+    SqliteBackend,
+    StoreBackend,
+)
 from core.memory.chunking import chunk_markdown, chunk_turns, header_agent_name, transcript_turns
 from core.memory.embedders import Embedder, ResilientEmbedder
 from core.memory.query import cjk_index_text
@@ -54,13 +61,12 @@ from core.memory.sources import (
     read_header,
     transcript_files,
 )
-from core.memory.store import FileRow, IndexMeta, MemoryStore, NewChunk, StoreCounts
+from core.memory.store import FileRow, IndexMeta, NewChunk, StoreCounts
 
 log = logging.getLogger("parley.core.memory")
 
 T = TypeVar("T")
 TOKENIZER = "cl100k_base"
-SHADOW_SUFFIX = ".reindex"
 # Where unrelated text lands in cosine similarity, per embedder. e5 puts almost
 # everything above 0.75 (measured on LoCoMo: the best chunk of an unrelated conversation
 # scores 0.77-0.83, evidence 0.81-0.89), so its similarities are rescaled from 0.78;
@@ -204,9 +210,12 @@ class MemoryIndex:
         embedder: ResilientEmbedder | None,
         scope_for: ScopeResolver | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        backend: StoreBackend | None = None,
     ) -> None:
         self.settings = settings
         self.db_path = db_path
+        # Where the rows live: memory.db by default, PostgreSQL when the gateway says so.
+        self.backend: StoreBackend = backend or SqliteBackend(db_path, settings.driver)
         self.workspace = workspace
         self.sessions_dir = sessions_dir
         self.embedder = embedder
@@ -214,8 +223,8 @@ class MemoryIndex:
         self._now = now
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="parley-memory-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="parley-memory-read")
-        self._wstore: MemoryStore | None = None
-        self._rstore: MemoryStore | None = None
+        self._wstore: MemoryStoreProtocol | None = None
+        self._rstore: MemoryStoreProtocol | None = None
         self._live_meta: IndexMeta | None = None
         self._sync_lock = asyncio.Lock()
         self._reader_lock = asyncio.Lock()
@@ -246,9 +255,8 @@ class MemoryIndex:
     async def open(self) -> None:
         """Open memory.db without starting background work (the CLI uses this)."""
         vector = self._wants_vectors()
-        driver = self.settings.driver
-        self._wstore = await self._w(MemoryStore.open, self.db_path, driver=driver, vector=vector)
-        self._rstore = await self._r(MemoryStore.open, self.db_path, driver=driver, vector=vector)
+        self._wstore = await self._w(self.backend.open_live, vector=vector)
+        self._rstore = await self._r(self.backend.open_live, vector=vector)
         self._live_meta = await self._w(self._wstore.meta)
         counts = await self._w(self._wstore.counts)
         self._empty = counts.files == 0
@@ -285,7 +293,7 @@ class MemoryIndex:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader, lambda: fn(*args, **kwargs))
 
-    def _store(self) -> MemoryStore:
+    def _store(self) -> MemoryStoreProtocol:
         if self._wstore is None:
             raise MemoryIndexError("the memory index is not open")
         return self._wstore
@@ -378,7 +386,7 @@ class MemoryIndex:
 
     async def _sync_into(
         self,
-        store: MemoryStore,
+        store: MemoryStoreProtocol,
         meta: IndexMeta,
         report: SyncReport,
         progress: ProgressCallback | None,
@@ -405,7 +413,7 @@ class MemoryIndex:
 
     async def _sync_file(
         self,
-        store: MemoryStore,
+        store: MemoryStoreProtocol,
         meta: IndexMeta,
         source: SourceFile,
         row: FileRow | None,
@@ -477,7 +485,7 @@ class MemoryIndex:
 
     async def _vectors(
         self,
-        store: MemoryStore,
+        store: MemoryStoreProtocol,
         meta: IndexMeta,
         items: Sequence[tuple[str, str]],
         report: SyncReport,
@@ -518,7 +526,7 @@ class MemoryIndex:
         return np.stack([cached[h] for h in hashes]), False
 
     async def _fill_vectors(
-        self, store: MemoryStore, meta: IndexMeta, row: FileRow, report: SyncReport
+        self, store: MemoryStoreProtocol, meta: IndexMeta, row: FileRow, report: SyncReport
     ) -> None:
         existing = await self._w(store.chunk_texts, row.path)
         vectors, pending = await self._vectors(
@@ -533,43 +541,36 @@ class MemoryIndex:
     ) -> SyncReport:
         """Build the whole index anew beside the live one, then swap it in."""
         report = SyncReport(reason=reason, reindexed=True)
-        shadow_path = self.db_path.with_name(self.db_path.name + SHADOW_SUFFIX)
-        driver = self.settings.driver
+        backend = self.backend
         vector = self._wants_vectors()
         self._reindexing = True
         try:
-            shadow = await self._w(MemoryStore.open, shadow_path, driver=driver, vector=vector)
+            shadow = await self._w(backend.open_shadow, vector=vector)
             try:
                 if await self._w(shadow.meta) != wanted:  # else: resume a killed rebuild
                     await self._w(shadow.close)
-                    await asyncio.to_thread(_remove_db, shadow_path)
-                    shadow = await self._w(
-                        MemoryStore.open, shadow_path, driver=driver, vector=vector
-                    )
+                    await self._w(backend.discard_shadow)
+                    shadow = await self._w(backend.open_shadow, vector=vector)
                     await self._w(shadow.set_meta, wanted)
                 await self._sync_into(shadow, wanted, report, progress)
                 await self._w(shadow.checkpoint)
             finally:
                 await self._w(shadow.close)
-            await self._swap_in(shadow_path, driver, vector)
+            await self._swap_in(vector)
             self._live_meta = wanted
         finally:
             self._reindexing = False
         return report
 
-    async def _swap_in(self, shadow_path: Path, driver: Any, vector: bool) -> None:
+    async def _swap_in(self, vector: bool) -> None:
         async with self._reader_lock:
             if self._rstore is not None:
                 await self._r(self._rstore.close)
             await self._w(self._store().close)
             self._wstore = self._rstore = None
-            await asyncio.to_thread(_replace_db, shadow_path, self.db_path)
-            self._wstore = await self._w(
-                MemoryStore.open, self.db_path, driver=driver, vector=vector
-            )
-            self._rstore = await self._r(
-                MemoryStore.open, self.db_path, driver=driver, vector=vector
-            )
+            await self._w(self.backend.promote_shadow)
+            self._wstore = await self._w(self.backend.open_live, vector=vector)
+            self._rstore = await self._r(self.backend.open_live, vector=vector)
 
     # -- triggers ------------------------------------------------------------------------
 
@@ -764,7 +765,7 @@ class MemoryIndex:
                 f"keyword-only until it answers; last error: {embedder.get('last_error')}"
             )
         return MemoryStatus(
-            db_path=str(self.db_path),
+            db_path=self.backend.where,
             workspace=str(self.workspace),
             driver=store.info.describe(),
             requested_provider=(
@@ -794,7 +795,7 @@ class MemoryIndex:
         store = self._store()
         return await self._w(store.integrity_check)
 
-    async def _dirty_files(self, store: MemoryStore) -> list[str]:
+    async def _dirty_files(self, store: MemoryStoreProtocol) -> list[str]:
         sources = await self._sources()
         rows = await self._w(store.files)
 
@@ -845,20 +846,3 @@ def _read_lines(path: Path, start: int, count: int) -> str:
             out.append(line)
             size += len(line)
     return "".join(out)
-
-
-def _remove_db(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{path}{suffix}")
-
-
-def _replace_db(shadow: Path, target: Path) -> None:
-    """Swap the rebuilt index in with one rename (the old one's WAL files go first)."""
-    for suffix in ("-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{target}{suffix}")
-    os.replace(shadow, target)
-    for suffix in ("-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{shadow}{suffix}")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from core.transcript import Transcript
+from core.transcript_store import SessionTranscript
 from gateway.app import Gateway
 from gateway.config import load_config
 from tests.fakes import anthropic_api, openai_api
@@ -84,10 +84,10 @@ class World:
         assert len(sent) == before + 1, [m.text for m in sent[before:]]
         return sent[before].text
 
-    async def transcript(self) -> Transcript:
+    async def transcript(self) -> SessionTranscript:
         record = await self.gateway.registry.get_active(SESSION_KEY)
         assert record is not None
-        transcript = Transcript.open(self.gateway._transcript_path(record.session_id))
+        transcript = self.gateway.state.transcripts.open(record.session_id)
         assert record.entry_count == transcript.entry_count
         assert record.last_entry_id == transcript.last_entry.id
         return transcript

@@ -1,0 +1,307 @@
+"""One suite, both memory stores: SQLite (memory.db) and PostgreSQL (pgvector + full-text
+search), held to the same behaviour through the methods the index and search call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from core.errors import MemoryIndexError
+from core.memory.backend import MemoryStoreProtocol, SqliteBackend, StoreBackend
+from core.memory.index import MemoryIndex
+from core.memory.query import build_cjk_query, build_fts_query, cjk_index_text
+from core.memory.store import FileRow, IndexMeta, NewChunk
+from gateway.pg.database import PgDatabase
+from gateway.pg.memory_store import PgMemoryBackend
+from tests.core.memory.helpers import make_layout, quiet_settings
+from tests.fakes.embedder import HashingEmbedder, resilient
+
+T = TypeVar("T")
+DIMS = 4
+BACKENDS = ["sqlite", "postgres"]
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+# The test server's pgvector dies with SIGILL on any HNSW insert on these machines
+# (tests/gateway/pg/test_memory_pg.py covers the index itself): search exactly.
+PG_VECTOR_INDEX = "exact"
+
+
+async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Store methods block: run them off the event loop, as MemoryIndex does."""
+    return await asyncio.to_thread(lambda: fn(*args, **kwargs))
+
+
+def unit(*values: float) -> np.ndarray:
+    vector = np.array(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def chunk(text: str, line: int = 1) -> NewChunk:
+    return NewChunk(line, line, text, f"h-{text}", cjk_text=cjk_index_text(text))
+
+
+def file_row(path: str, *, scope: str = "agent", source: str = "memory", **kw: Any) -> FileRow:
+    return FileRow(path, source, scope, f"hash-{path}", 1.0, 10, **kw)
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreBackend]:
+    if request.param == "sqlite":
+        yield SqliteBackend(tmp_path / "memory.db")
+        return
+    async with PgDatabase(request.getfixturevalue("pg_url")) as db:
+        yield PgMemoryBackend(db, "agent-1", vector_index=PG_VECTOR_INDEX)
+
+
+@pytest.fixture
+async def store(backend: StoreBackend) -> AsyncIterator[MemoryStoreProtocol]:
+    opened = await call(backend.open_live, vector=True)
+    yield opened
+    await call(opened.close)
+
+
+async def put(store: MemoryStoreProtocol, path: str, texts: list[str], **kw: Any) -> None:
+    vectors = kw.pop("vectors", None)
+    chunks = [chunk(t, i + 1) for i, t in enumerate(texts)]
+    await call(store.replace_file, file_row(path, **kw), chunks, vectors)
+
+
+async def keyword(
+    store: MemoryStoreProtocol, query: str, scopes: list[str] | None = None, *, cjk: bool = False
+) -> list[str]:
+    """Texts of the keyword hits, best first."""
+    match = build_cjk_query(query) if cjk else build_fts_query(query, mode="or")
+    assert match
+    table = "chunks_cjk" if cjk else "chunks_fts"
+    hits = await call(store.keyword_hits, table, match, scopes or ["agent"], 10)
+    rows = await call(store.chunks_by_id, [i for i, _ in hits])
+    return [rows[i].text for i, _ in hits]
+
+
+async def test_meta_round_trips(store: MemoryStoreProtocol) -> None:
+    assert await call(store.meta) is None
+    meta = IndexMeta("fake", "m", "", 4, {"file_tokens": 400}, "cl100k_base")
+    await call(store.set_meta, meta)
+    assert await call(store.meta) == meta
+
+
+async def test_replace_file_swaps_every_chunk_and_delete_removes_them(
+    store: MemoryStoreProtocol,
+) -> None:
+    await put(store, "memory/a.md", ["the walrus sings", "a second line"])
+    first = await call(store.chunk_texts, "memory/a.md")
+    assert [t for _, _, t in first] == ["the walrus sings", "a second line"]
+    await put(store, "memory/a.md", ["the heron dances"])
+    second = await call(store.chunk_texts, "memory/a.md")
+    assert [t for _, _, t in second] == ["the heron dances"]
+    assert await keyword(store, "walrus") == []
+    assert await keyword(store, "heron") == ["the heron dances"]
+    files = await call(store.files)
+    assert files["memory/a.md"].chunks == 1
+    await call(store.touch_file, "memory/a.md", 5.0, 99)
+    assert (await call(store.files))["memory/a.md"].mtime == 5.0
+    await call(store.delete_file, "memory/a.md")
+    assert await call(store.files) == {}
+    assert await call(store.chunks_by_id, [i for i, _, _ in second]) == {}
+    assert await keyword(store, "heron") == []
+
+
+async def test_keyword_hits_rank_like_bm25(store: MemoryStoreProtocol) -> None:
+    await put(
+        store,
+        "memory/k.md",
+        [
+            "Caroline went to the support group on Monday",
+            "Caroline painted a sunrise over the lake",
+            "Caroline talked with Melanie",
+            "Melanie researched adoption agencies",
+            "The café downtown serves naïve espresso",
+        ],
+    )
+    # "group" is rare, "caroline" is everywhere: the rare word decides (IDF).
+    hits = await keyword(store, "When did Caroline go to the support group?")
+    assert hits[0] == "Caroline went to the support group on Monday"
+    assert set(hits) == {
+        "Caroline went to the support group on Monday",
+        "Caroline painted a sunrise over the lake",
+        "Caroline talked with Melanie",
+    }
+    ranks = await call(
+        store.keyword_hits,
+        "chunks_fts",
+        build_fts_query("caroline group", mode="or"),
+        ["agent"],
+        10,
+    )
+    assert all(r < 0 for _, r in ranks)  # bm25() ranks: negative, best (lowest) first
+    assert [r for _, r in ranks] == sorted(r for _, r in ranks)
+    # Stemming both sides, and diacritics folded.
+    assert await keyword(store, "research agency") == ["Melanie researched adoption agencies"]
+    assert await keyword(store, "cafe naive") == ["The café downtown serves naïve espresso"]
+    # A prefix term (the relaxed query search.py falls back to).
+    ids = await call(store.keyword_hits, "chunks_fts", '"sunri"*', ["agent"], 10)
+    rows = await call(store.chunks_by_id, [i for i, _ in ids])
+    assert [r.text for r in rows.values()] == ["Caroline painted a sunrise over the lake"]
+    # FTS5 operators in the input are plain text.
+    assert await keyword(store, 'NEAR(" caroline) -group*') != []
+
+
+async def test_cjk_text_is_found_through_its_bigrams(store: MemoryStoreProtocol) -> None:
+    await put(
+        store, "memory/zh.md", ["我养了一只猫，它叫小白", "今天的会议讨论了预算", "no cjk here"]
+    )
+    assert await keyword(store, "我的猫叫什么名字", cjk=True) == ["我养了一只猫，它叫小白"]
+    assert await keyword(store, "会议预算", cjk=True) == ["今天的会议讨论了预算"]
+    assert await keyword(store, "天气", cjk=True) == []
+
+
+async def test_scopes_filter_every_search(store: MemoryStoreProtocol) -> None:
+    await call(store.ensure_vectors, DIMS)
+    await put(store, "memory/a.md", ["otter facts"], vectors=np.stack([unit(1, 0, 0, 0)]))
+    await put(
+        store,
+        "sessions/p.jsonl",
+        ["otter secrets"],
+        scope="dm:peer",
+        source="sessions",
+        vectors=np.stack([unit(1, 0.1, 0, 0)]),
+    )
+    assert await call(store.scopes) == ["agent", "dm:peer"]
+    assert await keyword(store, "otter", ["agent"]) == ["otter facts"]
+    assert set(await keyword(store, "otter", ["agent", "dm:peer"])) == {
+        "otter facts",
+        "otter secrets",
+    }
+    near = await call(store.vector_hits, unit(1, 0.1, 0, 0), ["agent"], 5)
+    assert len(near) == 1
+    near = await call(store.vector_hits, unit(1, 0.1, 0, 0), ["dm:peer", "agent"], 5)
+    assert len(near) == 2
+    assert await call(store.vector_hits, unit(1, 0, 0, 0), ["group:x"], 5) == []
+
+
+async def test_vector_hits_are_cosine_distances_nearest_first(store: MemoryStoreProtocol) -> None:
+    assert store.vector_dims is None
+    await call(store.ensure_vectors, DIMS)
+    assert store.vector_dims == DIMS
+    await call(store.ensure_vectors, DIMS)  # idempotent
+    vectors = np.stack([unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(1, 1, 0, 0)])
+    await put(store, "memory/v.md", ["east", "north", "north-east"], vectors=vectors)
+    ids = {t: i for i, _, t in await call(store.chunk_texts, "memory/v.md")}
+    hits = await call(store.vector_hits, unit(1, 0.2, 0, 0), ["agent"], 2)
+    assert [i for i, _ in hits] == [ids["east"], ids["north-east"]]
+    query = unit(1, 0.2, 0, 0)
+    assert hits[0][1] == pytest.approx(1 - float(np.dot(query, vectors[0])), abs=1e-5)
+    stored = await call(store.vectors_for, [ids["north"]])
+    assert np.allclose(stored[ids["north"]], vectors[1], atol=1e-6)
+    with pytest.raises(MemoryIndexError):
+        await call(store.ensure_vectors, DIMS + 1)
+
+
+async def test_vectors_filled_in_later(store: MemoryStoreProtocol) -> None:
+    await put(store, "memory/p.md", ["late vector"], vectors_pending=True)
+    counts = await call(store.counts)
+    assert (counts.pending_vector_files, counts.vectors) == (1, 0)
+    await call(store.ensure_vectors, DIMS)
+    [(chunk_id, _, _)] = await call(store.chunk_texts, "memory/p.md")
+    await call(store.add_vectors, "memory/p.md", "agent", [(chunk_id, unit(0, 0, 1, 0))])
+    counts = await call(store.counts)
+    assert (counts.pending_vector_files, counts.vectors) == (0, 1)
+    hits = await call(store.vector_hits, unit(0, 0, 1, 0), ["agent"], 3)
+    assert hits == [(chunk_id, pytest.approx(0.0, abs=1e-6))]
+
+
+async def test_embedding_cache_by_hash_width_and_age(store: MemoryStoreProtocol) -> None:
+    key = ("fake", "m", "")
+    await call(store.cache_vectors, *key, [("h1", unit(1, 0, 0, 0))], max_entries=2)
+    await call(store.cache_vectors, *key, [("h2", unit(0, 1, 0, 0))], max_entries=2)
+    found = await call(store.cached_vectors, *key, ["h1", "h2", "h9"])
+    assert set(found) == {"h1", "h2"}
+    assert np.allclose(found["h2"], unit(0, 1, 0, 0))
+    assert await call(store.cached_vectors, *key, ["h1"], 8) == {}  # another width
+    assert await call(store.cached_vectors, "other", "m", "", ["h1"]) == {}
+    await call(store.cache_vectors, *key, [("h3", unit(0, 0, 1, 0))], max_entries=2)
+    assert set(await call(store.cached_vectors, *key, ["h1", "h2", "h3"])) == {"h2", "h3"}
+    assert (await call(store.counts)).cache_entries == 2
+
+
+async def test_counts_by_source_and_integrity(store: MemoryStoreProtocol) -> None:
+    await call(store.ensure_vectors, DIMS)
+    await put(store, "memory/a.md", ["one", "two"], vectors=np.stack([unit(1, 0, 0, 0)] * 2))
+    await put(store, "sessions/s.jsonl", ["three"], source="sessions", scope="dm:x")
+    counts = await call(store.counts)
+    assert (counts.files, counts.chunks, counts.vectors) == (2, 3, 2)
+    assert [(s.source, s.files, s.chunks) for s in counts.by_source] == [
+        ("memory", 1, 2),
+        ("sessions", 1, 1),
+    ]
+    assert await call(store.integrity_check) == []
+    assert await call(store.fts_available)
+
+
+async def test_a_second_store_sees_committed_writes(backend: StoreBackend) -> None:
+    writer = await call(backend.open_live, vector=True)
+    reader = await call(backend.open_live, vector=True)
+    await put(writer, "memory/a.md", ["shared heron"])
+    assert await keyword(reader, "heron") == ["shared heron"]
+    await call(writer.close)
+    await call(reader.close)
+
+
+# -- end to end through MemoryIndex --------------------------------------------------------
+
+MEMORY_FILES = {
+    "MEMORY.md": "# Facts\n\nThe user's dog is called Biscuit and loves the beach.\n",
+    "memory/2026-02-01.md": "Planned a trip to Lisbon in May with Ana.\nBooked the hotel.\n",
+    "memory/2026-02-10.md": "Started learning the cello; lessons on Thursdays.\n",
+    "memory/zh.md": "我养了一只猫，名字叫小白。\n周末去杭州看西湖。\n",
+}
+QUERIES = {
+    "what is the dog called": "MEMORY.md",
+    "when is the Lisbon trip": "memory/2026-02-01.md",
+    "cello lessons": "memory/2026-02-10.md",
+    "我的猫叫什么名字": "memory/zh.md",
+}
+
+
+async def _search_all(root: Path, backend: StoreBackend | None) -> dict[str, list[str]]:
+    layout = make_layout(root)
+    for relative, text in MEMORY_FILES.items():
+        layout.write(relative, text)
+    layout.transcript("s1", [("user", "My sister Ana lives in Porto"), ("assistant", "Nice!")])
+    index = MemoryIndex(
+        quiet_settings(),
+        db_path=layout.db,
+        workspace=layout.workspace,
+        sessions_dir=layout.sessions,
+        embedder=resilient(HashingEmbedder()),
+        now=lambda: NOW,
+        backend=backend,
+    )
+    await index.start()
+    try:
+        report = await index.sync(reason="test")
+        assert not report.errors
+        results: dict[str, list[str]] = {}
+        for query in QUERIES:
+            result = await index.search(query, scopes=["agent", "unscoped"])
+            assert result.mode == "hybrid"
+            results[query] = [f"{h.path}#{h.start_line}" for h in result.hits[:3]]
+        return results
+    finally:
+        await index.close()
+
+
+async def test_same_top_results_through_memory_index(tmp_path: Path, pg_url: str) -> None:
+    on_sqlite = await _search_all(tmp_path / "sqlite", None)
+    async with PgDatabase(pg_url) as db:
+        on_postgres = await _search_all(
+            tmp_path / "pg", PgMemoryBackend(db, "agent-1", vector_index=PG_VECTOR_INDEX)
+        )
+    for query, path in QUERIES.items():
+        assert on_sqlite[query][0].startswith(path + "#"), (query, on_sqlite[query])
+    assert on_postgres == on_sqlite
