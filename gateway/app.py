@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo
 
 from channels.base import (
@@ -79,6 +79,7 @@ from gateway.memory import (
 )
 from gateway.providers import build_provider
 from gateway.registry import SessionOrigin, SessionRecord, utcnow
+from gateway.replicas import ReplicaCoordinator
 from gateway.resets import (
     match_reset_trigger,
     resolve_reset_policy,
@@ -98,6 +99,9 @@ from gateway.user_errors import (
     describe_provider_error,
 )
 from gateway.workspace import ensure_workspace
+
+if TYPE_CHECKING:
+    from gateway.pg.inbox import PgInbox
 
 log = logging.getLogger("parley.gateway")
 
@@ -220,6 +224,11 @@ class Gateway:
         self.engine: ContextEngine | None = None
         self.prompt: SystemPromptBuilder | None = None
         self.memory: MemoryIndex | None = None
+        self.replicas: ReplicaCoordinator | None = None
+        if self.state.locks is not None:  # the inbox is then a PgInbox
+            self.replicas = ReplicaCoordinator(
+                self, self.state.locks, cast("PgInbox", self.state.inbox)
+            )
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -342,6 +351,8 @@ class Gateway:
         if not self._started or self._stopping:
             return
         self._stopping = True
+        if self.replicas is not None:
+            await self.replicas.stop()
         task, self._redelivery_task = self._redelivery_task, None
         if task is not None:
             task.cancel()
@@ -426,8 +437,9 @@ class Gateway:
                 if admission.notice is not None:
                     await self._notify(channel, message, admission.notice)
                 return
+        route = self._route(message)
         try:
-            recorded = await self.inbox.record(message)
+            recorded = await self.inbox.record(message, session_key=route.key)
         except Exception as exc:
             detail = storage_failure(exc)
             if detail is None:
@@ -454,7 +466,6 @@ class Gateway:
             return
         self.metrics.inbound(message.channel)
         await self._ready.wait()
-        route = self._route(message)
         item_id = recorded.item.id
         info = parse_info_command(message.text)
         if info is not None:
@@ -468,21 +479,31 @@ class Gateway:
                 text = await self._status_text(route.key)
             await self._deliver([item_id], message, None, text)
             return
+        item = self._lane_item(item_id, message, route)
+        submitted = await self.lanes.submit(route.key, item)
+        if not submitted.accepted:
+            await self._deliver([item_id], message, None, BUSY_TEXT, final_status="rejected")
+
+    def _lane_item(
+        self,
+        item_id: int,
+        message: InboundMessage,
+        route: SessionRoute,
+        recovered: InboxItem | None = None,
+    ) -> LaneItem:
         reset = None
         focus = None
         if not message.automated:  # automated events never reset a session
             reset = match_reset_trigger(message.text, self.config.session.reset_triggers)
             focus = parse_compact_command(message.text)
-        item = LaneItem(
+        return LaneItem(
             item_id,
             message,
             route,
             reset_text=reset.remainder if reset is not None else None,
             compact_focus=focus if reset is None else None,
+            recovered=recovered,
         )
-        submitted = await self.lanes.submit(route.key, item)
-        if not submitted.accepted:
-            await self._deliver([item_id], message, None, BUSY_TEXT, final_status="rejected")
 
     async def _tell_not_recorded(self, channel: Channel, message: InboundMessage) -> None:
         """Tell the sender their message could not be saved: once per message, however
@@ -584,6 +605,11 @@ class Gateway:
         return MEMORY_USAGE
 
     async def _recover(self) -> None:
+        if self.replicas is not None:
+            # Only what no live replica answers for: the others' items are theirs.
+            await self.replicas.adopt_orphans()
+            self.replicas.start()
+            return
         items = await self.inbox.open_items()
         queued = 0
         for item in items:
@@ -613,9 +639,12 @@ class Gateway:
         now = utcnow()  # the inbox stamps arrivals with the real time, not self.clock
         tick = time.monotonic()
         items = await self.inbox.open_items()
+        mine = self.state.locks.pid if self.state.locks is not None else None
         for item in items:
             if item.status != "replied" or not item.error or item.id in self._redelivering:
                 continue  # not a failed send, or already queued
+            if mine is not None and item.claimed_by != mine:
+                continue  # another replica's to resend (or an orphan, adopted first)
             tries, next_at = self._resend_schedule.get(item.id, (0, 0.0))
             if due_only and tick < next_at:
                 continue
@@ -647,6 +676,12 @@ class Gateway:
     # -- one lane run -----------------------------------------------------------------
 
     async def _run_lane(self, key: str, items: list[LaneItem | LaneTask]) -> None:
+        if self.replicas is not None:  # PostgreSQL: other replicas share the session
+            await self.replicas.run_locked(key, items)
+        else:
+            await self._run_batch(key, items)
+
+    async def _run_batch(self, key: str, items: list[LaneItem | LaneTask]) -> None:
         """Process a batch in order; plain messages next to each other share one turn."""
         group: list[LaneItem] = []
         for item in items:

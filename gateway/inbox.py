@@ -36,6 +36,10 @@ class InboxItem:
     reply: list[str] | None
     error: str | None
     received_at: datetime | None = None
+    # PostgreSQL only (several replicas): the route key it was recorded under, and the
+    # backend pid of the replica answerable for it (None: unclaimed).
+    session_key: str | None = None
+    claimed_by: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,9 @@ class Inbox:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def record(self, message: InboundMessage) -> RecordResult:
+    async def record(self, message: InboundMessage, session_key: str | None = None) -> RecordResult:
+        # One process answers everything here: the session key is only needed where
+        # several replicas share the inbox (PgInbox), so it is not stored.
         return await self._db.run(self._record_sync, message)
 
     async def get(self, item_id: int) -> InboxItem | None:
@@ -234,4 +240,11 @@ def item_from_row(row: Mapping[str, Any]) -> InboxItem:
         reply=json.loads(row["reply"]) if row["reply"] else None,
         error=row["error"],
         received_at=datetime.fromisoformat(row["received_at"]),
+        session_key=_column(row, "session_key"),
+        claimed_by=_column(row, "claimed_by"),
     )
+
+
+def _column(row: Mapping[str, Any], name: str) -> Any:
+    """A column only one backend's table has (sqlite3.Row has no ``get``)."""
+    return row[name] if name in row.keys() else None  # noqa: SIM118 (Row: `in` reads values)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gateway.pg.inbox import PgInbox
     from gateway.pg.pairing import PgPairingStore
     from gateway.pg.registry import PgSessionRegistry
+    from gateway.pg.session_locks import SessionLocks
 
     Registry = SessionRegistry | PgSessionRegistry
     InboxStore = Inbox | PgInbox
@@ -43,11 +44,15 @@ class StateStores:
         self.inbox: InboxStore
         self.pairing: Pairing
         self.transcripts: TranscriptStore
+        # PostgreSQL: the replica's session locks (opened with the stores); None for
+        # SQLite, where one process owns the state and its lanes are lock enough.
+        self.locks: SessionLocks | None = None
         if storage.backend == "postgres":
             from gateway.pg.database import PgDatabase
             from gateway.pg.inbox import PgInbox
             from gateway.pg.pairing import PgPairingStore
             from gateway.pg.registry import PgSessionRegistry
+            from gateway.pg.session_locks import SessionLocks
             from gateway.pg.transcripts import PgTranscriptStore
 
             assert storage.url is not None  # the config refuses postgres without one
@@ -56,6 +61,8 @@ class StateStores:
             self.inbox = PgInbox(self.pg)
             self.pairing = PgPairingStore(self.pg, now=now)
             self.transcripts = PgTranscriptStore(self.pg)
+            self.locks = SessionLocks(storage.url.get_secret_value())
+            self.inbox.locks = self.locks
             self.where = f"postgres {self.pg.where}"
         else:
             self.sqlite = Database(loaded.state_db, fsync=storage.fsync)
@@ -74,11 +81,19 @@ class StateStores:
 
     async def open(self) -> None:
         if self.pg is not None:
-            await self.pg.open()
+            await self.pg.open()  # migrates first: the locks need no schema, the inbox does
+            if self.locks is not None:
+                try:
+                    await self.locks.open()
+                except BaseException:
+                    await self.pg.close()
+                    raise
         elif self.sqlite is not None:
             await self.sqlite.open()
 
     async def close(self) -> None:
+        if self.locks is not None:
+            await self.locks.close()  # releases what is held: other replicas take over
         if self.pg is not None:
             await self.pg.close()
         elif self.sqlite is not None:

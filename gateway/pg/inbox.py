@@ -3,6 +3,13 @@
 Any replica may receive any platform delivery, so the unique (channel, account,
 platform message id) is what answers a message once: the second replica's insert
 waits for the first to commit, does nothing, and reads the first one's item.
+
+Several replicas: each item carries its session key and ``claimed_by``, the backend
+pid of the session-lock connection of the replica that recorded (or took over) it.
+The replica holding a session's lock answers every open item of that session
+(``open_for_session``), whoever received it; items whose claimant's connection is
+gone (a dead replica) are taken over with ``claim_orphans``. PostgreSQL itself says
+who is alive (``pg_stat_activity``): no heartbeat table of our own.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from gateway.inbox import (
     newest_marks,
 )
 from gateway.pg.database import Connection, PgDatabase
+from gateway.pg.session_locks import SessionLocks
 
 # Rows fetched per round trip while scanning for the newest message per conversation.
 NEWEST_BATCH = 500
@@ -29,9 +37,28 @@ NEWEST_BATCH = 500
 class PgInbox:
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
+        # The replica's session locks: their connection's backend pid is the claimant.
+        self.locks: SessionLocks | None = None
 
-    async def record(self, message: InboundMessage) -> RecordResult:
-        return await self._db.run(_record, message)
+    @property
+    def claimant(self) -> int | None:
+        return self.locks.pid if self.locks is not None else None
+
+    async def record(self, message: InboundMessage, session_key: str | None = None) -> RecordResult:
+        return await self._db.run(_record, message, session_key, self.claimant)
+
+    async def open_for_session(self, key: str, also: Sequence[int] = ()) -> list[InboxItem]:
+        """The open items recorded under session ``key``, and those of ``also`` (ids)
+        still open, in arrival order. Read under the session's lock, it is the truth
+        about what is left to answer."""
+        return await self._db.run(_open_for_session, key, list(also))
+
+    async def claim_orphans(self, *, channels: Sequence[str], limit: int = 1000) -> list[InboxItem]:
+        """Take over the open items of ``channels`` whose claimant is gone (or was
+        never set), in arrival order; each is claimed by one replica only."""
+        if self.claimant is None or not channels:
+            return []
+        return await self._db.run(_claim_orphans, self.claimant, list(channels), limit)
 
     async def get(self, item_id: int) -> InboxItem | None:
         return await self._db.run(_get, item_id)
@@ -75,13 +102,25 @@ class PgInbox:
 # -- on a pool thread, inside the caller's transaction ------------------------------------
 
 
-def _record(conn: Connection, message: InboundMessage) -> RecordResult:
+def _record(
+    conn: Connection, message: InboundMessage, session_key: str | None, claimant: int | None
+) -> RecordResult:
     now = datetime.now(UTC).isoformat()
     row = conn.execute(
         "INSERT INTO inbox (channel, account, platform_message_id, received_at,"
-        " updated_at, payload, status) VALUES (%s, %s, %s, %s, %s, %s, 'received')"
+        " updated_at, payload, status, session_key, claimed_by)"
+        " VALUES (%s, %s, %s, %s, %s, %s, 'received', %s, %s)"
         " ON CONFLICT (channel, account, platform_message_id) DO NOTHING RETURNING *",
-        (message.channel, message.account, message.message_id, now, now, message_to_json(message)),
+        (
+            message.channel,
+            message.account,
+            message.message_id,
+            now,
+            now,
+            message_to_json(message),
+            session_key,
+            claimant,
+        ),
     ).fetchone()
     if row is not None:
         return RecordResult(item_from_row(row), is_new=True)
@@ -123,6 +162,32 @@ def _open(conn: Connection, limit: int) -> list[InboxItem]:
         (limit,),
     ).fetchall()
     return [item_from_row(r) for r in rows]
+
+
+def _open_for_session(conn: Connection, key: str, also: list[int]) -> list[InboxItem]:
+    rows = conn.execute(
+        "SELECT * FROM inbox WHERE status IN ('received', 'replied')"
+        " AND (session_key = %s OR id = ANY(%s)) ORDER BY id",
+        (key, also),
+    ).fetchall()
+    return [item_from_row(r) for r in rows]
+
+
+def _claim_orphans(
+    conn: Connection, claimant: int, channels: list[str], limit: int
+) -> list[InboxItem]:
+    # SKIP LOCKED: two replicas scanning at once split the orphans instead of waiting
+    # on each other's rows; the claim commits with this transaction.
+    rows = conn.execute(
+        "UPDATE inbox SET claimed_by = %(me)s WHERE id IN ("
+        " SELECT id FROM inbox WHERE status IN ('received', 'replied')"
+        " AND channel = ANY(%(channels)s)"
+        " AND (claimed_by IS NULL OR (claimed_by <> %(me)s AND NOT EXISTS ("
+        "  SELECT 1 FROM pg_stat_activity a WHERE a.pid = inbox.claimed_by)))"
+        " ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) RETURNING *",
+        {"me": claimant, "channels": channels, "limit": limit},
+    ).fetchall()
+    return sorted((item_from_row(r) for r in rows), key=lambda item: item.id)
 
 
 def _newest(conn: Connection, channel: str, since: str, limit: int) -> list[SeenMark]:

@@ -209,6 +209,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX memory_embedding_cache_age ON memory_embedding_cache (index_id, updated_at);
     """,
+    # 4: several replicas. ``session_key`` lets the replica holding a session's lock
+    # find every open message of that session, whoever received it; ``claimed_by`` is
+    # the backend pid of the session-lock connection of the replica answerable for the
+    # item: when that pid is gone from pg_stat_activity, the replica died and another
+    # one claims the item. NULL (rows copied from SQLite) counts as unclaimed.
+    """
+    ALTER TABLE inbox ADD COLUMN session_key TEXT;
+    ALTER TABLE inbox ADD COLUMN claimed_by INTEGER;
+    CREATE INDEX inbox_open_by_session ON inbox (session_key, id)
+        WHERE status IN ('received', 'replied');
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

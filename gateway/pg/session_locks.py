@@ -38,12 +38,17 @@ class SessionLocks:
         self._released: dict[str, asyncio.Event] = {}
         self._statement = asyncio.Lock()  # one statement at a time on the lock connection
         self.held: set[str] = set()
+        # The lock connection's backend pid: this replica's identity while it lives
+        # (the inbox's ``claimed_by``); PostgreSQL forgets it when the replica dies.
+        self.pid: int | None = None
 
     async def open(self) -> None:
         try:
             self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
             self._listener = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
             await self._listener.execute(f"LISTEN {CHANNEL}")
+            row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
+            self.pid = int(row[0]) if row else None
         except psycopg.Error as exc:
             await self.close()
             raise StateError(f"cannot open the session lock connection: {exc}") from exc
@@ -81,6 +86,7 @@ class SessionLocks:
                 async with asyncio.timeout(self._poll):
                     await event.wait()
             event.clear()
+        self._released.pop(key, None)  # one event per waited-on key, not per key ever seen
         self.held.add(key)
 
     async def release(self, key: str) -> None:
@@ -96,15 +102,39 @@ class SessionLocks:
 
     async def _try(self, key: str) -> bool:
         async with self._statement:
-            conn = self._connection()
             try:
-                cursor = await conn.execute(
+                cursor = await self._connection().execute(
                     "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
                 )
                 row = await cursor.fetchone()
             except psycopg.Error as exc:
-                raise StateError(f"the session lock connection failed: {exc}") from exc
+                # The connection broke (a server restart, a network cut): its locks are
+                # gone with it. Reconnect once; this replica gets a new pid, so the
+                # inbox items it had claimed become orphans that a live replica (maybe
+                # this one) takes over.
+                await self._reconnect(exc)
+                try:
+                    cursor = await self._connection().execute(
+                        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
+                    )
+                    row = await cursor.fetchone()
+                except psycopg.Error as again:
+                    raise StateError(f"the session lock connection failed: {again}") from again
         return bool(row and row[0])
+
+    async def _reconnect(self, cause: Exception) -> None:
+        log.error("the session lock connection failed (%s); reconnecting", cause)
+        self.held.clear()
+        old, self._conn = self._conn, None
+        if old is not None:
+            with contextlib.suppress(psycopg.Error):
+                await old.close()
+        try:
+            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
+        except psycopg.Error as exc:
+            raise StateError(f"cannot reopen the session lock connection: {exc}") from exc
+        self.pid = int(row[0]) if row else None
 
     def _connection(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         if self._conn is None:

@@ -364,6 +364,15 @@ class PgTranscript(TranscriptBase):
         for row in self._scan(FIRST_ENTRY_SEQ, last):
             yield row.line.encode("utf-8")
 
+    def is_current(self) -> bool:
+        """Does the table hold no more lines than this object has seen? False once
+        another replica has appended to the session (reopen to read its entries)."""
+        with self._lock:
+            count = _call(
+                self._db, f"cannot read transcript {self.location}", _line_count, self._session_id
+            )
+            return count == self._line_count
+
     # -- closing ------------------------------------------------------------------------
 
     def close(self) -> None:

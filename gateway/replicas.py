@@ -1,0 +1,188 @@
+"""Several gateway replicas on one PostgreSQL: who answers what, and when.
+
+Any replica may receive any message (a load balancer in front of the Telegram
+webhook, Discord shards spread over replicas). Every message goes into the shared
+inbox with its session key, then into the receiving replica's lane for that session,
+as with SQLite. What changes is the lane's run:
+
+1. It takes the session's advisory lock (``SessionLocks``): one turn at a time per
+   session across every replica. A replica that dies drops its locks with its
+   connection.
+2. Under the lock it reads the session's open inbox items afresh
+   (``PgInbox.open_for_session``): those another replica answered meanwhile are
+   dropped from the batch, and those other replicas received but have not answered
+   yet are added, in arrival order. The lock holder answers the lot; the other
+   replicas' lanes then find nothing left. Checking the status under the lock is
+   what makes each message answered exactly once.
+3. An item whose turn a dead replica had started (its user message is in the
+   transcript already, or its reply is stored) runs as *recovered*, through the same
+   code that resumes a turn after a restart, so nothing is written or sent twice.
+
+A replica that dies leaves items nobody's lane holds: ``adopt_orphans`` claims the
+open items whose claimant's connection is gone (PostgreSQL's ``pg_stat_activity``
+says who is alive) and queues them here. It runs at start and then every few seconds.
+
+With SQLite there is one process: none of this runs (``state.locks`` is None).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gateway.commands import parse_info_command
+from gateway.inbox import InboxItem
+
+if TYPE_CHECKING:
+    from core.transcript_store import SessionTranscript
+    from gateway.app import Gateway, LaneItem, LaneTask
+    from gateway.pg.inbox import PgInbox
+    from gateway.pg.session_locks import SessionLocks
+    from gateway.registry import SessionRecord
+
+log = logging.getLogger("parley.gateway.replicas")
+
+ORPHAN_SCAN_SECONDS = 5.0
+
+
+class ReplicaCoordinator:
+    """The PostgreSQL backend's share of a gateway's lane runs (see the module doc)."""
+
+    def __init__(self, gateway: Gateway, locks: SessionLocks, inbox: PgInbox) -> None:
+        self.gateway = gateway
+        self.locks = locks
+        self.inbox = inbox
+        self.scan_seconds = ORPHAN_SCAN_SECONDS
+        # Lane items whose session lock could not be taken (the lock connection was
+        # down): queued again by the next scan instead of waiting for a restart.
+        self._stranded: dict[int, LaneItem] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._scan_loop(), name="orphan-scan")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- a lane run ---------------------------------------------------------------------
+
+    async def run_locked(self, key: str, items: list[LaneItem | LaneTask]) -> None:
+        """Run a lane batch of session ``key`` under its lock, with every open item of
+        the session (whoever received it) and none already answered."""
+        from gateway.app import LaneItem, LaneTask
+
+        try:
+            await self.locks.acquire(key)
+        except Exception as exc:  # the lock connection is down and did not come back
+            log.error("cannot lock session %s: %s; its messages are tried again", key, exc)
+            self.gateway.metrics.error("storage")
+            for item in items:
+                if isinstance(item, LaneItem):
+                    self._stranded[item.inbox_id] = item
+                elif isinstance(item, LaneTask) and not item.done.done():
+                    item.done.set_exception(exc)
+            return
+        try:
+            batch = await self._claim_batch(key, items)
+            await self.gateway._run_batch(key, batch)
+        finally:
+            await self.locks.release(key)
+
+    async def _claim_batch(
+        self, key: str, items: Sequence[LaneItem | LaneTask]
+    ) -> list[LaneItem | LaneTask]:
+        from gateway.app import LaneItem
+
+        gateway = self.gateway
+        local = {i.inbox_id: i for i in items if isinstance(i, LaneItem)}
+        batch: list[LaneItem | LaneTask] = [i for i in items if not isinstance(i, LaneItem)]
+        rows = await self.inbox.open_for_session(key, list(local))
+        started = await self._started_ids(key) if rows else set()
+        for row in rows:
+            item = local.get(row.id)
+            if item is None:
+                item = self._foreign_item(key, row)
+                if item is None:
+                    continue
+            if item.recovered is not None or row.status != "received" or row.id in started:
+                # Begun somewhere (maybe by a replica that died): resume, never redo.
+                item = dataclasses.replace(item, recovered=row)
+            batch.append(item)
+        dropped = set(local) - {r.id for r in rows}
+        if dropped:
+            log.debug("inbox %s answered by another replica", sorted(dropped))
+            gateway._redelivering.difference_update(dropped)
+        return batch
+
+    def _foreign_item(self, key: str, row: InboxItem) -> LaneItem | None:
+        """A lane item for an open item another replica received, or None when it is
+        not this lane's to answer."""
+        if row.status == "replied" and row.error:
+            return None  # a failed send: its claimant's redelivery schedule owns it
+        if parse_info_command(row.message.text) is not None:
+            return None  # /status and the like: answered by the receiver, outside lanes
+        if row.message.channel not in self.gateway.channels:
+            return None  # no adapter here to reply through
+        route = self.gateway._route(row.message)
+        if route.key != key:
+            return None  # routed differently here (configs differ): not under this lock
+        return self.gateway._lane_item(row.id, row.message, route)
+
+    async def _started_ids(self, key: str) -> set[int]:
+        """Inbox ids of the session's latest user message: a turn on them was begun."""
+        gateway = self.gateway
+        record = await gateway.registry.get_active(key)
+        if record is None:
+            return set()
+        transcript = await self.current_transcript(record)
+        for entry in reversed(transcript.live_entries()):
+            if entry.type == "message" and entry.message.role == "user":
+                meta = entry.payload.get("meta") or {}
+                return {int(i) for i in meta.get("inbox_ids") or ()}
+        return set()
+
+    async def current_transcript(self, record: SessionRecord) -> SessionTranscript:
+        """The session's transcript, reopened if another replica appended to it since
+        this one cached it."""
+        gateway = self.gateway
+        cached = gateway._transcripts.get(record.session_id)
+        if cached is not None:
+            is_current = getattr(cached, "is_current", None)
+            if is_current is not None and not await asyncio.to_thread(is_current):
+                gateway._forget_transcript(record.session_id)
+        return await gateway.transcript(record)
+
+    # -- orphans ------------------------------------------------------------------------
+
+    async def adopt_orphans(self) -> int:
+        """Claim the open items of replicas that died and queue them here; queue again
+        the stranded ones. Returns how many were queued."""
+        gateway = self.gateway
+        queued = 0
+        stranded, self._stranded = self._stranded, {}
+        for item in stranded.values():
+            if (await gateway.lanes.submit(item.route.key, item, force=True)).accepted:
+                queued += 1
+        for row in await self.inbox.claim_orphans(channels=list(gateway.channels)):
+            queued += await gateway._requeue(row)
+        if queued:
+            log.info("took over %d unanswered message(s) from stopped replicas", queued)
+        return queued
+
+    async def _scan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.scan_seconds)
+            try:
+                await self.adopt_orphans()
+            except Exception:  # a database hiccup must not end the loop
+                log.exception("looking for messages of stopped replicas failed")

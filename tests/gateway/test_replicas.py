@@ -1,0 +1,168 @@
+"""Two gateway replicas on one real PostgreSQL: one session's messages received by
+both, answered once each and in order; a replica that dies mid-turn, finished by the
+other. Each replica is a whole Gateway (real lanes, session locks, inbox, registry
+and transcripts in PostgreSQL) with a recording channel and a scripted provider."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.app import Gateway
+from gateway.config import LoadedConfig, load_config
+from tests.fakes.recording_channel import RecordingChannel
+from tests.fakes.scripted_provider import ScriptedProvider
+
+SESSION_KEY = "agent:main:test:direct:alice"
+
+
+@dataclass
+class Replica:
+    gateway: Gateway
+    channel: RecordingChannel
+    provider: ScriptedProvider
+    gate: asyncio.Event
+
+    async def receive(self, text: str) -> None:
+        # The message id is the text: ids are unique across replicas, as a platform's are.
+        await self.gateway.handle_inbound(self.channel.inbound(text, message_id=text))
+
+
+def replica_config(home: Path, pg_url: str) -> LoadedConfig:
+    return load_config(
+        env={
+            "PARLEY_HOME": str(home),
+            "PARLEY_SESSION__TIMEZONE": "UTC",
+            "PARLEY_HTTP__ENABLED": "false",
+            "PARLEY_MEMORY__ENABLED": "false",
+            "PARLEY_PROVIDERS__RETRY__MAX_ATTEMPTS": "1",
+            "PARLEY_STORAGE__BACKEND": "postgres",
+            "PARLEY_STORAGE__URL": pg_url,
+        }
+    )
+
+
+@asynccontextmanager
+async def replica(home: Path, pg_url: str) -> AsyncIterator[Replica]:
+    gate = asyncio.Event()
+    provider = ScriptedProvider(gate=gate)
+    channel = RecordingChannel()
+    gateway = Gateway(replica_config(home, pg_url), channels=[channel], provider=provider)
+    async with gateway:
+        yield Replica(gateway, channel, provider, gate)
+
+
+async def kill(victim: Replica) -> None:
+    """As close to SIGKILL as one process allows: its turns stop where they are, and
+    its session-lock connection goes (PostgreSQL drops the locks and forgets the pid)."""
+    gateway = victim.gateway
+    assert gateway.replicas is not None and gateway.state.locks is not None
+    await gateway.replicas.stop()
+    await gateway.lanes.stop(drain=False, timeout=0)
+    await gateway.state.locks.close()
+
+
+async def wait_until(predicate: Callable[[], object], what: str, limit_s: float = 20.0) -> None:
+    """Poll a condition another process (PostgreSQL, the other replica) makes true."""
+    deadline = time.monotonic() + limit_s
+    while not await _value(predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _value(result: object) -> object:
+    return await result if asyncio.iscoroutine(result) else result
+
+
+async def delivered(replica: Replica, count: int) -> bool:
+    counts = await replica.gateway.inbox.counts()
+    return counts == {"delivered": count}
+
+
+async def user_turns(replica: Replica) -> list[list[int]]:
+    """The inbox ids of each user entry of the session's transcript, in order."""
+    gateway = replica.gateway
+    record = await gateway.registry.get_active(SESSION_KEY)
+    assert record is not None
+
+    def read() -> list[list[int]]:
+        with gateway.state.transcripts.open(record.session_id, read_only=True) as transcript:
+            return [
+                list(e.payload["meta"]["inbox_ids"])
+                for e in transcript.entries()
+                if e.type == "message" and e.message.role == "user"
+            ]
+
+    return await asyncio.to_thread(read)
+
+
+async def test_messages_alternating_between_replicas_are_answered_once_in_order(
+    tmp_path: Path, pg_url: str
+) -> None:
+    texts = [f"m{i}" for i in range(8)]
+    async with replica(tmp_path / "a", pg_url) as a, replica(tmp_path / "b", pg_url) as b:
+        for i, text in enumerate(texts):
+            await (a if i % 2 == 0 else b).receive(text)
+        # One turn runs (held at its provider); the other replica's lane waits for
+        # the session lock instead of starting a second turn beside it.
+        await wait_until(lambda: a.provider.requests or b.provider.requests, "a first turn")
+        assert len(a.provider.requests) + len(b.provider.requests) == 1
+        a.gate.set()
+        b.gate.set()
+        await wait_until(lambda: delivered(a, len(texts)), "every message delivered")
+        await a.gateway.wait_idle()
+        await b.gateway.wait_idle()
+
+        turns = await user_turns(a)
+        flat = [i for turn in turns for i in turn]
+        assert flat == sorted(flat) and len(set(flat)) == len(texts)  # once each, in order
+        sent = a.channel.sent + b.channel.sent
+        # One reply per turn and one turn per provider call: nothing ran twice.
+        assert len(sent) == len(turns)
+        assert len(a.provider.requests) + len(b.provider.requests) == len(turns)
+        # Each reply answers its turn's last message; replies went out in turn order.
+        by_id = {m.reply_to_message_id for m in sent}
+        assert by_id == {texts[flat.index(turn[-1])] for turn in turns}
+
+
+async def test_a_replica_killed_mid_turn_leaves_the_queue_to_the_other(
+    tmp_path: Path, pg_url: str
+) -> None:
+    async with replica(tmp_path / "a", pg_url) as a, replica(tmp_path / "b", pg_url) as b:
+        b.gate.set()
+        await a.receive("first")
+        # a wrote the user message and is waiting for its model when it dies.
+        await wait_until(lambda: a.provider.requests, "a's turn to start")
+        assert await user_turns(a) == [[1]]
+        await kill(a)
+
+        await b.receive("second")
+        await wait_until(lambda: delivered(b, 2), "both messages delivered")
+        await b.gateway.wait_idle()
+        assert [m.text for m in b.channel.sent] == ["echo: first", "echo: second"]
+        assert [m.reply_to_message_id for m in b.channel.sent] == ["first", "second"]
+        assert a.channel.sent == []
+        # The dead replica's user message is resumed, not written a second time.
+        assert await user_turns(b) == [[1], [2]]
+
+
+async def test_a_dead_replicas_message_is_adopted_without_a_new_one(
+    tmp_path: Path, pg_url: str
+) -> None:
+    async with replica(tmp_path / "a", pg_url) as a, replica(tmp_path / "b", pg_url) as b:
+        assert b.gateway.replicas is not None
+        b.gateway.replicas.scan_seconds = 0.05
+        b.gate.set()
+        await a.receive("orphan")
+        await wait_until(lambda: a.provider.requests, "a's turn to start")
+        await kill(a)
+        # Nobody writes in this chat again: b's scan finds the item of a dead replica.
+        await wait_until(lambda: delivered(b, 1), "the orphan delivered")
+        await b.gateway.wait_idle()
+        assert [m.text for m in b.channel.sent] == ["echo: orphan"]
+        assert await user_turns(b) == [[1]]
