@@ -684,6 +684,10 @@ class Gateway:
     async def _run_batch(self, key: str, items: list[LaneItem | LaneTask]) -> None:
         """Process a batch in order; plain messages next to each other share one turn."""
         group: list[LaneItem] = []
+        # A batch holds several messages in collect mode, or (several replicas) when the
+        # session's lock holder answers what other replicas received: queue mode still
+        # answers each in its own turn.
+        fold = self.config.lanes.mode == "collect"
         for item in items:
             if isinstance(item, LaneTask):
                 if group:
@@ -692,7 +696,10 @@ class Gateway:
                 await item.execute()
                 continue
             plain = (
-                item.reset_text is None and item.recovered is None and item.compact_focus is None
+                fold
+                and item.reset_text is None
+                and item.recovered is None
+                and item.compact_focus is None
             )
             # One reply goes to one place: a session can span bot accounts or chats (a
             # person writing to two bots under dm_scope "per-channel-peer"), and a folded

@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
 from tests.fakes.recording_channel import RecordingChannel
@@ -32,9 +34,10 @@ class Replica:
         await self.gateway.handle_inbound(self.channel.inbound(text, message_id=text))
 
 
-def replica_config(home: Path, pg_url: str) -> LoadedConfig:
+def replica_config(home: Path, pg_url: str, mode: str) -> LoadedConfig:
     return load_config(
         env={
+            "PARLEY_LANES__MODE": mode,
             "PARLEY_HOME": str(home),
             "PARLEY_SESSION__TIMEZONE": "UTC",
             "PARLEY_HTTP__ENABLED": "false",
@@ -47,11 +50,11 @@ def replica_config(home: Path, pg_url: str) -> LoadedConfig:
 
 
 @asynccontextmanager
-async def replica(home: Path, pg_url: str) -> AsyncIterator[Replica]:
+async def replica(home: Path, pg_url: str, mode: str = "collect") -> AsyncIterator[Replica]:
     gate = asyncio.Event()
     provider = ScriptedProvider(gate=gate)
     channel = RecordingChannel()
-    gateway = Gateway(replica_config(home, pg_url), channels=[channel], provider=provider)
+    gateway = Gateway(replica_config(home, pg_url, mode), channels=[channel], provider=provider)
     async with gateway:
         yield Replica(gateway, channel, provider, gate)
 
@@ -101,11 +104,13 @@ async def user_turns(replica: Replica) -> list[list[int]]:
     return await asyncio.to_thread(read)
 
 
+@pytest.mark.parametrize("mode", ["collect", "queue"])
 async def test_messages_alternating_between_replicas_are_answered_once_in_order(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_url: str, mode: str
 ) -> None:
     texts = [f"m{i}" for i in range(8)]
-    async with replica(tmp_path / "a", pg_url) as a, replica(tmp_path / "b", pg_url) as b:
+    a_home, b_home = tmp_path / "a", tmp_path / "b"
+    async with replica(a_home, pg_url, mode) as a, replica(b_home, pg_url, mode) as b:
         for i, text in enumerate(texts):
             await (a if i % 2 == 0 else b).receive(text)
         # One turn runs (held at its provider); the other replica's lane waits for
@@ -128,6 +133,10 @@ async def test_messages_alternating_between_replicas_are_answered_once_in_order(
         # Each reply answers its turn's last message; replies went out in turn order.
         by_id = {m.reply_to_message_id for m in sent}
         assert by_id == {texts[flat.index(turn[-1])] for turn in turns}
+        if mode == "queue":  # one turn per message, even when the lock holder drains
+            assert turns == [[i] for i in flat]
+        else:  # the lock holder answered what the other replica received, folded
+            assert len(turns) < len(texts)
 
 
 async def test_a_replica_killed_mid_turn_leaves_the_queue_to_the_other(
