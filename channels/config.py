@@ -6,14 +6,25 @@ token. Access rules (``dm_policy``, ``allow_from``) can be set for the channel a
 overridden per account; group rules (``activation``) for the channel, per group and,
 on Discord, per guild and per channel. The web chat (``[channels.web]``) is on by
 default when neither Telegram nor Discord is (``ChannelsConfig.web_enabled``).
+A Discord account may connect only some of its bot's shards (``shard_count``,
+``shard_ids``), so that several replicas split one bot between them.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from channels.base import Activation, ChatPolicy, DmPolicy
 
@@ -24,6 +35,8 @@ _ACCOUNT_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 # Telegram's rule for setWebhook's secret_token.
 _WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _TELEGRAM_TOKEN_RE = re.compile(r"\d+:[A-Za-z0-9_-]+")
+# Far above what any bot needs, low enough that "all shards" stays a small tuple.
+MAX_SHARD_COUNT = 65_536
 
 
 class _Strict(BaseModel):
@@ -191,6 +204,15 @@ class DiscordGuildConfig(_Strict):
 
 class DiscordAccountConfig(_AccountAccess):
     token: SecretStr = Field(description="the bot token from the Developer Portal")
+    # Sharding is per bot (per token): several replicas sharing one database each
+    # connect a disjoint part of the bot's shards, and Discord sends each replica only
+    # the guilds of its shards (DMs ride on shard 0).
+    shard_count: StrictInt = Field(
+        1, ge=1, le=MAX_SHARD_COUNT, description="the bot's total shards, over all replicas"
+    )
+    shard_ids: list[StrictInt] | None = Field(
+        None, description="the shards this replica connects; unset: all of 0..shard_count-1"
+    )
 
     @field_validator("token")
     @classmethod
@@ -199,6 +221,30 @@ class DiscordAccountConfig(_AccountAccess):
         if not token or any(c.isspace() for c in token):
             raise ValueError("a Discord bot token is one word (Developer Portal → Bot → Token)")
         return value
+
+    @model_validator(mode="after")
+    def _shards_in_range(self) -> DiscordAccountConfig:
+        ids = self.shard_ids
+        if ids is None:
+            return self
+        if not ids:
+            raise ValueError("shard_ids must name at least one shard (or be left unset: all)")
+        outside = sorted({i for i in ids if not 0 <= i < self.shard_count})
+        if outside:
+            raise ValueError(
+                f"shard_ids {outside} out of range: with shard_count = {self.shard_count}"
+                f" a shard id is 0..{self.shard_count - 1}"
+            )
+        repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+        if repeated:
+            raise ValueError(f"shard_ids lists {repeated} more than once")
+        return self
+
+    def shards(self) -> tuple[int, ...]:
+        """The shard ids this replica connects (all of them when ``shard_ids`` is unset)."""
+        return (
+            tuple(self.shard_ids) if self.shard_ids is not None else tuple(range(self.shard_count))
+        )
 
 
 class DiscordConfig(_ChannelAccess):

@@ -39,6 +39,17 @@ a replaced client) starts a backfill of the channels' history since the last mes
 seen (``channels.discord_backfill``); a RESUMED needs none, Discord replays the gap.
 After a restart, ``catch_up`` (called by the gateway before ``start``) seeds those
 marks from what the gateway stored, and the first READY backfills too.
+
+Shards: an account connects the shards its config names (``shard_ids`` of
+``shard_count``), so that replicas sharing one database split a bot between them;
+Discord then sends each replica only its shards' guilds (DMs: shard 0). One shard is
+a ``discord.Client(shard_id=, shard_count=)``, several a ``discord.AutoShardedClient``
+(one websocket per shard), and ``shard_count = 1`` the unsharded client of before.
+Each shard has its own gateway session: connect, READY, RESUMED and disconnects are
+tracked per shard (discord.py's ``shard_*`` events), the account is ``up`` when all of
+its shards are, and a lost session backfills only that shard's channels. 4010
+(invalid shard) and 4011 (sharding required) are configuration errors: the account
+stops rather than retrying.
 """
 
 from __future__ import annotations
@@ -103,6 +114,33 @@ STORE_RETRY_INITIAL_SECONDS = 1.0
 STORE_RETRY_MAX_SECONDS = 60.0
 # A failed login cannot be fixed by trying again.
 _FATAL = (discord.LoginFailure, discord.PrivilegedIntentsRequired)
+# Nor can these gateway closes (Discord's "do not reconnect" codes): a bad token, bad
+# shard, too few shards, a bad API version, bad or disallowed intents.
+CLOSE_INVALID_SHARD = 4010
+CLOSE_SHARDING_REQUIRED = 4011
+_FATAL_CLOSE_CODES = frozenset(
+    {4004, CLOSE_INVALID_SHARD, CLOSE_SHARDING_REQUIRED, 4012, 4013, 4014}
+)
+# discord.py's per-shard twins of the session events. An AutoShardedClient also sends
+# the plain ones, without the shard id; a single-shard client only the plain ones.
+_SHARD_EVENTS = {
+    "shard_connect": "connect",
+    "shard_ready": "ready",
+    "shard_resumed": "resumed",
+    "shard_disconnect": "disconnect",
+}
+_SESSION_EVENTS = frozenset(_SHARD_EVENTS.values())
+
+
+def _is_fatal(exc: BaseException | None) -> bool:
+    if isinstance(exc, discord.ConnectionClosed):
+        return exc.code in _FATAL_CLOSE_CODES
+    return isinstance(exc, _FATAL)
+
+
+def shard_of_guild(guild_id: int | str | None, shard_count: int) -> int:
+    """The shard Discord sends a guild's events on; DMs come on shard 0."""
+    return 0 if guild_id is None else (int(guild_id) >> 22) % shard_count
 
 
 def _backoff(failures: int, initial: float, maximum: float) -> float:
@@ -143,8 +181,12 @@ def _guarded(account: str, event: str, parser: Callable[[Any], None]) -> Callabl
 
 
 class _GatewayClient(discord.Client):
-    def __init__(self, account: _Account) -> None:
-        super().__init__(intents=_intents(), guild_ready_timeout=GUILD_READY_TIMEOUT_SECONDS)
+    """One gateway connection (unsharded, or one shard: ``shard_id``, ``shard_count``)."""
+
+    def __init__(self, account: _Account, **sharding: Any) -> None:
+        super().__init__(
+            intents=_intents(), guild_ready_timeout=GUILD_READY_TIMEOUT_SECONDS, **sharding
+        )
         self._account = account
         # The websocket looks parsers up in this very dict (``ws._discord_parsers``), so
         # wrapping its entries in place guards every event, on every (re)connection.
@@ -156,6 +198,20 @@ class _GatewayClient(discord.Client):
         super().dispatch(event, *args, **kwargs)
         # Called from the gateway read loop, in gateway order (see the module docstring).
         self._account.on_event(event, args)
+
+
+class _ShardedGatewayClient(_GatewayClient, discord.AutoShardedClient):
+    """Several shards of one account (``shard_ids``, ``shard_count``), a websocket each;
+    the same guarded parsers and ordered dispatch as ``_GatewayClient``."""
+
+
+def _new_client(account: _Account) -> discord.Client:
+    shards, count = account.shards, account.shard_count
+    if count == 1:
+        return _GatewayClient(account)  # no shard field in IDENTIFY, as before sharding
+    if len(shards) == 1:
+        return _GatewayClient(account, shard_id=shards[0], shard_count=count)
+    return _ShardedGatewayClient(account, shard_ids=list(shards), shard_count=count)
 
 
 async def _finish(task: asyncio.Task[Any], grace: float) -> None:
@@ -172,19 +228,35 @@ class _Account:
     """One bot account: its client, its inbound queue and the consumer of that queue."""
 
     def __init__(
-        self, name: str, token: str, config: DiscordConfig, handler: InboundHandler
+        self,
+        name: str,
+        token: str,
+        config: DiscordConfig,
+        handler: InboundHandler,
+        *,
+        shards: Sequence[int] = (0,),
+        shard_count: int = 1,
     ) -> None:
         self.name = name
         self._token = token
         self._config = config
         self._handler = handler
-        self.client = _GatewayClient(self)
+        self.shards = tuple(shards)
+        self.shard_count = shard_count
+        self.client = _new_client(self)
         self.queue: asyncio.Queue[InboundMessage | None] = asyncio.Queue()
         self.dm_channels: set[int] = set()  # learnt from inbound DMs
         self.backfill = Backfill(
-            name, enqueue=self._enqueue, normalise=self._read, messageable=self.messageable
+            name,
+            enqueue=self._enqueue,
+            normalise=self._read,
+            messageable=self.messageable,
+            shards=self.shards,
+            shard_of=lambda m: shard_of_guild(m.guild_id, shard_count),
+            owns=self.owns,
         )
-        self._connected = asyncio.Event()  # set while the gateway websocket is up
+        self._live: set[int] = set()  # shards whose gateway websocket is up
+        self._connected = asyncio.Event()  # set while any shard's websocket is up
         self._runner: asyncio.Task[None] | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._stopped = False
@@ -217,6 +289,10 @@ class _Account:
             return "login failed: the token was refused"
         if isinstance(exc, discord.PrivilegedIntentsRequired):
             return "enable the Message Content intent (Developer Portal → Bot)"
+        if isinstance(exc, discord.ConnectionClosed) and exc.code == CLOSE_INVALID_SHARD:
+            return "Discord refused the shard (4010): check shard_count and shard_ids"
+        if isinstance(exc, discord.ConnectionClosed) and exc.code == CLOSE_SHARDING_REQUIRED:
+            return "Discord requires more shards (4011): raise shard_count"
         return f"the client stopped while connecting: {exc!r}"
 
     async def _supervise(self, runner: asyncio.Task[None]) -> None:
@@ -231,8 +307,9 @@ class _Account:
                 if self._stopped:
                     return
                 exc = None if runner.cancelled() else runner.exception()
+                self._live.clear()
                 self._connected.clear()
-                if isinstance(exc, _FATAL):
+                if _is_fatal(exc):
                     logger.error("discord %s: the client stopped: %s", self.name,
                                  self._why(runner))  # fmt: skip
                     return
@@ -246,7 +323,7 @@ class _Account:
                 await self._close_client(self.client)
                 if await self._stopped_within(delay):
                     return
-                self.client = _GatewayClient(self)
+                self.client = _new_client(self)
                 self.restarts += 1
                 started = loop.time()
                 runner = asyncio.create_task(
@@ -286,20 +363,36 @@ class _Account:
             self.dm_channels.add(int(message.chat_id))
         self.queue.put_nowait(message)
 
-    def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
+    def _session_event(self, event: str, args: tuple[Any, ...]) -> tuple[str, int] | None:
+        """(event, shard id) for a shard's session event, else None."""
+        if isinstance(self.client, discord.AutoShardedClient):
+            # Only the shard_* twins say which shard; the plain ones are skipped.
+            plain = _SHARD_EVENTS.get(event)
+            return None if plain is None or not args else (plain, int(args[0]))
+        if event in _SESSION_EVENTS:
+            return event, self.shards[0]
+        return None
+
+    def _on_session(self, event: str, shard: int) -> None:
         if event == "connect":  # READY: a new gateway session
+            self._live.add(shard)
             self._connected.set()
-            self.backfill.session_started()
-            return None
-        if event == "ready":  # the new session's guilds are cached
-            self.backfill.guilds_ready()
-            return None
-        if event == "disconnect":
-            self._connected.clear()
-            return None
-        if event == "resumed":  # RESUMED: the same session, back after a drop
+            self.backfill.session_started(shard)
+        elif event == "ready":  # the new session's guilds are cached
+            self.backfill.guilds_ready(shard)
+        elif event == "disconnect":
+            self._live.discard(shard)
+            if not self._live:
+                self._connected.clear()
+        elif event == "resumed":  # RESUMED: the same session, back after a drop
+            self._live.add(shard)
             self._connected.set()
-            logger.info("discord %s: gateway session resumed", self.name)
+            logger.info("discord %s: gateway session of shard %d resumed", self.name, shard)
+
+    def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
+        session = self._session_event(event, args)
+        if session is not None:
+            self._on_session(*session)
             return None
         if event == "message":
             return self._read(args[0])
@@ -370,8 +463,25 @@ class _Account:
 
     @property
     def up(self) -> bool:
-        """The gateway websocket is connected (cleared on a disconnect until it is back)."""
-        return self._connected.is_set() and not self.client.is_closed()
+        """Every shard's gateway websocket is connected (not while one is reconnecting)."""
+        return self._live.issuperset(self.shards) and not self.client.is_closed()
+
+    async def owns(self, channel_id: int) -> bool:
+        """The channel's events come to this replica: its guild is on one of our
+        shards, or it is a DM and we have shard 0."""
+        if len(self.shards) == self.shard_count:
+            return True  # every shard is here
+        channel = self.client.get_channel(channel_id)
+        guild = getattr(channel, "guild", None)
+        if guild is not None:
+            return shard_of_guild(guild.id, self.shard_count) in self.shards
+        if channel is None:
+            # Not cached: a DM, or a channel of a guild on another replica's shards;
+            # Discord says which (the caller handles a failed call).
+            data: Any = await self.client.http.get_channel(channel_id)
+            guild_id = data.get("guild_id") if isinstance(data, dict) else None
+            return shard_of_guild(guild_id, self.shard_count) in self.shards
+        return 0 in self.shards  # a cached DM
 
     async def stop(self) -> None:
         if self._stopped:
@@ -440,7 +550,14 @@ class DiscordChannel:
             raise ChannelStartError("discord: no enabled account (set accounts.<id>.token)")
         _point_library_at(self.config)
         accounts = [
-            _Account(name, account.token.get_secret_value().strip(), self.config, handler)
+            _Account(
+                name,
+                account.token.get_secret_value().strip(),
+                self.config,
+                handler,
+                shards=account.shards(),
+                shard_count=account.shard_count,
+            )
             for name, account in enabled.items()
         ]
         for account in accounts:

@@ -24,6 +24,15 @@ too: what was sent while the bot was down is answered, not lost. Messages older 
 ``MAX_BACKFILL_AGE`` are skipped (logged): like Telegram, which keeps undelivered
 updates for 24 hours, the bot does not answer day-old messages after a long outage.
 
+Shards: each shard of the account is its own gateway session, so a lost session loses
+only its shard's events. The first READY of each shard is not a loss; a later one
+backfills the channels last seen on that shard (and those whose shard is not known: the
+seeded ones). History is read once the shards being backfilled have their guilds
+cached (all of them for the seeded catch-up; only those: discord.py may never report
+another shard ready when a shard re-identifies early), and only for channels this
+replica owns (``owns``): with shards split over replicas,
+another replica answers the others' guilds, and DMs belong to shard 0's.
+
 A channel whose history cannot be read (403, 404, 5xx, network) is logged and skipped;
 its held events go on and the other channels are backfilled. The memory of last-seen
 ids lives in this process only: a restart forgets it, and channels the bot never
@@ -36,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
@@ -59,6 +68,16 @@ _FETCH_ERRORS = (discord.DiscordException, aiohttp.ClientError, TimeoutError, OS
 Enqueue = Callable[[InboundMessage], None]
 Normalise = Callable[[discord.Message], InboundMessage | None]
 Messageable = Callable[[int], discord.abc.Messageable]
+ShardOf = Callable[[InboundMessage], int]
+Owns = Callable[[int], Awaitable[bool]]
+
+
+def _shard_zero(message: InboundMessage) -> int:
+    return 0
+
+
+async def _owns_all(channel_id: int) -> bool:
+    return True
 
 
 def channel_of(message: InboundMessage) -> int | None:
@@ -73,28 +92,35 @@ def new_message_id(message: InboundMessage) -> int | None:
 
 
 class LastSeen:
-    """Per channel, the newest message id queued; bounded, least recently active out."""
+    """Per channel, the newest message id queued and the shard it came on (None: not
+    known, e.g. seeded); bounded, least recently active out."""
 
     def __init__(self, capacity: int | None = None) -> None:
         self._capacity = MAX_REMEMBERED_CHANNELS if capacity is None else capacity
         self._ids: OrderedDict[int, int] = OrderedDict()
+        self._shards: dict[int, int] = {}
 
-    def note(self, channel_id: int, message_id: int) -> None:
+    def note(self, channel_id: int, message_id: int, shard: int | None = None) -> None:
         newest = max(self._ids.pop(channel_id, message_id), message_id)
         self._ids[channel_id] = newest
+        if shard is not None:
+            self._shards[channel_id] = shard
         while len(self._ids) > self._capacity:
-            self._ids.popitem(last=False)
+            forgotten, _ = self._ids.popitem(last=False)
+            self._shards.pop(forgotten, None)
 
     def get(self, channel_id: int) -> int | None:
         return self._ids.get(channel_id)
 
-    def most_recent(self, count: int) -> list[int]:
-        """Up to ``count`` channels, the most recently active first."""
+    def most_recent(self, count: int, shard: int | None = None) -> list[int]:
+        """Up to ``count`` channels, the most recently active first; with ``shard``,
+        only those seen on that shard or on an unknown one."""
         recent = []
         for channel_id in reversed(self._ids):
             if len(recent) == count:
                 break
-            recent.append(channel_id)
+            if shard is None or self._shards.get(channel_id, shard) == shard:
+                recent.append(channel_id)
         return recent
 
     def __len__(self) -> int:
@@ -105,14 +131,27 @@ class Backfill:
     """The live path's gate (``route``) and the backfill task of one account."""
 
     def __init__(
-        self, account: str, *, enqueue: Enqueue, normalise: Normalise, messageable: Messageable
+        self,
+        account: str,
+        *,
+        enqueue: Enqueue,
+        normalise: Normalise,
+        messageable: Messageable,
+        shards: Iterable[int] = (0,),
+        shard_of: ShardOf = _shard_zero,
+        owns: Owns = _owns_all,
     ) -> None:
         self._account = account
         self._enqueue_live = enqueue
         self._normalise = normalise
         self._messageable = messageable
+        self._shard_of = shard_of
+        self._owns = owns
         self.seen = LastSeen()
-        self._sessions = 0
+        self._shards = frozenset(shards)
+        self._started: set[int] = set()  # shards that had their first READY
+        self._ready: set[int] = set()  # shards whose guilds are cached
+        self._needed: set[int] = set()  # shards whose channels a backfill waits to read
         self._seeded = False
         self._held: dict[int, list[InboundMessage]] = {}  # insertion order: fetch order
         self._refetch: set[int] = set()  # lost the session again while being fetched
@@ -142,7 +181,7 @@ class Backfill:
     def _enqueue(self, message: InboundMessage) -> None:
         channel, mid = channel_of(message), new_message_id(message)
         if channel is not None and mid is not None:
-            self.seen.note(channel, mid)
+            self.seen.note(channel, mid, self._shard_of(message))
         self._enqueue_live(message)
 
     def seed(self, marks: Iterable[SeenMark]) -> None:
@@ -155,34 +194,48 @@ class Backfill:
                 self.seen.note(int(channel), int(head))
                 self._seeded = True
 
-    def session_started(self) -> None:
-        """A READY: the first of the account starts it (and catches up after a restart
-        when seeded), any later one lost events."""
-        self._guilds_ready.clear()
-        self._sessions += 1
-        if self._sessions > 1 or self._seeded:
-            self._seeded = False
-            self._begin()
+    def session_started(self, shard: int = 0) -> None:
+        """A READY on ``shard``: its first starts it (and the account's first catches up
+        after a restart when seeded), any later one lost that shard's events."""
+        self._ready.discard(shard)
+        if shard in self._started:
+            self._begin(shard)
+        else:
+            self._started.add(shard)
+            if self._seeded:
+                self._seeded = False
+                self._begin(None)
+        self._update_ready()
 
-    def guilds_ready(self) -> None:
-        self._guilds_ready.set()
+    def guilds_ready(self, shard: int = 0) -> None:
+        """The guilds of ``shard``'s session are cached."""
+        self._ready.add(shard)
+        self._update_ready()
+
+    def _update_ready(self) -> None:
+        if self._needed <= self._ready:
+            self._guilds_ready.set()
+        else:
+            self._guilds_ready.clear()
 
     # -- the backfill -------------------------------------------------------------------
 
-    def _begin(self) -> None:
-        channels = self.seen.most_recent(MAX_CHANNELS_PER_BACKFILL)
+    def _begin(self, shard: int | None) -> None:
+        """Backfill the channels of ``shard`` (None: every channel remembered)."""
+        channels = self.seen.most_recent(MAX_CHANNELS_PER_BACKFILL, shard)
         if not channels:
             return
+        self._needed |= self._shards if shard is None else {shard}
         for channel in channels:
             if channel in self._held:
                 self._refetch.add(channel)
             else:
                 self._held[channel] = []
                 self._caught_up.pop(channel, None)
-        left_out = len(self.seen) - len(channels)
+        left_out = len(self.seen.most_recent(len(self.seen), shard)) - len(channels)
         logger.info(
-            "discord %s: a new gateway session after a lost one; backfilling %d channel(s)%s",
-            self._account, len(channels),
+            "discord %s: a new gateway session after a lost one%s; backfilling %d channel(s)%s",
+            self._account, "" if shard is None else f" (shard {shard})", len(channels),
             f" ({left_out} less active ones not)" if left_out else "",
         )  # fmt: skip
         if self._task is None or self._task.done():
@@ -200,6 +253,7 @@ class Backfill:
             # Stopping (or a bug): what was held back still goes to the gateway.
             for channel in list(self._held):
                 self._release(channel, None)
+            self._needed.clear()
         logger.info(
             "discord %s: backfill done: %d message(s) from %d channel(s)",
             self._account, total, channels,
@@ -230,6 +284,10 @@ class Backfill:
         if after is None:
             return None  # forgotten meanwhile (more than MAX_REMEMBERED_CHANNELS active)
         try:
+            if not await self._owns(channel):
+                # Another replica's shard carries it; that replica backfills it.
+                logger.debug("discord %s: channel %s is not on our shards", self._account, channel)
+                return None
             history = self._messageable(channel).history(
                 limit=MAX_MESSAGES_PER_CHANNEL, after=discord.Object(id=after), oldest_first=True
             )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,35 @@ class ChunkRow:
     text: str
     ts: str | None
     entry_ids: tuple[str, ...]
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk as stored, with what its keyword and vector tables hold for it: what
+    copying an index to another store needs (``parley migrate``), no re-embedding."""
+
+    id: int
+    start_line: int
+    end_line: int
+    hash: str
+    text: str
+    ts: str | None
+    entry_ids: tuple[str, ...]
+    created_at: float
+    updated_at: float
+    cjk_text: str  # chunks_cjk's text ("" when the chunk has no CJK)
+    vector: np.ndarray | None  # None: no vector stored (keyword-only, or pending)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    provider: str
+    model: str
+    provider_key: str
+    hash: str
+    embedding: bytes  # float32, as stored
+    dims: int
     updated_at: float
 
 
@@ -535,6 +564,62 @@ class MemoryStore:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    # -- export (read-only) -------------------------------------------------------------
+
+    def stored_chunks(self, path: str) -> list[StoredChunk]:
+        """A file's chunks in id order, with their CJK text and vectors. Raises
+        MemoryIndexError when the file has vectors this connection cannot read (no
+        sqlite-vec): a copy without them would silently lose the vector side."""
+        if self.vector_dims is None and self._existing_vec_dims() is not None:
+            raise MemoryIndexError(
+                f"{self.path} holds vectors, but they cannot be read here: {self.info.vector_error}"
+            )
+        rows = self._conn.execute(
+            "SELECT id, start_line, end_line, hash, text, ts, entry_ids, created_at,"
+            " updated_at FROM chunks WHERE path = ? ORDER BY id",
+            (path,),
+        ).fetchall()
+        ids = [int(r[0]) for r in rows]
+        cjk: dict[int, str] = {}
+        for batch in _chunked(ids):
+            marks = ",".join("?" * len(batch))
+            cjk.update(
+                (int(i), str(t))
+                for i, t in self._conn.execute(
+                    f"SELECT rowid, text FROM chunks_cjk WHERE rowid IN ({marks})", batch
+                )
+            )
+        vectors = self.vectors_for(ids)
+        return [
+            StoredChunk(
+                id=int(r[0]),
+                start_line=int(r[1]),
+                end_line=int(r[2]),
+                hash=str(r[3]),
+                text=str(r[4]),
+                ts=r[5],
+                entry_ids=tuple(json.loads(r[6] or "[]")),
+                created_at=float(r[7]),
+                updated_at=float(r[8]),
+                cjk_text=cjk.get(int(r[0]), ""),
+                vector=vectors.get(int(r[0])),
+            )
+            for r in rows
+        ]
+
+    def cache_entries(self, batch: int = _IN_BATCH) -> Iterator[list[CacheEntry]]:
+        """The embedding cache's rows, ``batch`` at a time (a large cache never sits in
+        memory whole)."""
+        cursor = self._conn.execute(
+            "SELECT provider, model, provider_key, hash, embedding, dims, updated_at"
+            " FROM embedding_cache ORDER BY provider, model, provider_key, hash"
+        )
+        while rows := cursor.fetchmany(batch):
+            yield [
+                CacheEntry(str(p), str(m), str(k), str(h), bytes(e), int(d), float(u))
+                for p, m, k, h, e, d, u in rows
+            ]
 
     # -- status -------------------------------------------------------------------------
 

@@ -24,7 +24,10 @@ sleeps ``retry_after`` and retries by itself); ``fail_next`` answers anything;
 ``hold_next`` keeps matching requests waiting until the test releases them.
 
 Events are addressed to one bot: ``push_message(token, ...)`` reaches that bot's
-sessions only (a guild message is not fanned out to every bot in the guild). What a
+sessions only (a guild message is not fanned out to every bot in the guild), and of
+those only the ones on the guild's shard (DMs: shard 0). ``GET /gateway/bot`` reports
+``recommended_shards``; with ``require_sharding`` a session that asks for fewer is
+closed 4011 (the shard rules are in ``tests.fakes.discord_gateway``). What a
 bot sends comes back to its own sessions as MESSAGE_CREATE, as on the real gateway.
 The websocket side lives in ``tests.fakes.discord_gateway``.
 """
@@ -242,7 +245,11 @@ class FakeDiscord:
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
         max_content_chars: int = MAX_CONTENT_CHARS,
         echo_own_messages: bool = True,
+        recommended_shards: int = 1,
+        require_sharding: bool = False,
     ) -> None:
+        if recommended_shards < 1:
+            raise ValueError("recommended_shards must be 1 or more")
         self.max_content_chars = max_content_chars
         self.echo_own_messages = echo_own_messages
         self.sent: list[SentMessage] = []
@@ -268,6 +275,8 @@ class FakeDiscord:
             self._changed,
             lambda: self.gateway_url,
             heartbeat_interval_ms=heartbeat_interval_ms,
+            recommended_shards=recommended_shards,
+            require_sharding=require_sharding,
         )
 
     # -- lifecycle -------------------------------------------------------------------
@@ -628,17 +637,23 @@ class FakeDiscord:
         self._holds.append(_Hold(route, times, release))
         return release
 
-    async def request_reconnect(self, token: str) -> int:
-        return await self.gateway.request_reconnect(token)
+    # ``shard``: only the bot's connection(s) on that shard; None: all of them.
 
-    async def drop_connection(self, token: str, code: int = 4000) -> int:
-        return await self.gateway.drop_connection(token, code)
+    async def request_reconnect(self, token: str, *, shard: int | None = None) -> int:
+        return await self.gateway.request_reconnect(token, shard=shard)
 
-    async def sever_connection(self, token: str) -> int:
-        return await self.gateway.sever_connection(token)
+    async def drop_connection(
+        self, token: str, code: int = 4000, *, shard: int | None = None
+    ) -> int:
+        return await self.gateway.drop_connection(token, code, shard=shard)
 
-    async def invalidate_session(self, token: str, *, resumable: bool) -> int:
-        return await self.gateway.invalidate_session(token, resumable=resumable)
+    async def sever_connection(self, token: str, *, shard: int | None = None) -> int:
+        return await self.gateway.sever_connection(token, shard=shard)
+
+    async def invalidate_session(
+        self, token: str, *, resumable: bool, shard: int | None = None
+    ) -> int:
+        return await self.gateway.invalidate_session(token, resumable=resumable, shard=shard)
 
     def replay_seen_on_resume(self, count: int) -> None:
         self.gateway.replay_seen_on_resume(count)
@@ -798,7 +813,8 @@ class FakeDiscord:
 
     async def _get_gateway_bot(self, request: web.Request) -> web.Response:
         limit = {"total": 1000, "remaining": 999, "reset_after": 86_400_000, "max_concurrency": 1}
-        return _json(200, {"url": self.gateway_url, "shards": 1, "session_start_limit": limit})
+        shards = self.gateway.recommended_shards
+        return _json(200, {"url": self.gateway_url, "shards": shards, "session_start_limit": limit})
 
     async def _get_channel(self, request: web.Request) -> web.Response:
         channel = self._visible_channel(self._bot(request), request.match_info["channel_id"])

@@ -12,6 +12,14 @@ frames, so ``?compress=`` can be ignored):
 - RESUME replays what the session missed after the given seq, then RESUMED; an
   unknown session, or one whose missed events were dropped, gets op 9 (not resumable).
 
+Shards, as strict as Discord: IDENTIFY's ``shard`` is ``[shard_id, num_shards]`` with
+``0 <= shard_id < num_shards`` (else close 4010 Invalid shard); with
+``require_sharding`` a session without one, or with fewer shards than
+``recommended_shards``, closes 4011 Sharding required. READY echoes ``shard`` and
+lists only the guilds of that shard, a guild event reaches only the sessions whose
+``shard_id == (guild_id >> 22) % num_shards``, and a DM only shard 0's. A session that
+sent no ``shard`` is shard [0, 1]: it gets everything.
+
 A session outlives its connection (as on the real gateway) so that events dispatched
 while the client reconnects are replayed. A client closing with 1000/1001, or the
 server closing with 4007/4009, ends the session.
@@ -53,10 +61,14 @@ INTENT_MESSAGE_CONTENT = 1 << 15
 DEFAULT_HEARTBEAT_INTERVAL_MS = 41_250
 # How many events a session keeps for RESUME; older gaps are not resumable.
 DEFAULT_REPLAY_BUFFER = 10_000
+CLOSE_INVALID_SHARD = 4010
+CLOSE_SHARDING_REQUIRED = 4011
 # Close codes after which the real gateway forgets the session.
 _SESSION_ENDING_CLIENT_CODES = frozenset({1000, 1001})
 _SESSION_ENDING_SERVER_CODES = frozenset({4007, 4009})
 _MESSAGE_EVENTS = frozenset({"MESSAGE_CREATE", "MESSAGE_UPDATE"})
+# Events whose payload is the guild itself (its id is the guild id).
+_GUILD_OBJECT_EVENTS = frozenset({"GUILD_CREATE", "GUILD_UPDATE", "GUILD_DELETE"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +85,7 @@ class IdentifyRecord:
     token: str
     intents: int
     session_id: str
+    shard: tuple[int, int] | None = None  # as sent: (shard_id, num_shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,7 @@ class Session:
     bot_id: str
     intents: int
     replay_buffer: int
+    shard: tuple[int, int] | None = None  # None: unsharded, i.e. shard 0 of 1
     seq: int = 0
     ws: web.WebSocketResponse | None = None
     # (seq, frame text); RESUMED is not kept: it is never replayed.
@@ -100,6 +114,31 @@ class Session:
     @property
     def message_content(self) -> bool:
         return bool(self.intents & INTENT_MESSAGE_CONTENT)
+
+    @property
+    def shard_id(self) -> int:
+        return self.shard[0] if self.shard else 0
+
+    def receives(self, guild_id: str | int | None) -> bool:
+        """Discord's routing: a guild's events go to its shard, DMs to shard 0."""
+        if self.shard is None:
+            return True
+        shard_id, num_shards = self.shard
+        if guild_id is None:
+            return shard_id == 0
+        return shard_for(guild_id, num_shards) == shard_id
+
+
+def shard_for(guild_id: str | int, num_shards: int) -> int:
+    """The shard that carries a guild (Discord's formula)."""
+    return (int(guild_id) >> 22) % num_shards
+
+
+def _guild_of(event: str, data: Mapping[str, Any]) -> str | None:
+    """The guild an event belongs to (None: a DM or another non-guild event)."""
+    if event in _GUILD_OBJECT_EVENTS:
+        return data.get("id")
+    return data.get("guild_id")
 
 
 def _frame(op: int, data: Any = None, *, event: str | None = None, seq: int | None = None) -> str:
@@ -129,8 +168,12 @@ class GatewayHub:
         *,
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
         replay_buffer: int = DEFAULT_REPLAY_BUFFER,
+        recommended_shards: int = 1,
+        require_sharding: bool = False,
     ) -> None:
         self._identify_bot = identify
+        self.recommended_shards = recommended_shards
+        self.require_sharding = require_sharding
         self._changed = changed
         self._url = url
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -214,17 +257,30 @@ class GatewayHub:
         if not isinstance(intents, int) or intents < 0:
             await ws.close(code=4013, message=b"Invalid intent(s).")
             return None
-        # A new IDENTIFY means the bot gave up its old sessions; nobody will resume them.
-        for old in [s for s in self.sessions.values() if s.token == token and s.ws is None]:
+        shard, refusal = self._check_shard(data.get("shard"))
+        if refusal is not None:
+            await ws.close(code=refusal[0], message=refusal[1])
+            return None
+        # A new IDENTIFY means the bot gave up its old session on that shard; nobody
+        # will resume it. Other shards' sessions (other replicas, mid-RESUME) live on.
+        stale = [
+            s
+            for s in self.sessions.values()
+            if s.token == token and s.ws is None and s.shard_id == (shard[0] if shard else 0)
+        ]
+        for old in stale:
             del self.sessions[old.session_id]
         session_id = f"fake-session-{next(self._session_numbers)}-{secrets.token_hex(4)}"
-        session = Session(session_id, token, str(identity.user["id"]), intents, self.replay_buffer)
+        session = Session(
+            session_id, token, str(identity.user["id"]), intents, self.replay_buffer, shard
+        )
         self.sessions[session_id] = session
-        self.identifies.append(IdentifyRecord(token, intents, session_id))
-        ready = {
+        self.identifies.append(IdentifyRecord(token, intents, session_id, shard))
+        guilds = [g for g in identity.guilds if session.receives(g["id"])]
+        ready: dict[str, Any] = {
             "v": 10,
             "user": dict(identity.user),
-            "guilds": [{"id": g["id"], "unavailable": True} for g in identity.guilds],
+            "guilds": [{"id": g["id"], "unavailable": True} for g in guilds],
             "session_id": session_id,
             "resume_gateway_url": self._url(),
             "session_type": "normal",
@@ -232,13 +288,32 @@ class GatewayHub:
             "relationships": [],
             "application": dict(identity.application),
         }
+        if shard is not None:
+            ready["shard"] = list(shard)
         async with session.lock:
             session.ws = ws
             await self._emit(session, "READY", ready)
-            for guild in identity.guilds:
+            for guild in guilds:
                 await self._emit(session, "GUILD_CREATE", guild)
         await self._notify()
         return session
+
+    def _check_shard(self, raw: Any) -> tuple[tuple[int, int] | None, tuple[int, bytes] | None]:
+        """IDENTIFY's ``shard`` as (shard_id, num_shards), or the close to answer with."""
+        if raw is None:
+            shard = None
+        elif (
+            isinstance(raw, list)
+            and len(raw) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in raw)
+            and 0 <= raw[0] < raw[1]
+        ):
+            shard = (raw[0], raw[1])
+        else:
+            return None, (CLOSE_INVALID_SHARD, b"Invalid shard.")
+        if self.require_sharding and (shard[1] if shard else 1) < self.recommended_shards:
+            return None, (CLOSE_SHARDING_REQUIRED, b"Sharding required.")
+        return shard, None
 
     async def _resume(self, ws: web.WebSocketResponse, data: Mapping[str, Any]) -> Session | None:
         session = self.sessions.get(str(data.get("session_id")))
@@ -312,10 +387,10 @@ class GatewayHub:
         return True
 
     async def dispatch(self, token: str, event: str, data: Mapping[str, Any]) -> int:
-        """Send ``event`` to every session of the bot (buffered while it reconnects).
-
-        Returns how many sessions got it."""
-        targets = [s for s in self.sessions.values() if s.token == token]
+        """Send ``event`` to every session of the bot on the event's shard (buffered
+        while it reconnects). Returns how many sessions got it."""
+        guild_id = _guild_of(event, data)
+        targets = [s for s in self.sessions.values() if s.token == token and s.receives(guild_id)]
         for session in targets:
             payload = data
             if _withheld(session, event, data):
@@ -326,12 +401,17 @@ class GatewayHub:
 
     # -- faults -----------------------------------------------------------------------
 
-    def _connected(self, token: str) -> list[Session]:
-        return [s for s in self.sessions.values() if s.token == token and s.ws is not None]
+    def _connected(self, token: str, shard: int | None = None) -> list[Session]:
+        """The bot's live connections (on ``shard`` only, when given)."""
+        return [
+            s
+            for s in self.sessions.values()
+            if s.token == token and s.ws is not None and shard in (None, s.shard_id)
+        ]
 
-    async def request_reconnect(self, token: str) -> int:
+    async def request_reconnect(self, token: str, *, shard: int | None = None) -> int:
         """Send op 7 to each live connection of the bot; returns how many."""
-        sessions = self._connected(token)
+        sessions = self._connected(token, shard)
         for session in sessions:
             async with session.lock:
                 # Detach first: what is dispatched from now on waits in the log for the
@@ -342,9 +422,11 @@ class GatewayHub:
                         await ws.send_str(_frame(OP_RECONNECT))
         return len(sessions)
 
-    async def drop_connection(self, token: str, code: int = 4000) -> int:
+    async def drop_connection(
+        self, token: str, code: int = 4000, *, shard: int | None = None
+    ) -> int:
         """Close each live connection of the bot with ``code``; returns how many."""
-        sessions = self._connected(token)
+        sessions = self._connected(token, shard)
         for session in sessions:
             async with session.lock:
                 ws, session.ws = session.ws, None
@@ -354,9 +436,9 @@ class GatewayHub:
                 await ws.close(code=code, message=b"Dropped by the fake.")
         return len(sessions)
 
-    async def sever_connection(self, token: str) -> int:
+    async def sever_connection(self, token: str, *, shard: int | None = None) -> int:
         """Kill each live TCP connection of the bot, no close frame; returns how many."""
-        sessions = self._connected(token)
+        sessions = self._connected(token, shard)
         for session in sessions:
             async with session.lock:
                 ws, session.ws = session.ws, None
@@ -365,12 +447,14 @@ class GatewayHub:
                 transport.abort()
         return len(sessions)
 
-    async def invalidate_session(self, token: str, *, resumable: bool) -> int:
+    async def invalidate_session(
+        self, token: str, *, resumable: bool, shard: int | None = None
+    ) -> int:
         """Send op 9 to each live connection of the bot; returns how many.
 
         Not resumable: the session is forgotten at once, so events dispatched until the
         client's new IDENTIFY reach no session and are never replayed (real Discord)."""
-        sessions = self._connected(token)
+        sessions = self._connected(token, shard)
         for session in sessions:
             async with session.lock:
                 ws, session.ws = session.ws, None
@@ -385,8 +469,12 @@ class GatewayHub:
         """The next RESUME replays ``count`` events before the client's seq as well."""
         self._replay_seen = count
 
-    def connected(self, token: str) -> bool:
-        return bool(self._connected(token))
+    def connected(self, token: str, shard: int | None = None) -> bool:
+        return bool(self._connected(token, shard))
+
+    def connected_shards(self, token: str) -> set[int]:
+        """The shard ids the bot has a live connection for."""
+        return {s.shard_id for s in self._connected(token)}
 
     async def close(self) -> None:
         for ws in list(self._sockets):

@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import discord
@@ -30,15 +30,16 @@ ROLE = "500000000000000001"
 ANN = {"id": "700000000000000001", "username": "ann", "global_name": "Ann", "nick": "Annie"}
 BOB = {"id": "700000000000000002", "username": "bob"}
 LIMIT = 5.0
+ClientT = TypeVar("ClientT", bound=discord.Client)
 
 
 class RecordingClient(discord.Client):
     """A discord.Client that keeps what it receives and lets a test wait on it."""
 
-    def __init__(self, *, message_content: bool = True) -> None:
+    def __init__(self, *, message_content: bool = True, **options: Any) -> None:
         intents = discord.Intents.default()
         intents.message_content = message_content
-        super().__init__(intents=intents, guild_ready_timeout=0.01)
+        super().__init__(intents=intents, guild_ready_timeout=0.01, **options)
         self.messages: list[discord.Message] = []
         self.edits: list[tuple[discord.Message, discord.Message]] = []
         self.resumed = 0
@@ -96,7 +97,12 @@ async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
 
 @asynccontextmanager
 async def running(token: str = TOKEN, **options: Any) -> AsyncIterator[RecordingClient]:
-    client = RecordingClient(**options)
+    async with started(RecordingClient(**options), token) as client:
+        yield client
+
+
+@asynccontextmanager
+async def started(client: ClientT, token: str = TOKEN) -> AsyncIterator[ClientT]:
     async with client:
         task = asyncio.create_task(client.start(token))
         try:
@@ -397,3 +403,138 @@ async def test_gateway_protocol_edges(fake: FakeDiscord) -> None:
             await ws.send_json({"op": 2, "d": {"token": TOKEN, "intents": 513}})
             closing = await ws.receive(timeout=LIMIT)
             assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 4005
+
+
+# -- shards -----------------------------------------------------------------------------
+
+# Guilds on shard 0 and shard 1 of 2: Discord routes by (guild_id >> 22) % num_shards.
+EVEN_GUILD = str(900 << 22)
+ODD_GUILD = str(901 << 22)
+EVEN_CHANNEL = "400000000000000010"
+ODD_CHANNEL = "400000000000000011"
+
+
+def add_sharded_guilds(fake: FakeDiscord) -> None:
+    fake.add_guild(EVEN_GUILD, "Even", bots=[TOKEN], channels=[{"id": EVEN_CHANNEL, "name": "e"}])
+    fake.add_guild(ODD_GUILD, "Odd", bots=[TOKEN], channels=[{"id": ODD_CHANNEL, "name": "o"}])
+
+
+async def _identify_closes(fake: FakeDiscord, shard: Any) -> int | None:
+    """IDENTIFY over a raw websocket; the close code, or None when READY came."""
+    payload: dict[str, Any] = {"token": TOKEN, "intents": 513}
+    if shard is not None:
+        payload["shard"] = shard
+    async with aiohttp.ClientSession() as http, http.ws_connect(fake.gateway_url) as ws:
+        await ws.receive(timeout=LIMIT)  # HELLO
+        await ws.send_json({"op": 2, "d": payload})
+        answer = await ws.receive(timeout=LIMIT)
+        if answer.type is aiohttp.WSMsgType.CLOSE:
+            return int(answer.data)
+        ready = json.loads(answer.data)
+        assert ready["t"] == "READY"
+        assert ready["d"].get("shard") == shard
+        return None
+
+
+async def test_identify_shard_is_validated(fake: FakeDiscord) -> None:
+    for bad in ([2, 2], [-1, 2], [0, 0], [0], [True, 2], "0,1", [0, 1, 2]):
+        assert await _identify_closes(fake, bad) == 4010, bad
+    assert await _identify_closes(fake, [1, 2]) is None
+    assert await _identify_closes(fake, None) is None
+
+
+async def test_sharding_required_and_recommended_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with FakeDiscord(recommended_shards=3, require_sharding=True) as server:
+        server.add_bot(TOKEN, BOT_ID, "parley")
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": f"Bot {TOKEN}"}
+            async with http.get(f"{server.api_base}/gateway/bot", headers=headers) as response:
+                assert (await response.json())["shards"] == 3
+        assert await _identify_closes(server, None) == 4011
+        assert await _identify_closes(server, [0, 2]) == 4011
+        assert await _identify_closes(server, [2, 3]) is None
+        # discord.py asks /gateway/bot when no shard_count is given and follows it.
+        monkeypatch.setattr(discord.http.Route, "BASE", server.api_base)
+        monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", yarl.URL(server.gateway_url))
+        monkeypatch.setattr(discord.Client, "before_identify_hook", _identify_at_once)
+        client = discord.AutoShardedClient(
+            intents=discord.Intents.default(), guild_ready_timeout=0.01
+        )
+        async with client:
+            task = asyncio.create_task(client.start(TOKEN))
+            try:
+                async with asyncio.timeout(LIMIT):
+                    await client.wait_until_ready()
+                assert client.shard_count == 3 and sorted(client.shards) == [0, 1, 2]
+                assert {r.shard for r in server.identifies[-3:]} == {(0, 3), (1, 3), (2, 3)}
+            finally:
+                await client.close()
+                await task
+
+
+async def _identify_at_once(
+    self: discord.Client, shard_id: int | None, *, initial: bool = False
+) -> None:
+    return None  # discord.py waits 5 s between IDENTIFYs; the fake has no such limit
+
+
+async def test_events_reach_only_the_guilds_shard(fake: FakeDiscord) -> None:
+    add_sharded_guilds(fake)
+    dm = fake.add_dm(TOKEN, BOB)
+    async with (
+        running(shard_id=0, shard_count=2) as zero,
+        running(shard_id=1, shard_count=2) as one,
+    ):
+        # READY and GUILD_CREATE carry only the shard's guilds.
+        assert {g.id for g in zero.guilds} == {int(EVEN_GUILD)} | _on_shard(0)
+        assert {g.id for g in one.guilds} == {int(ODD_GUILD)} | _on_shard(1)
+        await fake.push_message(TOKEN, channel_id=ODD_CHANNEL, content="odd", author=ANN)
+        await fake.push_message(TOKEN, channel_id=EVEN_CHANNEL, content="even", author=ANN)
+        await fake.push_message(TOKEN, channel_id=dm, content="dm", author=BOB)
+        await zero.until(lambda: len(zero.messages) == 2)
+        await one.until(lambda: len(one.messages) == 1)
+        assert [m.content for m in zero.messages] == ["even", "dm"]
+        assert [m.content for m in one.messages] == ["odd"]
+        # A reply goes out over REST; its echo comes back on the guild's shard only.
+        await one.messages[0].channel.send("back")
+        await one.until(lambda: len(one.messages) == 2)
+        assert len(zero.messages) == 2
+        assert {r.shard for r in fake.identifies} == {(0, 2), (1, 2)}
+
+
+def _on_shard(shard: int) -> set[int]:
+    """The fixture's own guild, when it lands on ``shard`` of 2."""
+    return {int(GUILD_ID)} if (int(GUILD_ID) >> 22) % 2 == shard else set()
+
+
+async def test_auto_sharded_client_gets_every_shard(
+    fake: FakeDiscord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_sharded_guilds(fake)
+    dm = fake.add_dm(TOKEN, BOB)
+    monkeypatch.setattr(discord.Client, "before_identify_hook", _identify_at_once)
+    seen: list[str] = []
+    got = asyncio.Event()
+    intents = discord.Intents.default()
+    intents.message_content = True
+    client = discord.AutoShardedClient(
+        intents=intents, shard_ids=[0, 1], shard_count=2, guild_ready_timeout=0.01
+    )
+
+    @client.event
+    async def on_message(message: discord.Message) -> None:
+        seen.append(message.content)
+        if len(seen) == 3:
+            got.set()
+
+    async with started(client):
+        assert fake.gateway.connected_shards(TOKEN) == {0, 1}
+        for channel, text in ((ODD_CHANNEL, "odd"), (EVEN_CHANNEL, "even"), (dm, "dm")):
+            await fake.push_message(TOKEN, channel_id=channel, content=text, author=ANN)
+        async with asyncio.timeout(LIMIT):
+            await got.wait()
+        assert sorted(seen) == ["dm", "even", "odd"]
+        # A fault can target one shard: only shard 1 resumes.
+        assert await fake.request_reconnect(TOKEN, shard=1) == 1
+        await fake.wait_until(lambda: len(fake.resumes) == 1)
+        assert fake.gateway.sessions[fake.resumes[0].session_id].shard == (1, 2)
