@@ -35,8 +35,8 @@ from core.ledger import Ledger, extract_ledger
 from core.messages import Message, TextBlock, Usage
 from core.prompt import SILENT_REPLY, is_turn_context
 from core.summarizer import Summarizer
-from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry, Transcript
-from core.transcript_store import write_jsonl_file
+from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from core.transcript_store import SessionTranscript, write_jsonl_file
 
 log = logging.getLogger("parley.core.compaction")
 
@@ -232,7 +232,7 @@ class Compactor:
 
     async def compact(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         *,
         trigger: str,
         window: int,
@@ -323,7 +323,7 @@ class Compactor:
             usage=result.usage,
         )
 
-    def _checkpoint(self, transcript: Transcript, trigger: str) -> Path:
+    def _checkpoint(self, transcript: SessionTranscript, trigger: str) -> Path:
         """Copy the transcript as it is before the compaction; keep the newest N copies."""
         assert self.checkpoints_dir is not None
         folder = self.checkpoints_dir / transcript.header.id

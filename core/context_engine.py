@@ -57,7 +57,8 @@ from core.pruning import (
 )
 from core.summarizer import Summarizer
 from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
+from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from core.transcript_store import SessionTranscript
 from core.window import WindowInfo, check_window, compaction_threshold, resolve_window
 
 log = logging.getLogger("parley.core.context")
@@ -309,7 +310,7 @@ class ContextEngine:
 
     async def _prune(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         messages: list[Message],
         decisions: Sequence[PruneDecision],
         window: int,
@@ -344,7 +345,7 @@ class ContextEngine:
     # -- prepare ------------------------------------------------------------------------
 
     async def prepare(
-        self, transcript: Transcript, request: ViewRequest, events: TurnEvents
+        self, transcript: SessionTranscript, request: ViewRequest, events: TurnEvents
     ) -> PreparedView:
         state, window, threshold = self._limits(request)
         limit = window - self.max_output
@@ -394,7 +395,7 @@ class ContextEngine:
             system=request.system, messages=messages, tools=request.tools, view_key=key
         )
 
-    def _may_compact(self, state: _SessionState, transcript: Transcript) -> bool:
+    def _may_compact(self, state: _SessionState, transcript: SessionTranscript) -> bool:
         if not self.config.compaction.enabled:
             return False
         return state.compaction_blocked_at is None or state.compaction_blocked_at != _last_entry_id(
@@ -426,7 +427,7 @@ class ContextEngine:
 
     async def _flush(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         request: ViewRequest,
         messages: Sequence[Message],
         budget: int,
@@ -455,7 +456,7 @@ class ContextEngine:
 
     async def _compact(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         request: ViewRequest,
         window: int,
         threshold: int,
@@ -483,7 +484,7 @@ class ContextEngine:
         return outcome
 
     async def compact_now(
-        self, transcript: Transcript, request: ViewRequest, *, focus: str = ""
+        self, transcript: SessionTranscript, request: ViewRequest, *, focus: str = ""
     ) -> tuple[CompactionOutcome, TurnEvents]:
         """``/compact [focus]``: flush first (once per cycle), then compact regardless of size."""
         events = TurnEvents()
@@ -505,7 +506,7 @@ class ContextEngine:
 
     async def recover_overflow(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         request: ViewRequest,
         view: PreparedView,
         exc: ContextOverflowError,
@@ -660,7 +661,7 @@ def _emptied(message: Message) -> Message:
     return message if blocks == message.content else Message("tool_result", blocks)
 
 
-def _last_entry_id(transcript: Transcript) -> str | None:
+def _last_entry_id(transcript: SessionTranscript) -> str | None:
     last = transcript.last_entry
     return last.id if last is not None else None
 

@@ -34,7 +34,8 @@ from core.messages import Message, ToolSpec, Usage
 from core.prompt import SILENT_REPLY
 from core.providers.base import Provider, ProviderRequest
 from core.providers.retry import call_with_retry
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
+from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.flush")
 
@@ -151,7 +152,7 @@ class MemoryFlusher:
 
     async def run(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         *,
         system: str,
         tools: Sequence[ToolSpec],

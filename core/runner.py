@@ -34,7 +34,8 @@ from core.prompt import SystemPromptBuilder
 from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
 from core.providers.retry import call_with_retry
 from core.tools.registry import ToolContext, ToolRegistry
-from core.transcript import Entry, Transcript
+from core.transcript import Entry
+from core.transcript_store import SessionTranscript
 from core.truncation import tool_result_cap
 
 log = logging.getLogger("parley.core.runner")
@@ -110,7 +111,7 @@ class Runner:
 
     async def run_turn(
         self,
-        transcript: Transcript,
+        transcript: SessionTranscript,
         turn: TurnRequest,
         *,
         on_text: TextCallback | None = None,
@@ -258,7 +259,7 @@ class Runner:
             session_key, system, tuple(specs), model or self.provider.model, chat_type
         )
 
-    async def _record_error(self, transcript: Transcript, exc: CoreError) -> None:
+    async def _record_error(self, transcript: SessionTranscript, exc: CoreError) -> None:
         status = getattr(exc, "status", None)
         message = getattr(exc, "message", str(exc))
         # Users get a plain-language text; the operator's log keeps the real cause.

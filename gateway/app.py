@@ -272,7 +272,8 @@ class Gateway:
         tools = default_registry(agent.tool_result_max_chars)
         offer_tools = getattr(self._provider, "supports_tools", True)
         if self.config.memory.enabled:
-            self.memory = build_memory_index(self.loaded)
+            # On PostgreSQL the index shares the state's pool (None: memory.db).
+            self.memory = build_memory_index(self.loaded, db=self.state.pg)
             self.memory.on_search = self.metrics.search
             await self.memory.start()  # the first sync runs in the background
             for tool in memory_tools(self.memory):

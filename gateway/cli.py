@@ -18,13 +18,16 @@ from gateway.config import LoadedConfig, effective_config_toml, load_config
 from gateway.db_cli import add_db_commands, db_command
 from gateway.errors import ConfigFileError, GatewayError
 from gateway.memory_cli import add_memory_commands, bench_command, memory_command
+from gateway.migrate_cli import add_migrate_commands, migrate_command
 
 if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
     from datetime import datetime
 
     from core.transcript import Entry
+    from core.transcript_store import TranscriptStore
     from gateway.pairing import PairingRequest
     from gateway.registry import SessionRecord
+    from gateway.stores import StateStores
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub.add_parser(
         "show", parents=[common], help="print the effective config, secrets masked"
     )
-    sessions = sub.add_parser("sessions", parents=[common], help="list or show sessions")
+    sessions = sub.add_parser("sessions", parents=[common], help="list, show or export sessions")
     sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True, metavar="ACTION")
     listing = sessions_sub.add_parser("list", parents=[common], help="a table of sessions")
     listing.add_argument("--status", choices=["active", "archived"])
@@ -80,8 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     show = sessions_sub.add_parser(
         "show", parents=[common], help="one session and its latest entries"
     )
-    show.add_argument("key", help="a session key or session id")
+    show.add_argument("key", help="a session key, session id or unique prefix of one")
     show.add_argument("--entries", type=int, default=20, help="how many recent entries to print")
+    export = sessions_sub.add_parser(
+        "export", parents=[common], help="write a session's transcript as JSONL"
+    )
+    export.add_argument("key", help="a session id, unique prefix of one, or session key")
+    export.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="write to this file (mode 0600, replaced atomically); default: stdout",
+    )
     sub.add_parser("doctor", parents=[common], help="check config, state, transcripts, provider")
     pairing = sub.add_parser(
         "pairing", parents=[common], help="let people in who wrote under dm_policy = pairing"
@@ -97,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("sender_id", help="the person's user id on that channel")
     add_memory_commands(sub, common)
     add_db_commands(sub, common)
+    add_migrate_commands(sub, common)
     return parser
 
 
@@ -129,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(bench_command(loaded, args))
         if command == "db":
             return asyncio.run(db_command(loaded, args))
+        if command == "migrate":
+            return asyncio.run(migrate_command(loaded, args))
     except (GatewayError, CoreError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return EXIT_PROBLEM
@@ -210,23 +226,83 @@ async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
 async def _sessions(loaded: LoadedConfig, args: argparse.Namespace) -> int:
     from gateway.stores import StateStores
 
+    action = args.sessions_command
     if loaded.config.storage.backend == "sqlite" and not loaded.state_db.exists():
-        print("no sessions yet")
-        return EXIT_OK
+        if action == "list":
+            print("no sessions yet")
+            return EXIT_OK
+        print(f"no session matches {args.key!r} (no sessions yet)", file=sys.stderr)
+        return EXIT_PROBLEM
     async with StateStores(loaded) as state:
         registry = state.registry
-        if args.sessions_command == "list":
+        if action == "list":
             page = await registry.list(
                 status=args.status, channel=args.channel, query=args.query, limit=args.limit
             )
             print(_sessions_table(page.sessions))
             return EXIT_OK
-        record = await registry.find(args.key)
-        if record is None:
-            print(f"no session matches {args.key!r}", file=sys.stderr)
+        try:
+            record = await _resolve_session(state, args.key)
+        except LookupError as exc:
+            print(f"parley: {exc.args[0]}", file=sys.stderr)
             return EXIT_PROBLEM
-        print(await asyncio.to_thread(_describe_session, loaded, record, args.entries))
+        if action == "export":
+            return await _export(state.transcripts, record.session_id, args.output)
+        print(await asyncio.to_thread(_describe_session, state.transcripts, record, args.entries))
         return EXIT_OK
+
+
+# Ids listed when a prefix is ambiguous.
+AMBIGUOUS_SHOWN = 5
+
+
+async def _resolve_session(state: StateStores, key: str) -> SessionRecord:
+    """The session ``key`` names: its id or key (as the registry finds them), else the
+    one session whose id starts with it (the list shows 12 characters).
+    LookupError with the message for a person when none or several match."""
+    record = await state.registry.find(key)
+    if record is not None:
+        return record
+    # Ids are lowercase hex: anything else is no prefix of one (nor a wildcard).
+    prefix = key.lower()
+    if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+        raise LookupError(f"no session matches {key!r}")
+    # Every session has a transcript, archived ones too: the store lists their ids.
+    infos = await asyncio.to_thread(state.transcripts.list_transcripts)
+    ids = [i.session_id for i in infos if i.session_id.startswith(prefix)]
+    if len(ids) > 1:
+        shown = ", ".join(ids[:AMBIGUOUS_SHOWN])
+        more = f" and {len(ids) - AMBIGUOUS_SHOWN} more" if len(ids) > AMBIGUOUS_SHOWN else ""
+        raise LookupError(
+            f"{key!r} is ambiguous: {len(ids)} sessions start with it ({shown}{more}); "
+            "give more of the id"
+        )
+    found = await state.registry.get(ids[0]) if ids else None
+    if found is None:
+        raise LookupError(f"no session matches {key!r}")
+    return found
+
+
+async def _export(store: TranscriptStore, session_id: str, output: Path | None) -> int:
+    from core.transcript_store import export_transcript, write_jsonl
+
+    try:
+        if output is None:
+            # stdout as bytes: the export is the file's bytes, whatever the locale.
+            def to_stdout() -> int:
+                with store.open(session_id, read_only=True) as transcript:
+                    written = write_jsonl(transcript, sys.stdout.buffer)
+                sys.stdout.buffer.flush()
+                return written
+
+            await asyncio.to_thread(to_stdout)
+            return EXIT_OK
+        written = await asyncio.to_thread(export_transcript, store, session_id, output)
+    except OSError as exc:
+        print(f"parley: cannot write {output or 'stdout'}: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    print(f"exported {session_id}: {written:,} bytes to {output}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _sessions_table(records: Sequence[SessionRecord]) -> str:
@@ -253,9 +329,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def _describe_session(loaded: LoadedConfig, record: SessionRecord, entries: int) -> str:
-    from core.transcript import Transcript
-
+def _describe_session(store: TranscriptStore, record: SessionRecord, entries: int) -> str:
     u = record.usage
     lines = [
         f"key:          {record.key}",
@@ -280,16 +354,15 @@ def _describe_session(loaded: LoadedConfig, record: SessionRecord, entries: int)
         + (", ".join(record.last_message_ids) or "-")
         + (f" (failed: {record.delivery_error})" if record.delivery_error else ""),
     ]
-    path = loaded.sessions_dir / f"{record.session_id}.jsonl"
     try:
-        transcript = Transcript.open(path, read_only=True)
+        transcript = store.open(record.session_id, read_only=True)
     except TranscriptError as exc:
         lines.append(f"transcript:   cannot load: {exc}")
         return "\n".join(lines)
-    lines.append(f"transcript:   {path}")
-    total = transcript.entry_count
-    recent = list(transcript.entries(offset=max(0, total - entries)))
-    transcript.close()
+    with transcript:
+        lines.append(f"transcript:   {transcript.location}")
+        total = transcript.entry_count
+        recent = list(transcript.entries(offset=max(0, total - entries)))
     lines.append(f"\nlast {len(recent)} of {total} entries:")
     for entry in recent:
         lines.append(f"  {entry.ts}  {_entry_line(entry)}")
@@ -304,7 +377,9 @@ def _entry_line(entry: Entry) -> str:
             text += " " + " ".join(f"[tool {u.name}]" for u in message.tool_uses)
         if message.role == "tool_result":
             text = f"[{len(message.content)} tool result(s)]"
-        return f"{message.role:<11} {text[:160]}"
+        # A lone surrogate (the transcript keeps it, JSON-escaped) cannot be printed.
+        text = text[:160].encode("utf-8", "replace").decode("utf-8")
+        return f"{message.role:<11} {text}"
     if entry.type == "custom":
         return f"{'custom':<11} {entry.payload.get('custom_type')}"
     return f"{entry.type:<11}"

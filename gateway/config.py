@@ -83,6 +83,13 @@ class StorageConfig(_Strict):
     # cost of milliseconds per transcript append and per state.db commit.
     fsync: bool = Field(False, description="fsync transcripts and state.db on every write")
     max_open_transcripts: int = Field(256, ge=1, le=100_000, description="kept in memory, LRU")
+    # pgvector's HNSW index answers by the server's distance operators; some pgvector
+    # builds cannot run them (SIGILL on CPUs without the instructions they were built for).
+    vector_index: Literal["hnsw", "exact"] = Field(
+        "hnsw",
+        description="postgres memory: 'hnsw' (pgvector's ANN index) or 'exact' (vectors "
+        "ranked in the client, for pgvector builds that cannot compute distances)",
+    )
 
     @model_validator(mode="after")
     def _postgres_needs_a_url(self) -> StorageConfig:

@@ -3,28 +3,40 @@
 Each check returns a ``Finding``; ``ok`` False on any ``error`` finding makes the
 command exit non-zero. Warnings (for example memory search degraded to keywords)
 are shown but do not fail.
+
+The state, transcript, memory and pairing checks read the configured backend: state.db
+and the session files, or the shared PostgreSQL (opened without migrating it: a check
+changes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 
 from core.errors import TranscriptError
-from core.transcript import Transcript
+from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.admin.auth import check_setup
 from gateway.config import LoadedConfig
 from gateway.db import Database
-from gateway.errors import AdminServerError, StateError
+from gateway.errors import AdminServerError, GatewayError, StateError
 from gateway.providers import choose_provider
+
+if TYPE_CHECKING:
+    from gateway.pairing import PairingRequest
+    from gateway.pg.database import PgDatabase
 
 Severity = Literal["ok", "warning", "error"]
 PROBE_TIMEOUT_SECONDS = 5.0
+# Transcripts named in one finding; the rest are counted.
+LISTED_TRANSCRIPTS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +48,78 @@ class Finding:
 
 async def run_doctor(loaded: LoadedConfig) -> list[Finding]:
     findings = [Finding("config", "ok", f"valid ({loaded.source})")]
-    findings.append(await _check_state_db(loaded.state_db))
-    findings += await asyncio.to_thread(_check_transcripts, loaded.sessions_dir)
-    findings.append(await _check_memory(loaded))
-    findings.append(await _check_provider(loaded))
-    findings += await _check_channels(loaded)
-    findings.append(await _check_pairing(loaded))
+    if loaded.config.storage.backend == "postgres":
+        async with _postgres(loaded) as (db, state):
+            findings.append(state)
+            # Without a database to read (the state finding says why), the checks that
+            # read it say so instead: fine on an empty one, a warning otherwise.
+            skipped: Severity = "ok" if state.severity == "ok" else "warning"
+            why = "not checked: " + ("no tables yet" if skipped == "ok" else "see state")
+            if db is None:
+                findings.append(Finding("transcripts", skipped, why))
+            else:
+                findings += await asyncio.to_thread(_check_transcripts, _pg_transcripts(db))
+            if db is None and loaded.config.memory.enabled:
+                findings.append(Finding("memory", skipped, why))
+            else:
+                findings.append(await _check_memory(loaded, db))
+            findings.append(await _check_provider(loaded))
+            findings += await _check_channels(loaded)
+            if db is None:
+                findings.append(Finding("pairing", skipped, why))
+            else:
+                findings.append(await _check_pg_pairing(db))
+    else:
+        findings.append(await _check_state_db(loaded.state_db))
+        store = FileTranscriptStore(loaded.sessions_dir)
+        findings += await asyncio.to_thread(_check_transcripts, store)
+        findings.append(await _check_memory(loaded))
+        findings.append(await _check_provider(loaded))
+        findings += await _check_channels(loaded)
+        findings.append(await _check_pairing(loaded))
     findings.append(await asyncio.to_thread(_check_http, loaded))
     return findings
+
+
+@contextlib.asynccontextmanager
+async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | None, Finding]]:
+    """The shared database, open, and the state finding; None for the database when
+    the other checks cannot read it (unreachable, or its schema is not this parley's)."""
+    from gateway.pg.database import PgDatabase
+    from gateway.pg.migrations import SCHEMA_VERSION, schema_version
+
+    url = loaded.config.storage.url
+    assert url is not None  # the config refuses postgres without one
+    # Not migrated at open: `parley db migrate` (or the gateway's start) changes the
+    # schema, a check never does.
+    db = PgDatabase(url.get_secret_value(), pool_size=2, migrate_at_open=False)
+    try:
+        try:
+            await db.open()
+            version = await db.run(schema_version)
+        except Exception as exc:  # any failure to reach it is the finding
+            yield None, Finding("state", "error", f"PostgreSQL: {exc}")
+            return
+        where = f"postgres {db.where}"
+        migrate = "`parley db migrate` (or the gateway's start) creates them"
+        if version == SCHEMA_VERSION:
+            yield db, Finding("state", "ok", f"{where}: schema version {version}")
+        elif version == 0:
+            yield None, Finding("state", "ok", f"{where}: no tables yet; {migrate}")
+        elif version < SCHEMA_VERSION:
+            detail = f"{where}: schema version {version} of {SCHEMA_VERSION}; {migrate}"
+            yield None, Finding("state", "warning", detail)
+        else:
+            detail = f"{where}: schema version {version} is newer than this parley's"
+            yield None, Finding("state", "error", f"{detail} ({SCHEMA_VERSION}): upgrade it")
+    finally:
+        await db.close()
+
+
+def _pg_transcripts(db: PgDatabase) -> TranscriptStore:
+    from gateway.pg.transcripts import PgTranscriptStore
+
+    return PgTranscriptStore(db)
 
 
 def _check_http(loaded: LoadedConfig) -> Finding:
@@ -75,50 +151,64 @@ async def _check_state_db(path: Path) -> Finding:
     return Finding("state.db", "ok", f"{path}: integrity ok")
 
 
-def _check_transcripts(sessions_dir: Path) -> list[Finding]:
-    if not sessions_dir.is_dir():
+def _check_transcripts(store: TranscriptStore) -> list[Finding]:
+    """Open every transcript of ``store`` read-only, as the gateway would (blocking)."""
+    try:
+        infos = store.list_transcripts()
+    except TranscriptError as exc:
+        return [Finding("transcripts", "error", f"cannot list them: {exc}")]
+    if not infos:
         return [Finding("transcripts", "ok", "none yet")]
     broken: list[str] = []
     repaired: list[str] = []
-    count = 0
-    for path in sorted(sessions_dir.glob("*.jsonl")):
-        count += 1
+    for info in infos:
+        name = _transcript_name(store, info.session_id)
         try:
-            transcript = Transcript.open(path, read_only=True)
+            transcript = store.open(info.session_id, read_only=True)
         except TranscriptError as exc:
-            broken.append(f"{path.name}: {exc}")
+            broken.append(f"{name}: {exc}")
             continue
-        report = transcript.load_report
-        if not report.clean:
-            repaired.append(f"{path.name}: {report}")
-        transcript.close()
+        with transcript:
+            report = transcript.load_report
+            if not report.clean:
+                repaired.append(f"{name}: {report}")
     findings: list[Finding] = []
     if broken:
-        findings.append(Finding("transcripts", "error", "fail to load: " + "; ".join(broken[:10])))
+        findings.append(Finding("transcripts", "error", "fail to load: " + _listed(broken)))
     if repaired:
         findings.append(
-            Finding(
-                "transcripts", "warning", "need repair on next load: " + "; ".join(repaired[:10])
-            )
+            Finding("transcripts", "warning", "need repair on next load: " + _listed(repaired))
         )
     if not findings:
-        findings.append(Finding("transcripts", "ok", f"{count} load cleanly"))
+        findings.append(Finding("transcripts", "ok", f"{len(infos)} load cleanly"))
     return findings
 
 
-async def _check_memory(loaded: LoadedConfig) -> Finding:
-    """Open memory.db as the gateway would and report what search can do."""
+def _transcript_name(store: TranscriptStore, session_id: str) -> str:
+    # Files by their file name, as an operator finds them in the sessions directory.
+    return f"{session_id}.jsonl" if isinstance(store, FileTranscriptStore) else session_id
+
+
+def _listed(items: list[str]) -> str:
+    more = len(items) - LISTED_TRANSCRIPTS
+    return "; ".join(items[:LISTED_TRANSCRIPTS]) + (f" (+{more} more)" if more > 0 else "")
+
+
+async def _check_memory(loaded: LoadedConfig, db: PgDatabase | None = None) -> Finding:
+    """Open the memory index as the gateway would and report what search can do."""
     from core.errors import CoreError
     from gateway.memory import build_memory_index
 
     if not loaded.config.memory.enabled:
         return Finding("memory", "ok", "long-term memory is turned off")
-    index = build_memory_index(loaded)
+    if loaded.config.storage.backend == "postgres" and db is None:
+        return Finding("memory", "error", "PostgreSQL unavailable")
+    index = build_memory_index(loaded, db=db)
     try:
         await index.open()
         status = await index.status()
-    except CoreError as exc:
-        return Finding("memory", "error", f"{index.db_path}: {exc}")
+    except (CoreError, GatewayError) as exc:
+        return Finding("memory", "error", f"{index.backend.where}: {exc}")
     finally:
         await index.close()
     counts = status.counts
@@ -244,6 +334,21 @@ async def _check_pairing(loaded: LoadedConfig) -> Finding:
             pending = [r for r in await store.list("pending") if not r.expired(store.now())]
     except StateError as exc:
         return Finding("pairing", "error", str(exc))
+    return _pairing_finding(pending)
+
+
+async def _check_pg_pairing(db: PgDatabase) -> Finding:
+    from gateway.pg.pairing import PgPairingStore
+
+    store = PgPairingStore(db)
+    try:
+        pending = [r for r in await store.list("pending") if not r.expired(store.now())]
+    except Exception as exc:  # the driver's errors too: any failure is the finding
+        return Finding("pairing", "error", f"PostgreSQL: {exc}")
+    return _pairing_finding(pending)
+
+
+def _pairing_finding(pending: list[PairingRequest]) -> Finding:
     if pending:
         who = ", ".join(f"{r.channel} {r.sender_name or r.sender_id}" for r in pending[:5])
         return Finding(

@@ -49,7 +49,7 @@ from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock
 from core.prompt import render_turn_context
 from core.tokens import default_counter
-from core.transcript import Transcript
+from core.transcript_store import FileTranscriptStore, TranscriptStore
 
 Backend = Literal["sqlite", "postgres"]
 BUDGETS = (250, 500, 1000, 2000)
@@ -137,8 +137,10 @@ def load_locomo(path: Path) -> list[Conversation]:
     return out
 
 
-def write_transcripts(conv: Conversation, sessions_dir: Path, scope: str) -> int:
-    """One transcript per LoCoMo session; returns the number of messages written."""
+def write_transcripts(conv: Conversation, sessions: Path | TranscriptStore, scope: str) -> int:
+    """One transcript per LoCoMo session (in a directory of files, or any transcript
+    store); returns the number of messages written."""
+    store = FileTranscriptStore(sessions) if isinstance(sessions, Path) else sessions
     written = 0
     by_session: dict[int, list[LocomoTurn]] = {}
     for turn in conv.turns:
@@ -147,7 +149,7 @@ def write_transcripts(conv: Conversation, sessions_dir: Path, scope: str) -> int
         session_id = f"{conv.sample_id}-s{number:02d}"
         meta = {"agent": "locomo", "agent_name": conv.speaker_b, "memory_scope": scope}
         key = f"agent:locomo:bench:direct:{conv.sample_id}"
-        with Transcript.create(sessions_dir / f"{session_id}.jsonl", session_id, key, meta) as t:
+        with store.create(session_id, key, meta) as t:
             for offset, turn in enumerate(turns):
                 when = turn.when + timedelta(seconds=offset)  # keep the order within a session
                 if turn.speaker == conv.speaker_a:
@@ -346,8 +348,13 @@ async def _run(
 ) -> dict[str, Any]:
     sessions_dir = home / "sessions"
     sessions_dir.mkdir()
-    messages = sum(
-        write_transcripts(c, sessions_dir, f"locomo:{c.sample_id}") for c in conversations
+    # The bench's transcripts stay files whatever the memory backend: they live only in
+    # this run's temporary directory.
+    transcripts = FileTranscriptStore(sessions_dir)
+    messages = await asyncio.to_thread(
+        lambda: sum(
+            write_transcripts(c, transcripts, f"locomo:{c.sample_id}") for c in conversations
+        )
     )
     index = MemoryIndex(
         memory,

@@ -6,18 +6,22 @@ links: one person's direct chats share a scope across resets, and two people nev
 one unless their messages share a session (``dm_scope = "main"``). Groups are their own
 scope. With ``memory.transcript_scope = "agent"``, direct chats write to the agent-wide
 scope instead. Every search sees ``agent`` (MEMORY.md, memory/*.md) plus its own scope.
+
+Where it lives follows ``[storage] backend``: memory.db and the transcript files with
+SQLite; with PostgreSQL the index's rows sit in the shared database (one index per
+agent id) and its ``sessions`` source reads the transcripts from their table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.memory.embedders import build_embedder
-from core.memory.index import MemoryIndex, MemoryStatus, SearchResult
+from core.memory.index import AsyncResource, MemoryIndex, MemoryStatus, SearchResult
 from core.memory.settings import MemorySettings
-from core.memory.sources import AGENT_SCOPE, ScopeResolver
+from core.memory.sources import AGENT_SCOPE, ScopeResolver, StoreTranscriptSource
 from gateway.config import LoadedConfig
 from gateway.routing import SessionRoute, parse_session_key, reset_type_for
 
@@ -25,6 +29,14 @@ from gateway.routing import SessionRoute, parse_session_key, reset_type_for
 UNSCOPED = "unscoped"
 
 SNIPPET_PREVIEW_CHARS = 300
+# A memory index that opens its own PostgreSQL pool (the CLI, doctor) needs few
+# connections: one writer, one reader and the transcript reads of a sync.
+OWN_POOL_SIZE = 4
+
+if TYPE_CHECKING:
+    from core.memory.backend import StoreBackend
+    from core.memory.sources import TranscriptSource
+    from gateway.pg.database import PgDatabase
 
 
 def memory_db_path(loaded: LoadedConfig) -> Path:
@@ -68,8 +80,27 @@ def scope_resolver(settings: MemorySettings) -> ScopeResolver:
     return resolve
 
 
-def build_memory_index(loaded: LoadedConfig) -> MemoryIndex:
+def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) -> MemoryIndex:
+    """The agent's memory index on the configured backend.
+
+    With PostgreSQL it uses ``db`` (the gateway's ``state.pg``: open it before the
+    index and close it after); without one the index opens and closes a small pool
+    of its own.
+    """
     settings = loaded.config.memory
+    backend: StoreBackend | None = None
+    transcripts: TranscriptSource | None = None
+    resource: AsyncResource | None = None
+    storage = loaded.config.storage
+    if storage.backend == "postgres":
+        from gateway.pg.memory_store import PgMemoryBackend
+        from gateway.pg.transcripts import PgTranscriptStore
+
+        if db is None:
+            db = _own_pool(loaded)
+            resource = db
+        backend = PgMemoryBackend(db, loaded.config.agent.id, vector_index=storage.vector_index)
+        transcripts = StoreTranscriptSource(PgTranscriptStore(db))
     return MemoryIndex(
         settings,
         db_path=memory_db_path(loaded),
@@ -77,7 +108,18 @@ def build_memory_index(loaded: LoadedConfig) -> MemoryIndex:
         sessions_dir=loaded.sessions_dir,
         embedder=build_embedder(settings.embedder),
         scope_for=scope_resolver(settings),
+        backend=backend,
+        transcripts=transcripts,
+        resource=resource,
     )
+
+
+def _own_pool(loaded: LoadedConfig) -> PgDatabase:
+    from gateway.pg.database import PgDatabase
+
+    storage = loaded.config.storage
+    assert storage.url is not None  # the config refuses postgres without one
+    return PgDatabase(storage.url.get_secret_value(), pool_size=OWN_POOL_SIZE)
 
 
 def format_memory_status(status: MemoryStatus) -> str:
@@ -119,7 +161,11 @@ def format_memory_status(status: MemoryStatus) -> str:
     if status.fallback:
         lines.append(f"Fallback: {status.fallback}")
     driver = status.driver
-    lines.append(f"Store: {status.db_path} ({driver['driver']}, SQLite {driver['sqlite']})")
+    if driver.get("postgres"):
+        engine = f"PostgreSQL {driver['postgres']}"
+    else:
+        engine = f"SQLite {driver['sqlite']}"
+    lines.append(f"Store: {status.db_path} ({driver['driver']}, {engine})")
     lines.append(f"Workspace: {status.workspace}")
     return "\n".join(lines)
 

@@ -88,8 +88,9 @@ async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
         print("long-term memory is turned off ([memory] enabled = false)", file=sys.stderr)
         return EXIT_PROBLEM
     index = build_memory_index(loaded)
-    await index.open()
     try:
+        # Inside the try: a failed open still releases what it opened (a pool).
+        await index.open()
         action = args.memory_command
         if action == "status":
             status = await index.status()

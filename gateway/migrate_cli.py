@@ -80,8 +80,9 @@ def add_migrate_commands(sub: argparse._SubParsersAction, common: argparse.Argum
     migrate.add_argument(
         "--vector-index",
         choices=("hnsw", "exact"),
-        default="hnsw",
-        help="the memory index's vector search in PostgreSQL (exact: no HNSW index)",
+        default=None,
+        help="the memory index's vector search in PostgreSQL (exact: no HNSW index); "
+        "default: [storage] vector_index",
     )
 
 
@@ -148,7 +149,11 @@ async def migrate_command(loaded: LoadedConfig, args: argparse.Namespace) -> int
                 if applied:
                     print(f"schema: migrated to v{SCHEMA_VERSION}", file=out)
             migration = Migration(
-                loaded, pg, dry_run=dry_run, vector_index=args.vector_index, out=out
+                loaded,
+                pg,
+                dry_run=dry_run,
+                vector_index=args.vector_index or loaded.config.storage.vector_index,
+                out=out,
             )
             report = await asyncio.to_thread(migration.run)
     except (StateError, CoreError, psycopg.Error) as exc:

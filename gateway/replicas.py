@@ -11,9 +11,10 @@ as with SQLite. What changes is the lane's run:
 2. Under the lock it reads the session's open inbox items afresh
    (``PgInbox.open_for_session``): those another replica answered meanwhile are
    dropped from the batch, and those other replicas received but have not answered
-   yet are added, in arrival order. The lock holder answers the lot; the other
-   replicas' lanes then find nothing left. Checking the status under the lock is
-   what makes each message answered exactly once.
+   yet are added, in arrival order, up to the first one still queued in this
+   replica's own lane (its run comes next, as with SQLite). The lock holder
+   answers the lot; the other replicas' lanes then find nothing left. Checking the
+   status under the lock is what makes each message answered exactly once.
 3. An item whose turn a dead replica had started (its user message is in the
    transcript already, or its reply is stored) runs as *recovered*, through the same
    code that resumes a turn after a restart, so nothing is written or sent twice.
@@ -108,10 +109,17 @@ class ReplicaCoordinator:
         batch: list[LaneItem | LaneTask] = [i for i in items if not isinstance(i, LaneItem)]
         rows = await self.inbox.open_for_session(key, list(local))
         started = await self._started_ids(key) if rows else set()
+        me = self.locks.pid
+        foreign_ok = True
         for row in rows:
             item = local.get(row.id)
             if item is None:
-                item = self._foreign_item(key, row)
+                if row.claimed_by == me:
+                    # Waiting in this replica's own lane for a later run, as with SQLite;
+                    # taking anything after it now would answer out of order.
+                    foreign_ok = False
+                    continue
+                item = self._foreign_item(key, row) if foreign_ok else None
                 if item is None:
                     continue
             if item.recovered is not None or row.status != "received" or row.id in started:

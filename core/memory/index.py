@@ -14,7 +14,8 @@ When what the rows depend on changes (embedder, model, dimensions, chunking,
 tokenizer: ``IndexMeta``), the index is rebuilt into ``memory.db.reindex`` while the old
 one keeps answering (keyword-only, since its vectors belong to another model), then
 swapped in with one rename. A kill during the rebuild resumes it at the next start.
-Another ``StoreBackend`` (PostgreSQL) keeps its rows elsewhere and swaps its own way.
+Another ``StoreBackend`` (PostgreSQL) keeps its rows elsewhere and swaps its own way;
+transcripts come through a ``TranscriptSource`` (files, or a transcript store's rows).
 
 Triggers: start-up, a search on a dirty index (an empty index waits for its first
 sync), the watcher on memory files (polling, debounced), transcript appends (debounced,
@@ -34,11 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from core.errors import EmbedderError, MemoryIndexError
+from core.errors import EmbedderError, MemoryIndexError, TranscriptError
 from core.memory.backend import SHADOW_SUFFIX as SHADOW_SUFFIX  # re-exported
 from core.memory.backend import (
     MemoryStoreProtocol,
@@ -54,12 +55,14 @@ from core.memory.sources import (
     AGENT_SCOPE,
     MEMORY_SOURCE,
     SESSIONS_SOURCE,
+    FileTranscriptSource,
+    Marker,
     ScopeResolver,
     SourceFile,
+    TranscriptSource,
     memory_files,
     memory_path,
     read_header,
-    transcript_files,
 )
 from core.memory.store import FileRow, IndexMeta, NewChunk, StoreCounts
 
@@ -82,6 +85,14 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 GROUP_SCOPE_PREFIX = "group:"
 UNSCOPED = "unscoped"
 ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, path)
+
+
+class AsyncResource(Protocol):
+    """What the index opens before its store and closes after it, when it owns the
+    backend's connections (a PostgreSQL pool of its own)."""
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -211,6 +222,8 @@ class MemoryIndex:
         scope_for: ScopeResolver | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         backend: StoreBackend | None = None,
+        transcripts: TranscriptSource | None = None,
+        resource: AsyncResource | None = None,
     ) -> None:
         self.settings = settings
         self.db_path = db_path
@@ -218,6 +231,9 @@ class MemoryIndex:
         self.backend: StoreBackend = backend or SqliteBackend(db_path, settings.driver)
         self.workspace = workspace
         self.sessions_dir = sessions_dir
+        # The sessions source: the transcript files by default, a store's rows otherwise.
+        self.transcripts: TranscriptSource = transcripts or FileTranscriptSource(sessions_dir)
+        self._resource = resource
         self.embedder = embedder
         self.scope_for = scope_for or default_scope_resolver(settings.transcript_scope)
         self._now = now
@@ -254,6 +270,8 @@ class MemoryIndex:
 
     async def open(self) -> None:
         """Open memory.db without starting background work (the CLI uses this)."""
+        if self._resource is not None:
+            await self._resource.open()
         vector = self._wants_vectors()
         self._wstore = await self._w(self.backend.open_live, vector=vector)
         self._rstore = await self._r(self.backend.open_live, vector=vector)
@@ -280,6 +298,8 @@ class MemoryIndex:
         if self._rstore is not None:
             await self._r(self._rstore.close)
         self._wstore = self._rstore = None
+        if self._resource is not None:
+            await self._resource.close()
         if self.embedder is not None:
             await self.embedder.close()
         self._writer.shutdown(wait=True)
@@ -379,7 +399,7 @@ class MemoryIndex:
             if MEMORY_SOURCE in self.settings.sources:
                 found += memory_files(self.workspace, self.settings.extra_paths)
             if SESSIONS_SOURCE in self.settings.sources:
-                found += transcript_files(self.sessions_dir)
+                found += self.transcripts.transcripts()
             return found
 
         return await asyncio.to_thread(discover)
@@ -403,7 +423,7 @@ class MemoryIndex:
                 raise asyncio.CancelledError
             try:
                 await self._sync_file(store, meta, source, rows.get(source.path), report)
-            except (OSError, MemoryIndexError, store.info.module.Error) as exc:
+            except (OSError, MemoryIndexError, TranscriptError, store.info.module.Error) as exc:
                 # The driver's own error classes too (a full or read-only disk). The file
                 # stays as it was; the index stays dirty, so the next search retries it.
                 report.errors.append(f"{source.path}: {exc}")
@@ -419,19 +439,18 @@ class MemoryIndex:
         row: FileRow | None,
         report: SyncReport,
     ) -> None:
-        try:
-            stat = await asyncio.to_thread(os.stat, source.abs_path)
-        except FileNotFoundError:
+        marker = await asyncio.to_thread(self._marker, source)
+        if marker is None:
             if row is not None:
                 await self._w(store.delete_file, source.path)
                 report.files_deleted += 1
             return
-        mtime, size = stat.st_mtime, stat.st_size
+        mtime, size = marker
         retry_vectors = row is not None and row.vectors_pending and meta.embedder != "none"
         if row is not None and row.mtime == mtime and row.size == size and not retry_vectors:
             report.files_unchanged += 1
             return
-        data = await asyncio.to_thread(_read_prefix, source.abs_path, MAX_FILE_BYTES)
+        data = await asyncio.to_thread(self._read, source, MAX_FILE_BYTES)
         digest = hashlib.sha256(data).hexdigest()
         if row is not None and row.hash == digest:
             if retry_vectors:
@@ -448,6 +467,21 @@ class MemoryIndex:
         report.files_indexed += 1
         report.chunks_written += len(chunks)
         report.vectors_pending += int(pending)
+
+    def _marker(self, source: SourceFile) -> Marker | None:
+        """(mtime, size) of a source now (None: gone); blocking."""
+        if source.source == SESSIONS_SOURCE:
+            return self.transcripts.marker(source)
+        try:
+            stat = os.stat(source.abs_path)
+        except FileNotFoundError:
+            return None
+        return stat.st_mtime, stat.st_size
+
+    def _read(self, source: SourceFile, limit: int) -> bytes:
+        if source.source == SESSIONS_SOURCE:
+            return self.transcripts.read(source, limit)
+        return _read_prefix(source.abs_path, limit)
 
     def _chunk(self, source: SourceFile, data: bytes) -> tuple[list[NewChunk], str]:
         """Chunks of one file and its scope (runs in a worker thread: CPU-bound)."""
@@ -804,10 +838,12 @@ class MemoryIndex:
             for source in sources:
                 row = rows.get(source.path)
                 try:
-                    stat = source.abs_path.stat()
-                except OSError:
+                    marker = self._marker(source)
+                except (OSError, TranscriptError):
                     continue
-                if row is None or row.mtime != stat.st_mtime or row.size != stat.st_size:
+                if marker is None:
+                    continue
+                if row is None or (row.mtime, row.size) != marker:
                     out.append(source.path)
             present = {s.path for s in sources}
             out += sorted(p for p in rows if p not in present)

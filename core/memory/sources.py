@@ -7,6 +7,11 @@
   extra paths outside the workspace by their absolute path. Scope: ``agent``.
 - ``sessions`` source: every transcript ``sessions/<id>.jsonl`` (archived ones too),
   stored as ``sessions/<id>.jsonl``; its scope comes from its header.
+
+Transcripts come through a ``TranscriptSource``: ``FileTranscriptSource`` reads the
+sessions directory; ``StoreTranscriptSource`` reads any ``TranscriptStore`` (the
+PostgreSQL one keeps transcripts as rows). Either lists the same paths and yields the
+same bytes, so the index, its citations and its chunks do not depend on the backend.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from core.errors import TranscriptError
+from core.transcript_store import TranscriptInfo, TranscriptStore
 
 AGENT_SCOPE = "agent"
 MEMORY_SOURCE = "memory"
@@ -30,12 +38,21 @@ _MAX_HEADER_BYTES = 64 * 1024
 ScopeResolver = Callable[[Mapping[str, Any]], str]
 
 
+# A file's (mtime, size), or what stands for them: when it differs from the row's, the
+# index re-reads the file (and re-chunks it only when its hash changed too).
+Marker = tuple[float, int]
+
+
 @dataclass(frozen=True, slots=True)
 class SourceFile:
     path: str  # the key in the index and in citations
+    # Where to read it. A transcript from a ``StoreTranscriptSource`` has no file: its
+    # path here is the index key, and only its ``TranscriptSource`` reads it.
     abs_path: Path
     source: str
     scope: str | None  # None: read it from the transcript header
+    session_id: str | None = None  # a transcript's, as its TranscriptSource lists it
+    marker: Marker | None = None  # from the listing, when the source stamps it there
 
 
 def _walk_markdown(root: Path) -> Iterator[Path]:
@@ -95,6 +112,105 @@ def transcript_files(sessions_dir: Path) -> list[SourceFile]:
         for path in sorted(sessions_dir.glob("*.jsonl"))
         if path.is_file() and not path.is_symlink()
     ]
+
+
+class TranscriptSource(Protocol):
+    """The transcripts the ``sessions`` source indexes. Every method blocks: the index
+    calls them on worker threads."""
+
+    def transcripts(self) -> list[SourceFile]:
+        """Every transcript (archived ones too), in a stable order."""
+        ...
+
+    def marker(self, source: SourceFile) -> Marker | None:
+        """Its change marker now, or None when it is gone."""
+        ...
+
+    def read(self, source: SourceFile, limit: int) -> bytes:
+        """Its JSONL bytes (header line first), at most ``limit`` of them."""
+        ...
+
+
+class FileTranscriptSource:
+    """Transcripts as files in the sessions directory (the SQLite backend's)."""
+
+    def __init__(self, sessions_dir: Path) -> None:
+        self.sessions_dir = sessions_dir
+
+    def transcripts(self) -> list[SourceFile]:
+        return transcript_files(self.sessions_dir)
+
+    def marker(self, source: SourceFile) -> Marker | None:
+        try:
+            stat = source.abs_path.stat()
+        except FileNotFoundError:
+            return None
+        return stat.st_mtime, stat.st_size
+
+    def read(self, source: SourceFile, limit: int) -> bytes:
+        with source.abs_path.open("rb") as handle:
+            return handle.read(limit)
+
+    def __repr__(self) -> str:
+        return f"<FileTranscriptSource {self.sessions_dir}>"
+
+
+def stamp_marker(stamp: tuple[int, ...]) -> Marker:
+    """A ``TranscriptInfo.stamp`` as a marker: a file's (size, mtime_ns) becomes its
+    (mtime, size); a table's (line count,) becomes (0.0, line count). Either changes
+    whenever the transcript does."""
+    size = stamp[0] if stamp else 0
+    mtime = stamp[1] / 1e9 if len(stamp) > 1 else 0.0
+    return mtime, size
+
+
+class StoreTranscriptSource:
+    """Transcripts from a ``TranscriptStore`` (PostgreSQL's rows, or files through
+    ``FileTranscriptStore``), listed under the same ``sessions/<id>.jsonl`` paths and
+    read as the bytes an export of them writes."""
+
+    def __init__(self, store: TranscriptStore) -> None:
+        self.store = store
+
+    def transcripts(self) -> list[SourceFile]:
+        return [self._source(info) for info in self.store.list_transcripts()]
+
+    def _source(self, info: TranscriptInfo) -> SourceFile:
+        path = f"{SESSIONS_SOURCE}/{info.session_id}.jsonl"
+        # The listing's stamp serves as the marker: one query lists them all, where
+        # asking each transcript again would cost a round trip per transcript.
+        return SourceFile(
+            path, Path(path), SESSIONS_SOURCE, None, info.session_id, stamp_marker(info.stamp)
+        )
+
+    def marker(self, source: SourceFile) -> Marker | None:
+        if source.marker is not None:
+            return source.marker
+        info = self.store.info(_session_id(source))
+        return None if info is None else stamp_marker(info.stamp)
+
+    def read(self, source: SourceFile, limit: int) -> bytes:
+        # Read-only: the owner may be appending meanwhile; a line appended after the
+        # listing only makes the next sync read this transcript again.
+        parts: list[bytes] = []
+        size = 0
+        with self.store.open(_session_id(source), read_only=True) as transcript:
+            for line in transcript.raw_lines():
+                if size >= limit:
+                    break
+                parts.append(line)
+                parts.append(b"\n")
+                size += len(line) + 1
+        return b"".join(parts)[:limit]
+
+    def __repr__(self) -> str:
+        return f"<StoreTranscriptSource {self.store!r}>"
+
+
+def _session_id(source: SourceFile) -> str:
+    if source.session_id is None:
+        raise TranscriptError(f"{source.path}: not a transcript of this store")
+    return source.session_id
 
 
 def read_header(first_line: bytes) -> dict[str, Any] | None:

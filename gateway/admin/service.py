@@ -4,8 +4,9 @@ The handlers stay thin: they validate input and serialise; this module reads the
 registry, the transcripts and the memory index. Anything that changes a session
 (compact, reset) runs in that session's lane, so it never overlaps a turn.
 
-Archived transcripts are opened read-only (an inspector must never repair or append
-to a file) and a few are kept open between requests: paging through a long archived
+Archived transcripts are opened read-only from the configured backend's transcript
+store (an inspector must never repair or append to one) and a few are kept open
+between requests: paging through a long archived
 transcript would otherwise re-read it from the start for every page. ``close()``
 releases them; the web app pairs it with its setup through a cleanup context.
 """
@@ -26,7 +27,8 @@ from core.compaction import CompactionOutcome
 from core.context_report import ContextReport
 from core.errors import ContextError, CoreError, TranscriptError
 from core.prompt import SECTION_PROJECT_CONTEXT
-from core.transcript import ENTRY_COMPACTION, Transcript
+from core.transcript import ENTRY_COMPACTION
+from core.transcript_store import SessionTranscript
 from gateway.admin import schemas as s
 from gateway.errors import ApiError, LaneBusy
 from gateway.registry import SessionRecord
@@ -46,7 +48,8 @@ ADMIN_RESET_REASON = "admin"
 class AdminService:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self._archived: OrderedDict[str, tuple[tuple[int, int], Transcript]] = OrderedDict()
+        # session id -> (the store's stamp when opened, the read-only transcript)
+        self._archived: OrderedDict[str, tuple[tuple[int, ...], SessionTranscript]] = OrderedDict()
         self._archived_lock = asyncio.Lock()
 
     async def close(self) -> None:
@@ -296,7 +299,7 @@ class AdminService:
         except CoreError as exc:
             raise ApiError(503, "unavailable", f"memory is unavailable: {exc}") from exc
 
-    async def _open(self, record: SessionRecord) -> Transcript:
+    async def _open(self, record: SessionRecord) -> SessionTranscript:
         try:
             if record.status == "active":
                 return await self.gateway.transcript(record)
@@ -304,21 +307,22 @@ class AdminService:
         except TranscriptError as exc:
             raise ApiError(404, "not_found", f"the transcript cannot be read: {exc}") from exc
 
-    async def _open_archived(self, record: SessionRecord) -> Transcript:
-        path = self.gateway.loaded.sessions_dir / f"{record.session_id}.jsonl"
+    async def _open_archived(self, record: SessionRecord) -> SessionTranscript:
+        store = self.gateway.state.transcripts
         async with self._archived_lock:
-            try:
-                stat = await asyncio.to_thread(path.stat)
-            except FileNotFoundError:
-                raise TranscriptError(f"transcript not found: {path.name}") from None
-            stamp = (stat.st_size, stat.st_mtime_ns)
+            info = await asyncio.to_thread(store.info, record.session_id)
+            if info is None:
+                raise TranscriptError(f"transcript not found: {record.session_id}")
+            # A new stamp: the transcript changed since it was cached; open it afresh
+            # rather than page through what it held then.
+            stamp = info.stamp
             cached = self._archived.get(record.session_id)
             if cached is not None and cached[0] == stamp:
                 self._archived.move_to_end(record.session_id)
                 return cached[1]
             if cached is not None:
                 cached[1].close()
-            transcript = await asyncio.to_thread(Transcript.open, path, read_only=True)
+            transcript = await asyncio.to_thread(store.open, record.session_id, read_only=True)
             self._archived[record.session_id] = (stamp, transcript)
             while len(self._archived) > ARCHIVED_TRANSCRIPTS_KEPT:
                 _, (_, evicted) = self._archived.popitem(last=False)
@@ -326,7 +330,7 @@ class AdminService:
             return transcript
 
 
-async def _reading(read: Callable[..., T], transcript: Transcript, *args: Any) -> T:
+async def _reading(read: Callable[..., T], transcript: SessionTranscript, *args: Any) -> T:
     """Read on a thread; a transcript closed under us (a reset of an active session
     between our lookup and the read) is a retryable conflict, not a 500."""
     try:
@@ -425,12 +429,14 @@ def decode_cursor(cursor: str) -> str:
     return raw
 
 
-def _page(transcript: Transcript, offset: int, limit: int) -> tuple[int, list[tuple[int, dict]]]:
+def _page(
+    transcript: SessionTranscript, offset: int, limit: int
+) -> tuple[int, list[tuple[int, dict]]]:
     total = transcript.entry_count
     return total, [(i, e.to_dict()) for i, e in transcript.numbered_entries(offset, limit)]
 
 
-def _compaction_entries(transcript: Transcript) -> list[Any]:
+def _compaction_entries(transcript: SessionTranscript) -> list[Any]:
     return [e for e in transcript.entries() if e.type == ENTRY_COMPACTION]
 
 

@@ -175,3 +175,18 @@ async def test_a_dead_replicas_message_is_adopted_without_a_new_one(
         await b.gateway.wait_idle()
         assert [m.text for m in b.channel.sent] == ["echo: orphan"]
         assert await user_turns(b) == [[1]]
+
+
+async def test_one_replica_answers_back_to_back_messages_as_sqlite_does(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # The second message is recorded before the first run takes the lock: that run
+    # must not take it too (it waits in this replica's lane, as with SQLite).
+    async with replica(tmp_path / "a", pg_url) as a:
+        a.gate.set()
+        await a.receive("one")
+        await a.receive("two")
+        sent = await a.channel.wait_sent(2)
+        await a.gateway.wait_idle()
+        assert [m.text for m in sent] == ["echo: one", "echo: two"]
+        assert await user_turns(a) == [[1], [2]]
