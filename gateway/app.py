@@ -934,6 +934,13 @@ class Gateway:
         self._cache_transcript(record.session_id, transcript)
         return transcript
 
+    async def current_transcript(self, record: SessionRecord) -> SessionTranscript:
+        """``transcript``, reopened first when another replica appended to it (for
+        readers outside the session's lane: the admin API)."""
+        if self.replicas is not None:
+            return await self.replicas.current_transcript(record)
+        return await self.transcript(record)
+
     def _cache_transcript(self, session_id: str, transcript: SessionTranscript) -> None:
         self._transcripts[session_id] = transcript
         self._transcripts.move_to_end(session_id)

@@ -302,7 +302,8 @@ class AdminService:
     async def _open(self, record: SessionRecord) -> SessionTranscript:
         try:
             if record.status == "active":
-                return await self.gateway.transcript(record)
+                # Another replica may have written to it since this one cached it.
+                return await self.gateway.current_transcript(record)
             return await self._open_archived(record)
         except TranscriptError as exc:
             raise ApiError(404, "not_found", f"the transcript cannot be read: {exc}") from exc

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.admin.schemas import SessionListQuery, TranscriptQuery
+from gateway.admin.service import AdminService
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
 from tests.fakes.recording_channel import RecordingChannel
@@ -190,3 +192,25 @@ async def test_one_replica_answers_back_to_back_messages_as_sqlite_does(
         await a.gateway.wait_idle()
         assert [m.text for m in sent] == ["echo: one", "echo: two"]
         assert await user_turns(a) == [[1], [2]]
+
+
+async def test_any_replicas_admin_api_shows_every_session_as_it_is_now(
+    tmp_path: Path, pg_url: str
+) -> None:
+    async with replica(tmp_path / "a", pg_url) as a, replica(tmp_path / "b", pg_url) as b:
+        a.gate.set()
+        b.gate.set()
+        admin = AdminService(a.gateway)
+        await b.receive("hello from b")
+        await b.channel.wait_sent(1)
+        page = await admin.sessions(SessionListQuery())
+        [summary] = page.items
+        first = await admin.transcript(summary.id, TranscriptQuery())
+        # b runs a second turn: a, which has the transcript cached now, shows it too.
+        await b.receive("again")
+        await b.channel.wait_sent(2)
+        await b.gateway.wait_idle()
+        second = await admin.transcript(summary.id, TranscriptQuery())
+        assert second.total > first.total
+        assert a.channel.sent == []
+        await admin.close()
