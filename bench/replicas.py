@@ -251,6 +251,9 @@ async def measure(
         "killed": replicas > 1,
         "balancer_failovers": balancer.failovers,
     }
+    twice = sorted(key for key in plan if counts[key] > 1)
+    if twice:  # which ones, to find them in the replicas' logs and transcripts
+        result["duplicated_messages"] = [f"c{c} m{m}" for c, m in twice[:20]]
     if result["lost"] or result["duplicated"] or result["out_of_order"]:
         result["log_tail"] = logs[-3000:]
     return result
