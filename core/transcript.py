@@ -388,7 +388,39 @@ class LiveWindow:
 
 class TranscriptBase:
     """What every transcript backend shares: the entry payloads and the reading helpers
-    built on ``numbered_entries``. Subclasses store lines in ``_append``."""
+    built on ``numbered_entries``, and what answers from the live window in memory.
+    Subclasses set ``_header``, ``_report``, ``_window`` and ``_lock`` and store lines
+    in ``_append``."""
+
+    _header: TranscriptHeader
+    _report: LoadReport
+    _window: LiveWindow
+    _lock: threading.RLock
+
+    @property
+    def header(self) -> TranscriptHeader:
+        return self._header
+
+    @property
+    def load_report(self) -> LoadReport:
+        return self._report
+
+    @property
+    def last_entry(self) -> Entry | None:
+        with self._lock:
+            return self._window.last
+
+    @property
+    def cycle_bytes(self) -> int:
+        """Bytes of the entries after the latest compaction (the whole transcript
+        without one): what the memory flush's size trigger measures."""
+        with self._lock:
+            return self._window.cycle_bytes
+
+    def live_entries(self) -> Sequence[Entry]:
+        """The entries the model's view is built from; never re-reads storage."""
+        with self._lock:
+            return self._window.view()
 
     def entries(self, offset: int = 0, limit: int | None = None) -> Iterator[Entry]:
         """Every entry in file order, read from storage (for inspection and export).
@@ -583,22 +615,9 @@ class Transcript(TranscriptBase):
         return self._path
 
     @property
-    def header(self) -> TranscriptHeader:
-        return self._header
-
-    @property
-    def load_report(self) -> LoadReport:
-        return self._report
-
-    @property
     def location(self) -> str:
         """Where the transcript is stored, for messages."""
         return str(self._path)
-
-    @property
-    def last_entry(self) -> Entry | None:
-        with self._lock:
-            return self._window.last
 
     @property
     def closed(self) -> bool:
@@ -609,18 +628,6 @@ class Transcript(TranscriptBase):
         """Entry lines in the file (a corrupt line counts: it occupies a line)."""
         with self._lock:
             return self._lines_before_live() - 1 + self._lines_since_start
-
-    @property
-    def cycle_bytes(self) -> int:
-        """Bytes of the entries after the latest compaction (the whole file without one):
-        what the memory flush's size trigger measures."""
-        with self._lock:
-            return self._window.cycle_bytes
-
-    def live_entries(self) -> Sequence[Entry]:
-        """The entries the model's view is built from; never re-reads the file."""
-        with self._lock:
-            return self._window.view()
 
     def numbered_entries(
         self, offset: int = 0, limit: int | None = None

@@ -20,7 +20,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo
@@ -69,6 +69,7 @@ from gateway.config import LoadedConfig
 from gateway.errors import ChannelFailure, LaneBusy
 from gateway.http_server import HttpServer
 from gateway.inbox import InboxItem, well_formed
+from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.memory import (
     build_memory_index,
@@ -121,37 +122,6 @@ REDELIVERY_MAX_BACKOFF_SECONDS = 1800.0  # per reply, doubling from the interval
 REDELIVERY_GIVE_UP = timedelta(hours=24)
 # Conversations with a message stored this recently are offered to ``catch_up``.
 CATCH_UP_ACTIVE_DAYS = 7
-
-
-@dataclass(frozen=True, slots=True)
-class LaneItem:
-    inbox_id: int
-    message: InboundMessage
-    route: SessionRoute
-    reset_text: str | None = None  # set for /new and /reset: the text after the trigger
-    recovered: InboxItem | None = None
-    compact_focus: str | None = None  # set for /compact: its focus text ("" for none)
-
-
-@dataclass(slots=True)
-class LaneTask:
-    """Work that must not overlap the session's turns (an admin compaction or reset):
-    it runs in the session's lane, in order with its messages."""
-
-    run: Callable[[], Awaitable[Any]]
-    done: asyncio.Future[Any] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
-    async def execute(self) -> None:
-        try:
-            result = await self.run()
-        except Exception as exc:  # handed to the waiter, who reports it
-            if not self.done.done():
-                self.done.set_exception(exc)
-            return
-        if not self.done.done():
-            self.done.set_result(result)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -642,69 +641,24 @@ def _write_memory_file(
 ) -> None:
     """A file and its chunks as they are in the source (times and all), in one
     transaction: a kill leaves the file either absent, as it was, or complete."""
-    from gateway.pg.memory_store import _INSERT_CHUNK, fold, vector_text
+    from gateway.pg.memory_store import chunk_params, insert_chunks, upsert_file_row
 
     ix = _index_id(conn, target)
     # The store's own per-file lock: a replica syncing the same file waits for us.
     conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (ix, file.path))
     conn.execute("DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (ix, file.path))
-    rows = [
-        {
-            "ix": ix,
-            "path": file.path,
-            "source": file.source,
-            "scope": file.scope,
-            "start": chunk.start_line,
-            "end": chunk.end_line,
-            "hash": chunk.hash,
-            "text": chunk.text,
-            "ts": chunk.ts,
-            "entry_ids": json.dumps(list(chunk.entry_ids)),
-            "now": chunk.created_at,  # the store's insert stamps both times with it...
-            "fts": fold(chunk.text),
-            "cjk": chunk.cjk_text or None,
-            "emb": None if chunk.vector is None else vector_text(chunk.vector),
-            "dims": None if chunk.vector is None else len(chunk.vector),
-        }
-        for chunk in chunks
+    # The insert stamps both times with created_at...
+    rows = [chunk_params(ix, file, chunk, chunk.vector, chunk.created_at) for chunk in chunks]
+    ids = insert_chunks(conn, rows)
+    later = [  # ...so put back the update times that differ
+        (chunk.updated_at, chunk_id)
+        for chunk, chunk_id in zip(chunks, ids, strict=True)
+        if chunk.updated_at != chunk.created_at
     ]
-    if rows:
+    if later:
         with conn.cursor() as cur:
-            cur.executemany(_INSERT_CHUNK + " RETURNING id", rows, returning=True)
-            ids = []
-            while True:
-                new = cur.fetchone()
-                assert new is not None
-                ids.append(new["id"])
-                if not cur.nextset():
-                    break
-            later = [  # ...so put back the update times that differ
-                (chunk.updated_at, chunk_id)
-                for chunk, chunk_id in zip(chunks, ids, strict=True)
-                if chunk.updated_at != chunk.created_at
-            ]
-            if later:
-                cur.executemany("UPDATE memory_chunks SET updated_at = %s WHERE id = %s", later)
-    conn.execute(
-        "INSERT INTO memory_files (index_id, path, source, scope, hash, mtime, size, chunks,"
-        " vectors_pending, indexed_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        " ON CONFLICT (index_id, path) DO UPDATE SET source = excluded.source,"
-        " scope = excluded.scope, hash = excluded.hash, mtime = excluded.mtime,"
-        " size = excluded.size, chunks = excluded.chunks,"
-        " vectors_pending = excluded.vectors_pending, indexed_at = excluded.indexed_at",
-        (
-            ix,
-            file.path,
-            file.source,
-            file.scope,
-            file.hash,
-            file.mtime,
-            file.size,
-            file.chunks,
-            file.vectors_pending,
-            file.indexed_at,
-        ),
-    )
+            cur.executemany("UPDATE memory_chunks SET updated_at = %s WHERE id = %s", later)
+    upsert_file_row(conn, ix, file, file.chunks, file.indexed_at)
 
 
 def _insert_cache(conn: Connection, target: PgMemoryStore, batch: Sequence[CacheEntry]) -> int:

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING
 
 from gateway.commands import parse_info_command
 from gateway.inbox import InboxItem
+from gateway.lane_items import LaneItem, LaneTask
 
 if TYPE_CHECKING:
     from core.transcript_store import SessionTranscript
-    from gateway.app import Gateway, LaneItem, LaneTask
+    from gateway.app import Gateway
     from gateway.pg.inbox import PgInbox
     from gateway.pg.session_locks import SessionLocks
     from gateway.registry import SessionRecord
@@ -80,8 +81,6 @@ class ReplicaCoordinator:
     async def run_locked(self, key: str, items: list[LaneItem | LaneTask]) -> None:
         """Run a lane batch of session ``key`` under its lock, with every open item of
         the session (whoever received it) and none already answered."""
-        from gateway.app import LaneItem, LaneTask
-
         try:
             await self.locks.acquire(key)
         except Exception as exc:  # the lock connection is down and did not come back
@@ -102,8 +101,6 @@ class ReplicaCoordinator:
     async def _claim_batch(
         self, key: str, items: Sequence[LaneItem | LaneTask]
     ) -> list[LaneItem | LaneTask]:
-        from gateway.app import LaneItem
-
         gateway = self.gateway
         local = {i.inbox_id: i for i in items if isinstance(i, LaneItem)}
         batch: list[LaneItem | LaneTask] = [i for i in items if not isinstance(i, LaneItem)]

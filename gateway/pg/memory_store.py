@@ -36,7 +36,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import psycopg
@@ -187,6 +187,93 @@ class PgMemoryBackend:
         self.db.call(
             lambda conn: conn.execute("DELETE FROM memory_indexes WHERE name = %s", (self.name,))
         )
+
+
+class ChunkLike(Protocol):
+    """What a chunk row is built from: ``NewChunk`` (indexing) or ``StoredChunk``
+    (``parley migrate``)."""
+
+    # Read-only (properties): the chunk classes are frozen dataclasses.
+    @property
+    def start_line(self) -> int: ...
+    @property
+    def end_line(self) -> int: ...
+    @property
+    def hash(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def ts(self) -> str | None: ...
+    @property
+    def entry_ids(self) -> tuple[str, ...]: ...
+    @property
+    def cjk_text(self) -> str: ...
+
+
+def chunk_params(
+    index_id: int, file: FileRow, chunk: ChunkLike, vector: np.ndarray | None, stamp: float
+) -> dict[str, Any]:
+    """``INSERT_CHUNK``'s parameters for one chunk of ``file`` (``stamp``: created and
+    updated time)."""
+    return {
+        "ix": index_id,
+        "path": file.path,
+        "source": file.source,
+        "scope": file.scope,
+        "start": chunk.start_line,
+        "end": chunk.end_line,
+        "hash": chunk.hash,
+        "text": chunk.text,
+        "ts": chunk.ts,
+        "entry_ids": json.dumps(list(chunk.entry_ids)),
+        "now": stamp,
+        "fts": fold(chunk.text),
+        "cjk": chunk.cjk_text or None,
+        "emb": None if vector is None else vector_text(vector),
+        "dims": None if vector is None else len(vector),
+    }
+
+
+def insert_chunks(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Insert chunk rows (``chunk_params``); their new ids, in order."""
+    if not rows:
+        return []
+    ids: list[int] = []
+    with conn.cursor() as cur:
+        cur.executemany(INSERT_CHUNK + " RETURNING id", rows, returning=True)
+        while True:
+            row = cur.fetchone()
+            assert row is not None
+            ids.append(int(row["id"]))
+            if not cur.nextset():
+                break
+    return ids
+
+
+def upsert_file_row(
+    conn: Connection, index_id: int, file: FileRow, chunks: int, indexed_at: float
+) -> None:
+    conn.execute(
+        "INSERT INTO memory_files (index_id, path, source, scope, hash, mtime, size,"
+        " chunks, vectors_pending, indexed_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (index_id, path) DO UPDATE SET source = excluded.source,"
+        " scope = excluded.scope, hash = excluded.hash, mtime = excluded.mtime,"
+        " size = excluded.size, chunks = excluded.chunks,"
+        " vectors_pending = excluded.vectors_pending, indexed_at = excluded.indexed_at",
+        (
+            index_id,
+            file.path,
+            file.source,
+            file.scope,
+            file.hash,
+            file.mtime,
+            file.size,
+            chunks,
+            file.vectors_pending,
+            indexed_at,
+        ),
+    )
 
 
 def _lock_name(conn: Connection, name: str) -> None:
@@ -393,49 +480,11 @@ class PgMemoryStore:
                 "DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (ix.id, file.path)
             )
             rows = [
-                {
-                    "ix": ix.id,
-                    "path": file.path,
-                    "source": file.source,
-                    "scope": file.scope,
-                    "start": c.start_line,
-                    "end": c.end_line,
-                    "hash": c.hash,
-                    "text": c.text,
-                    "ts": c.ts,
-                    "entry_ids": json.dumps(list(c.entry_ids)),
-                    "now": now,
-                    "fts": fold(c.text),
-                    "cjk": c.cjk_text or None,
-                    "emb": None if vectors is None else vector_text(vectors[i]),
-                    "dims": None if vectors is None else len(vectors[i]),
-                }
+                chunk_params(ix.id, file, c, None if vectors is None else vectors[i], now)
                 for i, c in enumerate(chunks)
             ]
-            if rows:
-                with conn.cursor() as cur:
-                    cur.executemany(_INSERT_CHUNK, rows)
-            conn.execute(
-                "INSERT INTO memory_files (index_id, path, source, scope, hash, mtime, size,"
-                " chunks, vectors_pending, indexed_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (index_id, path) DO UPDATE SET source = excluded.source,"
-                " scope = excluded.scope, hash = excluded.hash, mtime = excluded.mtime,"
-                " size = excluded.size, chunks = excluded.chunks,"
-                " vectors_pending = excluded.vectors_pending, indexed_at = excluded.indexed_at",
-                (
-                    ix.id,
-                    file.path,
-                    file.source,
-                    file.scope,
-                    file.hash,
-                    file.mtime,
-                    file.size,
-                    len(chunks),
-                    file.vectors_pending,
-                    now,
-                ),
-            )
+            insert_chunks(conn, rows)
+            upsert_file_row(conn, ix.id, file, len(chunks), now)
 
         self._call(write)
 
@@ -781,8 +830,8 @@ class PgMemoryStore:
 
 
 # Both tsvectors are computed once, in the statement; their token counts are BM25's
-# document lengths.
-_INSERT_CHUNK = """
+# document lengths. ``chunk_params`` builds its parameters.
+INSERT_CHUNK = """
 INSERT INTO memory_chunks (index_id, path, source, scope, start_line, end_line, hash, text,
     ts, entry_ids, created_at, updated_at, tsv, doc_len, cjk_tsv, cjk_len, embedding, dims)
 SELECT %(ix)s, %(path)s, %(source)s, %(scope)s, %(start)s, %(end)s, %(hash)s, %(text)s,

@@ -102,25 +102,22 @@ class SessionLocks:
 
     async def _try(self, key: str) -> bool:
         async with self._statement:
-            try:
-                cursor = await self._connection().execute(
-                    "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
-                )
-                row = await cursor.fetchone()
-            except psycopg.Error as exc:
-                # The connection broke (a server restart, a network cut): its locks are
-                # gone with it. Reconnect once; this replica gets a new pid, so the
-                # inbox items it had claimed become orphans that a live replica (maybe
-                # this one) takes over.
-                await self._reconnect(exc)
+            for attempt in (1, 2):
                 try:
                     cursor = await self._connection().execute(
                         "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
                     )
                     row = await cursor.fetchone()
-                except psycopg.Error as again:
-                    raise StateError(f"the session lock connection failed: {again}") from again
-        return bool(row and row[0])
+                    return bool(row and row[0])
+                except psycopg.Error as exc:
+                    if attempt == 2:
+                        raise StateError(f"the session lock connection failed: {exc}") from exc
+                    # The connection broke (a server restart, a network cut): its locks
+                    # went with it. Reconnect once; this replica gets a new pid, so the
+                    # inbox items it had claimed become orphans that a live replica
+                    # (maybe this one) takes over.
+                    await self._reconnect(exc)
+        raise AssertionError("unreachable")
 
     async def _reconnect(self, cause: Exception) -> None:
         log.error("the session lock connection failed (%s); reconnecting", cause)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -308,19 +308,6 @@ class PgTranscript(TranscriptBase):
         return _location(self._db, self._session_id)
 
     @property
-    def header(self) -> TranscriptHeader:
-        return self._header
-
-    @property
-    def load_report(self) -> LoadReport:
-        return self._report
-
-    @property
-    def last_entry(self) -> Entry | None:
-        with self._lock:
-            return self._window.last
-
-    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -329,16 +316,6 @@ class PgTranscript(TranscriptBase):
         """Entry lines stored (the header is not one)."""
         with self._lock:
             return self._line_count - HEADER_SEQ
-
-    @property
-    def cycle_bytes(self) -> int:
-        """Bytes the entries after the latest compaction take in the JSONL file."""
-        with self._lock:
-            return self._window.cycle_bytes
-
-    def live_entries(self) -> Sequence[Entry]:
-        with self._lock:
-            return self._window.view()
 
     def numbered_entries(
         self, offset: int = 0, limit: int | None = None

@@ -48,15 +48,17 @@ class Layout:
         turns: Sequence[tuple[str, str]],
         *,
         scope: str | None = None,
+        ts: datetime | None = None,
     ) -> Path:
-        """``sessions/<session_id>.jsonl`` with ``turns`` of (role, text)."""
+        """``sessions/<session_id>.jsonl`` with ``turns`` of (role, text), stamped ``ts``
+        (default: now; chunks carry their time in their text, so it moves embeddings)."""
         self.sessions.mkdir(parents=True, exist_ok=True)
         path = self.sessions / f"{session_id}.jsonl"
         meta = {"memory_scope": scope} if scope is not None else {}
         with Transcript.create(path, session_id, f"key:{session_id}", meta) as transcript:
             for role, text in turns:
                 message = Message.user(text) if role == "user" else Message.assistant(text)
-                transcript.append_message(message)
+                transcript.append_message(message, ts=ts)
         return path
 
     def append(self, session_id: str, turns: Sequence[tuple[str, str]]) -> None:

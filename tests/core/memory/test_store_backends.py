@@ -272,7 +272,10 @@ async def _search_all(root: Path, backend: StoreBackend | None) -> dict[str, lis
     layout = make_layout(root)
     for relative, text in MEMORY_FILES.items():
         layout.write(relative, text)
-    layout.transcript("s1", [("user", "My sister Ana lives in Porto"), ("assistant", "Nice!")])
+    # A fixed time: the chunk's text holds it, and so its (hashed) embedding and rank.
+    layout.transcript(
+        "s1", [("user", "My sister Ana lives in Porto"), ("assistant", "Nice!")], ts=NOW
+    )
     index = MemoryIndex(
         quiet_settings(),
         db_path=layout.db,

@@ -4,7 +4,8 @@ compaction in its transcript."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,17 +74,17 @@ async def seed_session(world: AdminWorld, sender: str = "alice") -> str:
     return record.session_id
 
 
-@pytest.fixture
-async def admin_server(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@asynccontextmanager
+async def admin_world(
+    home: Path, seed: Callable[[AdminWorld], Awaitable[str]], **env: str
 ) -> AsyncIterator[AdminWorld]:
-    use_hashing_embedder(monkeypatch)
-    home = tmp_path / "home"
-    # Keep little verbatim, so a manual compaction has something to fold.
+    """A started gateway with a recording channel and the web chat, seeded by ``seed``.
+    Little is kept verbatim, so a manual compaction has something to fold."""
     loaded = memory_config(
         home,
         PARLEY_CONTEXT__COMPACTION__KEEP_RECENT_TOKENS="200",
         PARLEY_CONTEXT__COMPACTION__KEEP_RECENT_TURNS="1",
+        **env,
     )
     channel = RecordingChannel()
     web = WebChannel(loaded.config.channels.web)
@@ -100,7 +101,16 @@ async def admin_server(
             token=gateway.http.token.value,
             session_id="",
         )
-        world.session_id = await seed_session(world)
+        world.session_id = await seed(world)
+        yield world
+
+
+@pytest.fixture
+async def admin_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[AdminWorld]:
+    use_hashing_embedder(monkeypatch)
+    async with admin_world(tmp_path / "home", seed_session) as world:
         yield world
 
 

@@ -12,14 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from channels.web import WebChannel
 from core.transcript_store import TranscriptStore
 from gateway.admin.service import AdminService
-from gateway.app import Gateway
-from tests.fakes.recording_channel import RecordingChannel
-from tests.fakes.scripted_provider import ScriptedProvider
-from tests.gateway.admin.conftest import FACT, AdminWorld, tool_call
-from tests.gateway.memory_helpers import memory_config, use_hashing_embedder
+from tests.gateway.admin.conftest import FACT, AdminWorld, admin_world, tool_call
+from tests.gateway.memory_helpers import use_hashing_embedder
 
 
 @pytest.fixture
@@ -27,31 +23,13 @@ async def pg_world(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str
 ) -> AsyncIterator[AdminWorld]:
     use_hashing_embedder(monkeypatch)
-    home = tmp_path / "home"
-    loaded = memory_config(
-        home,
+    async with admin_world(
+        tmp_path / "home",
+        seed_one_turn,
         PARLEY_STORAGE__BACKEND="postgres",
         PARLEY_STORAGE__URL=pg_url,
         PARLEY_STORAGE__VECTOR_INDEX="exact",
-        PARLEY_CONTEXT__COMPACTION__KEEP_RECENT_TOKENS="200",
-        PARLEY_CONTEXT__COMPACTION__KEEP_RECENT_TURNS="1",
-    )
-    channel = RecordingChannel()
-    web = WebChannel(loaded.config.channels.web)
-    provider = ScriptedProvider()
-    async with Gateway(loaded, channels=[channel, web], provider=provider) as gateway:
-        assert gateway.http is not None
-        world = AdminWorld(
-            gateway=gateway,
-            provider=provider,
-            channel=channel,
-            web=web,
-            home=home,
-            base_url=gateway.http.url("").rstrip("/"),
-            token=gateway.http.token.value,
-            session_id="",
-        )
-        world.session_id = await seed_one_turn(world)
+    ) as world:
         yield world
 
 
