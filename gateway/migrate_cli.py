@@ -216,6 +216,7 @@ class Migration:
     def run(self) -> Report:
         conn = _open_state(self.loaded.state_db)
         try:
+            self._refuse_foreign_state(conn)
             for table, keys, types in TABLES:
                 self._section(table, self._table, conn, table, keys, types)
         finally:
@@ -223,6 +224,28 @@ class Migration:
         self._section("transcripts", self._transcripts)
         self._section("memory", self._memory)
         return self.report
+
+    def _refuse_foreign_state(self, conn: sqlite3.Connection) -> None:
+        """A target holding sessions this state does not have belongs to another bot
+        (or holds newer work): copying into it would mix two bots, and its counts could
+        never match. Refused before anything is written; a re-run after a partial copy
+        finds only sessions of its own and goes on."""
+        ours = {row[0] for row in conn.execute("SELECT session_id FROM sessions")}
+
+        def target_ids(pg_conn: Connection) -> set[str]:
+            found = pg_conn.execute("SELECT to_regclass('sessions') AS t").fetchone()
+            if found is None or found["t"] is None:
+                return set()  # a dry run on a database without the schema yet
+            rows = pg_conn.execute("SELECT session_id FROM sessions").fetchall()
+            return {row["session_id"] for row in rows}
+
+        foreign = sorted(self.pg.call(target_ids) - ours)
+        if foreign:
+            raise StateError(
+                f"the target database already holds {len(foreign)} session(s) that are "
+                f"not in {self.loaded.state_db} (e.g. {foreign[0][:12]}): it is another "
+                "bot's, or used after an earlier copy. Migrate into an empty database."
+            )
 
     def _section(self, name: str, fn: Callable[..., None], *args: Any) -> None:
         """Run one part; a failure is reported and the other parts still run (a re-run

@@ -620,3 +620,14 @@ async def test_a_row_postgresql_refuses_is_reported_and_the_rest_is_copied(
     assert counts_table(out)["sessions"] == (4, 4, "ok")
     assert counts_table(out)["memory chunks"][2] == "ok"
     await call(assert_transcripts_equal, loaded, pg)
+
+
+async def test_a_database_holding_another_bots_sessions_is_refused_before_any_copy(
+    built: Built, tmp_path: Path, pg_url: str, pg: PgDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = await build_state(tmp_path / "other-bot")
+    assert (await run_migrate(other.loaded, pg_url, capsys=capsys))[0] == 0
+    before = {t: await call(pg_rows, pg, t) for t in STATE_TABLES}
+    with pytest.raises(StateError, match=r"already holds \d+ session\(s\) that are not in"):
+        await run_migrate(built.loaded, pg_url, capsys=capsys)
+    assert {t: await call(pg_rows, pg, t) for t in STATE_TABLES} == before
