@@ -28,7 +28,11 @@ $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
 run: $(VENV)/.run-deps
 	$(BIN)/parley run
 
-test: $(VENV)/.test-deps
+# PostgreSQL 16 with a portable pgvector, for the tests that run HNSW (tests/fetch_pg16.py).
+$(VENV)/pg16/.complete: tests/fetch_pg16.py | $(BIN)/python
+	$(BIN)/python tests/fetch_pg16.py $(VENV)/pg16
+
+test: $(VENV)/.test-deps $(VENV)/pg16/.complete
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

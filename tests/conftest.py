@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.pg_server import PgServer, fresh_database
+from tests.pg_server import PG16_TREE, PgServer, PgTreeServer, fresh_database
 
 _CLEARED_PREFIXES = ("ANTHROPIC_", "OPENAI_", "PARLEY_", "TELEGRAM_", "DISCORD_")
 _PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy"}
@@ -27,13 +28,35 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """The session's PostgreSQL (started on first use only)."""
-    server = PgServer()
+def pg_server() -> Iterator[PgServer | PgTreeServer]:
+    """The session's PostgreSQL (started on first use only).
+
+    ``PG_TEST_TREE=<dir>`` runs every PostgreSQL test on a server unpacked there
+    instead (e.g. ``.venv/pg16``), to check parley on an older server and pgvector.
+    """
+    tree = os.environ.get("PG_TEST_TREE")
+    server = PgTreeServer(Path(tree)) if tree else PgServer()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg16_server() -> Iterator[PgTreeServer]:
+    """PostgreSQL 16 with a portable pgvector 0.6, whose HNSW runs on any CPU."""
+    if not (PG16_TREE / "bin" / "postgres").exists():
+        pytest.skip(f"{PG16_TREE} missing: `make test` unpacks it (tests/fetch_pg16.py)")
+    server = PgTreeServer(PG16_TREE)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg16_url(pg16_server: PgTreeServer) -> Iterator[str]:
+    yield from fresh_database(pg16_server)
 
 
 @pytest.fixture

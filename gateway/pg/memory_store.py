@@ -24,7 +24,8 @@ Vector side: pgvector, cosine (``<=>``, the distance sqlite-vec's cosine returns
 answers and a rebuild for another model shares the table, so ``ensure_vectors(n)``
 adds a partial HNSW index on ``(embedding::vector(n)) WHERE dims = n`` and searches
 name the same expression. HNSW is approximate where vec0 is exact: searches widen
-``ef_search`` and use pgvector's iterative scan so a scope filter still fills k.
+``ef_search`` and, from pgvector 0.8, use its iterative scan so a scope filter still
+fills k; older pgvector (0.5 to 0.7) ranks a scope exactly when its walk comes up short.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 # pgvector indexes vectors of up to 2,000 dimensions; wider ones are searched exactly.
 HNSW_MAX_DIMS = 2000
+# The pgvector release that introduced HNSW.
+HNSW_SINCE = (0, 5)
 # Candidates an HNSW search visits: vec0 is exact, so keep the approximation wide.
 MIN_EF_SEARCH = 100
 MAX_EF_SEARCH = 1000
@@ -105,6 +108,14 @@ def tsquery_term(term: str, prefix: bool) -> str:
     return quoted + (":*" if prefix else "")
 
 
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """``"0.8.2"`` → ``(0, 8, 2)``; unknown or odd versions → ``()`` (the oldest)."""
+    try:
+        return tuple(int(part) for part in (version or "").split("."))
+    except ValueError:
+        return ()
+
+
 def vector_text(vector: np.ndarray) -> str:
     """pgvector's text form; float32 values print exactly (round-trip to real)."""
     values = np.asarray(vector, dtype=np.float32).tolist()
@@ -118,6 +129,11 @@ class PgStoreInfo:
     server_version: str
     vector_version: str | None
     module: ModuleType = psycopg
+
+    @property
+    def iterative_scan(self) -> bool:
+        """pgvector 0.8 added ``hnsw.iterative_scan`` (older servers refuse the name)."""
+        return version_tuple(self.vector_version) >= (0, 8)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -340,6 +356,15 @@ class PgMemoryStore:
         )
         if vector and versions["vector"] is None:
             info = PgStoreInfo(False, "pgvector is not installed", info.server_version, None)
+        elif (
+            info.vector_available
+            and vector_index == "hnsw"
+            and version_tuple(info.vector_version) < HNSW_SINCE
+        ):
+            raise MemoryIndexError(
+                f"pgvector {info.vector_version} has no HNSW index (0.5 or newer has);"
+                ' upgrade it, or set [storage] vector_index = "exact"'
+            )
         return cls(db, name, role, info, vector_index)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -616,14 +641,17 @@ class PgMemoryStore:
         if self.vector_index == "exact":
             return self._exact_hits(query, scopes, int(k))
 
+        iterative = self.info.iterative_scan
+
         def read(conn: Connection) -> list[dict[str, Any]]:
             ix = self._index(conn)
             if ix.dims != width:
                 return []
             ef = min(MAX_EF_SEARCH, max(MIN_EF_SEARCH, 2 * int(k)))
             conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
-            # The scope filter applies after the graph walk: keep walking until k pass.
-            conn.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
+            if iterative:
+                # The scope filter applies after the graph walk: keep walking until k pass.
+                conn.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
             # The width is a literal, not a parameter: the planner must see that the
             # query implies the partial index's ``dims = n`` even in a generic plan.
             return conn.execute(
@@ -633,7 +661,13 @@ class PgMemoryStore:
                 (vector_text(query), ix.id, list(scopes), int(k)),
             ).fetchall()
 
-        return [(int(r["id"]), float(r["distance"])) for r in self._call(read)]
+        rows = self._call(read)
+        if len(rows) < k and not iterative:
+            # pgvector before 0.8 stops after ef_search candidates, of which the scope
+            # filter may keep fewer than k. Short means the scope holds few of the
+            # nearest, so ranking that scope exactly is the complete and cheap answer.
+            return self._exact_hits(query, scopes, int(k))
+        return [(int(r["id"]), float(r["distance"])) for r in rows]
 
     def _exact_hits(
         self, query: np.ndarray, scopes: Sequence[str], k: int

@@ -1,6 +1,8 @@
 """Versioned schema migrations for the PostgreSQL backend.
 
 Each entry migrates from version i to i + 1; never edit a released entry, append.
+(One edit was made, and is safe: version 3 first also created pg_trgm, which nothing
+uses; servers without it could not migrate. Databases that have it keep it.)
 Applied at start (and by ``parley db migrate``) inside one transaction that first
 takes a transaction-level advisory lock, so replicas starting at once apply each
 migration exactly once: the others wait, then find it applied. A database migrated
@@ -123,7 +125,6 @@ MIGRATIONS: tuple[str, ...] = (
     # rest keyed by that row, so a rebuild becomes live by flipping two rows.
     """
     CREATE EXTENSION IF NOT EXISTS vector;
-    CREATE EXTENSION IF NOT EXISTS pg_trgm;
 
     -- FTS5's ``porter unicode61`` keeps stop words; PostgreSQL's english config drops
     -- them. The same stemmer without a stop list keeps queries of common words working

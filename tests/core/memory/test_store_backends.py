@@ -24,11 +24,12 @@ from tests.fakes.embedder import HashingEmbedder, resilient
 
 T = TypeVar("T")
 DIMS = 4
-BACKENDS = ["sqlite", "postgres"]
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
-# The test server's pgvector dies with SIGILL on any HNSW insert on these machines
-# (tests/gateway/pg/test_memory_pg.py covers the index itself): search exactly.
-PG_VECTOR_INDEX = "exact"
+# PostgreSQL twice: the main test server, whose pgvector (built for AVX-512) dies with
+# SIGILL on HNSW here, so it ranks exactly; and PostgreSQL 16 with a portable pgvector
+# 0.6 (tests/fetch_pg16.py), which runs the HNSW index for real.
+PG_SERVERS = {"postgres": ("pg_url", "exact"), "postgres-hnsw": ("pg16_url", "hnsw")}
+BACKENDS = ["sqlite", *PG_SERVERS]
 
 
 async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -54,8 +55,9 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     if request.param == "sqlite":
         yield SqliteBackend(tmp_path / "memory.db")
         return
-    async with PgDatabase(request.getfixturevalue("pg_url")) as db:
-        yield PgMemoryBackend(db, "agent-1", vector_index=PG_VECTOR_INDEX)
+    url_fixture, vector_index = PG_SERVERS[request.param]
+    async with PgDatabase(request.getfixturevalue(url_fixture)) as db:
+        yield PgMemoryBackend(db, "agent-1", vector_index=vector_index)
 
 
 @pytest.fixture
@@ -299,11 +301,15 @@ async def _search_all(root: Path, backend: StoreBackend | None) -> dict[str, lis
         await index.close()
 
 
-async def test_same_top_results_through_memory_index(tmp_path: Path, pg_url: str) -> None:
+@pytest.mark.parametrize("server", list(PG_SERVERS))
+async def test_same_top_results_through_memory_index(
+    tmp_path: Path, server: str, request: pytest.FixtureRequest
+) -> None:
     on_sqlite = await _search_all(tmp_path / "sqlite", None)
-    async with PgDatabase(pg_url) as db:
+    url_fixture, vector_index = PG_SERVERS[server]
+    async with PgDatabase(request.getfixturevalue(url_fixture)) as db:
         on_postgres = await _search_all(
-            tmp_path / "pg", PgMemoryBackend(db, "agent-1", vector_index=PG_VECTOR_INDEX)
+            tmp_path / "pg", PgMemoryBackend(db, "agent-1", vector_index=vector_index)
         )
     for query, path in QUERIES.items():
         assert on_sqlite[query][0].startswith(path + "#"), (query, on_sqlite[query])
