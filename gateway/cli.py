@@ -95,7 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="write to this file (mode 0600, replaced atomically); default: stdout",
     )
-    sub.add_parser("doctor", parents=[common], help="check config, state, transcripts, provider")
+    doctor = sub.add_parser(
+        "doctor", parents=[common], help="check config, state, transcripts, provider"
+    )
+    doctor.add_argument(
+        "--fix",
+        action="store_true",
+        help="back up state written by an earlier parley and migrate it (gateway stopped)",
+    )
     pairing = sub.add_parser(
         "pairing", parents=[common], help="let people in who wrote under dm_policy = pairing"
     )
@@ -134,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "sessions":
             return asyncio.run(_sessions(loaded, args))
         if command == "doctor":
-            return asyncio.run(_doctor(loaded))
+            return asyncio.run(_doctor(loaded, fix=args.fix))
         if command == "pairing":
             return asyncio.run(_pairing(loaded, args))
         if command == "memory":
@@ -415,10 +422,10 @@ def _pairing_table(requests: Sequence[PairingRequest], now: datetime) -> str:
     return _table(rows) if len(rows) > 1 else "no pairing requests"
 
 
-async def _doctor(loaded: LoadedConfig) -> int:
+async def _doctor(loaded: LoadedConfig, *, fix: bool = False) -> int:
     from gateway.doctor import run_doctor
 
-    findings = await run_doctor(loaded)
+    findings = await run_doctor(loaded, fix=fix)
     marks = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}
     for f in findings:
         print(f"[{marks[f.severity]}] {f.check}: {f.detail}")

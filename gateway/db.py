@@ -95,6 +95,10 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+# Columns a released migration gained after it had shipped (6661068 added
+# last_message_ids to migration 2, which 9711123 had released without it): a database
+# that ran the first form says version 2 but lacks them. Added on open when missing.
+LATE_COLUMNS: tuple[tuple[str, str, str], ...] = (("sessions", "last_message_ids", "TEXT"),)
 
 
 class Database:
@@ -188,6 +192,19 @@ class Database:
                 raise StateError(
                     f"migrating {self.path} to version {target} failed: {exc}"
                 ) from exc
+        self._add_late_columns(conn)
+
+    def _add_late_columns(self, conn: sqlite3.Connection) -> None:
+        for table, column, kind in LATE_COLUMNS:
+            present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if present and column not in present:
+                log.info("adding %s.%s to %s", table, column, self.path)
+                try:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                except sqlite3.Error as exc:
+                    raise StateError(
+                        f"adding {table}.{column} to {self.path} failed: {exc}"
+                    ) from exc
 
     def _close_sync(self) -> None:
         if self._conn is not None:
