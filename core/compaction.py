@@ -10,8 +10,12 @@ the model's view then starts with the summary, followed by the kept entries from
 - the ledger (``core.ledger``) is extracted by code from what is being summarised,
   merged with the previous one and stored beside the summary, so exact identifiers,
   open asks, "remember ..." statements and decisions survive however the model writes;
-- a summariser failure writes nothing: the history is kept and the caller trims the
-  view instead; a stretch with nothing real in it (tool noise, silent replies) writes
+- the summary text comes from the configured strategy (``compaction.strategy``:
+  summary, selective, hierarchical, sliding-window; see ``core.compaction_strategies``).
+  The summariser retries with backoff, then ``fallback_model`` is tried, then the
+  sliding window folds with the ledger alone, so a compaction always succeeds and
+  the transcript keeps every folded message; ``details`` records which step made
+  the entry. A stretch with nothing real in it (tool noise, silent replies) writes
   no entry at all, never an empty skeleton;
 - before each compaction the transcript file is copied to a checkpoint (the newest
   ``checkpoints_kept`` per session are kept), so even the pre-compaction bytes can be
@@ -28,12 +32,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from core.compaction_strategies import (
+    STRATEGY_SLIDING_WINDOW,
+    STRATEGY_SUMMARY,
+    CompactionStrategy,
+    CutPlan,
+    Fold,
+    FoldRequest,
+    SummaryChainError,
+    build_strategy,
+    summarizer_chain,
+)
 from core.context_config import CompactionConfig
 from core.errors import SummaryError, TranscriptError
 from core.history import is_turn_start, summary_message
 from core.ledger import Ledger, extract_ledger
 from core.messages import Message, TextBlock, Usage
-from core.prompt import SILENT_REPLY, is_turn_context
+from core.prompt import SILENT_REPLY, is_volatile
 from core.summarizer import Summarizer
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 from core.transcript_store import SessionTranscript, write_jsonl_file
@@ -43,14 +58,16 @@ log = logging.getLogger("parley.core.compaction")
 TRIGGER_THRESHOLD = "threshold"
 TRIGGER_OVERFLOW = "overflow"
 TRIGGER_MANUAL = "manual"
+TRIGGER_MESSAGES = "messages"  # compaction.max_messages since the last compaction
+TRIGGER_AGE = "age"  # compaction.max_age_seconds since the last compaction
 CHECKPOINTS_DIR_NAME = "checkpoints"
 # The kept part never takes more than this share of the compaction threshold (the
 # summary, the system prompt and the 1.2 margin come on top of it): a
 # compaction that keeps nearly everything would only have to run again.
 MAX_KEEP_SHARE = 0.35
-# The summary is asked to reproduce only the newest identifiers (one regeneration when
-# it does not); the ledger carries all of them verbatim either way.
-REQUIRED_IDENTIFIERS = 24
+# The triggers whose compaction must make the context smaller to be worth it; the
+# count and age triggers fold by design, and an overflow must fold whatever it saves.
+SIZE_TRIGGERS = frozenset({TRIGGER_THRESHOLD, TRIGGER_MANUAL})
 
 OutcomeStatus = Literal["compacted", "skipped", "failed"]
 
@@ -64,6 +81,7 @@ class CompactionOutcome:
     tokens_after: int = 0
     entry: Entry | None = None
     usage: Usage = field(default_factory=Usage)
+    strategy: str = ""  # the strategy that made (or would have made) the entry
 
     @property
     def compacted(self) -> bool:
@@ -72,16 +90,11 @@ class CompactionOutcome:
     def describe(self) -> str:
         """The one line ``/compact`` answers with (and the log records)."""
         if self.status == "compacted":
-            return f"Compacted ({self.tokens_before:,} → {self.tokens_after:,} tokens)"
+            via = f"; {self.strategy}" if self.strategy not in ("", STRATEGY_SUMMARY) else ""
+            return f"Compacted ({self.tokens_before:,} → {self.tokens_after:,} tokens{via})"
         if self.status == "skipped":
             return f"Skipped: {self.reason}"
         return f"Compaction failed: {self.reason}. Nothing was lost: the history is kept."
-
-
-@dataclass(frozen=True, slots=True)
-class CutPlan:
-    summarize: tuple[Entry, ...]  # message entries folded into the summary
-    kept: tuple[Entry, ...]  # message entries kept verbatim (may be empty: fold all)
 
 
 def plan_cut(
@@ -131,6 +144,10 @@ def plan_cut(
     return CutPlan(tuple(messages[:best]), tuple(messages[best:]))
 
 
+def _max_keep(threshold: int) -> int:
+    return max(1, int(threshold * MAX_KEEP_SHARE))
+
+
 def _fold_everything(
     entries: Sequence[Entry], count: Callable[[Entry], int], max_keep_tokens: int
 ) -> CutPlan | None:
@@ -149,7 +166,7 @@ def has_real_content(messages: Sequence[Message]) -> bool:
         if message.role == "tool_result":
             continue
         for block in message.content:
-            if not isinstance(block, TextBlock) or is_turn_context(block):
+            if not isinstance(block, TextBlock) or is_volatile(block):
                 continue
             text = block.text.strip()
             if text and text != SILENT_REPLY:
@@ -158,11 +175,12 @@ def has_real_content(messages: Sequence[Message]) -> bool:
 
 
 def _without_turn_context(message: Message) -> Message:
-    """The message without its volatile turn context (time, channel, sender id): those
-    would fill the ledger with one sender id and a timestamp per turn."""
+    """The message without its volatile blocks: the turn context (time, channel, sender
+    id would fill the ledger with one sender id and a timestamp per turn) and recalled
+    memory (already in long-term memory; summarising it would pass it off as said)."""
     if message.role != "user":
         return message
-    blocks = tuple(b for b in message.content if not is_turn_context(b))
+    blocks = tuple(b for b in message.content if not is_volatile(b))
     return message if len(blocks) == len(message.content) else Message("user", blocks)
 
 
@@ -188,7 +206,14 @@ def previous_state(entries: Sequence[Entry]) -> tuple[str | None, Ledger]:
 
 
 class Compactor:
-    """Plans, summarises and records one compaction; the caller decides when."""
+    """Plans, folds and records one compaction; the caller decides when.
+
+    The configured strategy (``core.compaction_strategies``) makes the summary text;
+    when it fails (the summariser and the fallback model both, or a bug), the
+    sliding window makes it instead, so a compaction that has something to fold
+    always writes an entry. ``details["strategy"]`` names the strategy that made it
+    and ``details["fallbacks"]`` the steps that failed before.
+    """
 
     def __init__(
         self,
@@ -198,10 +223,14 @@ class Compactor:
         count_message: Callable[[Message], int],
         config: CompactionConfig,
         checkpoints_dir: Path | None = None,
+        fallback_summarizer: Summarizer | None = None,
+        count_text: Callable[[str], int] | None = None,
     ) -> None:
         self.summarizer = summarizer
+        self.fallback_summarizer = fallback_summarizer
         self.count = count
         self.count_message = count_message
+        self.count_text = count_text or (lambda text: count_message(Message.user(text)))
         self.config = config
         self.checkpoints_dir = checkpoints_dir
 
@@ -214,7 +243,7 @@ class Compactor:
         if newest is not None and newest.type == ENTRY_COMPACTION:
             # Custom entries (deliveries, flushes, prunes) do not count as new content.
             return "already compacted; nothing new since"
-        max_keep = max(1, int(threshold * MAX_KEEP_SHARE))
+        max_keep = _max_keep(threshold)
         plan = plan_cut(
             entries,
             count=self.count,
@@ -229,6 +258,65 @@ class Compactor:
         if not has_real_content([_without_turn_context(e.message) for e in plan.summarize]):
             return "no real conversation to summarise yet"
         return plan
+
+    def strategies(self, name: str | None = None) -> list[CompactionStrategy]:
+        """The strategy to try, then the sliding window as the last resort."""
+        chain = summarizer_chain(self.summarizer, self.fallback_summarizer)
+        first = build_strategy(self.config, chain=chain, count_text=self.count_text, name=name)
+        if first.name == STRATEGY_SLIDING_WINDOW:
+            return [first]
+        return [
+            first,
+            build_strategy(
+                self.config, chain=chain, count_text=self.count_text, name=STRATEGY_SLIDING_WINDOW
+            ),
+        ]
+
+    async def _fold(
+        self,
+        entries: Sequence[Entry],
+        plan: CutPlan,
+        *,
+        threshold: int,
+        window: int,
+        focus: str,
+    ) -> tuple[CompactionStrategy, CutPlan, Fold, Ledger, list[str]] | list[str]:
+        """The first strategy that folds: it, its cut, its fold, the merged ledger and
+        the failures before it; or only the failures when none could."""
+        previous_summary, previous_ledger = previous_state(entries)
+        messages = [e for e in entries if e.type == ENTRY_MESSAGE]
+        failures: list[str] = []
+        for strategy in self.strategies():
+            cut = strategy.cut(
+                messages, plan, count=self.count, max_keep_tokens=_max_keep(threshold)
+            )
+            folded = tuple(_without_turn_context(e.message) for e in cut.summarize)
+            fresh = extract_ledger(folded)
+            request = FoldRequest(
+                messages=folded,
+                kept=tuple(e.message for e in cut.kept),
+                previous_summary=previous_summary,
+                fresh_ledger=fresh,
+                window=window,
+                threshold=threshold,
+                focus=focus,
+            )
+            try:
+                fold = await strategy.fold(request)
+            except SummaryChainError as exc:
+                failures.extend(exc.failures)
+                continue
+            except SummaryError as exc:
+                failures.append(f"{strategy.name}: {exc.message}")
+                continue
+            except Exception as exc:
+                # A bug in one strategy must not cost the session its compaction:
+                # the sliding window still folds, and the log keeps the traceback.
+                log.exception("compaction strategy %s failed", strategy.name)
+                failures.append(f"{strategy.name}: {type(exc).__name__}: {exc}")
+                continue
+            return strategy, cut, fold, previous_ledger.merge(fresh), failures
+        return failures
 
     async def compact(
         self,
@@ -245,43 +333,41 @@ class Compactor:
         plan = self.plan(entries, threshold=threshold, trigger=trigger)
         if isinstance(plan, str):
             return CompactionOutcome("skipped", trigger, plan)
-        messages = [_without_turn_context(e.message) for e in plan.summarize]
-        previous_summary, previous_ledger = previous_state(entries)
-        fresh = extract_ledger(messages)
-        ledger = previous_ledger.merge(fresh)
-        try:
-            result = await self.summarizer.summarize(
-                messages,
-                window=window,
-                previous_summary=previous_summary,
-                focus=focus,
-                required_identifiers=fresh.identifiers[-REQUIRED_IDENTIFIERS:],
+        folded = await self._fold(entries, plan, threshold=threshold, window=window, focus=focus)
+        if isinstance(folded, list):
+            log.warning("compaction (%s) failed: %s; history kept", trigger, "; ".join(folded))
+            return CompactionOutcome(
+                "failed", trigger, f"every strategy failed ({'; '.join(folded)})"
             )
-        except SummaryError as exc:
-            log.warning("compaction (%s) failed: %s; history kept", trigger, exc)
-            return CompactionOutcome("failed", trigger, f"the summary failed ({exc.message})")
-        text = compose_summary(result.text, ledger)
+        strategy, cut, fold, ledger, failures = folded
+        text = compose_summary(fold.text, ledger)
         tokens_after = (
             base_tokens
             + self.count_message(summary_message(text))
-            + sum(self.count(e) for e in plan.kept)
+            + sum(self.count(e) for e in cut.kept)
         )
-        if tokens_after >= tokens_before and trigger != TRIGGER_OVERFLOW:
+        if tokens_after >= tokens_before and trigger in SIZE_TRIGGERS:
             return CompactionOutcome(
                 "skipped",
                 trigger,
                 f"a summary would not make it smaller ({tokens_before:,} → {tokens_after:,})",
-                usage=result.usage,
+                usage=fold.usage,
+                strategy=strategy.name,
             )
         details: dict[str, Any] = {
-            "summary_only": result.text,
+            "strategy": strategy.name,
+            "summary_only": fold.text,
             "ledger": ledger.to_dict(),
-            "summarized_messages": len(messages),
-            "summary_calls": result.calls,
-            "summary_stages": result.stages,
-            "oversized_omitted": result.oversized,
-            "regenerated": result.regenerated,
+            "summarized_messages": len(cut.summarize),
+            **fold.details,
         }
+        if strategy.name == STRATEGY_SLIDING_WINDOW and failures:
+            details["produced_by"] = STRATEGY_SLIDING_WINDOW
+        fallbacks = [*failures, *fold.details.get("fallbacks", ())]
+        if fallbacks:
+            details["fallbacks"] = fallbacks
+        if strategy.name != self.config.strategy:
+            details["requested_strategy"] = self.config.strategy
         if focus:
             details["focus"] = focus[:4000]
         if self.checkpoints_dir is not None and self.config.checkpoints_kept > 0:
@@ -296,7 +382,7 @@ class Compactor:
             entry = await asyncio.to_thread(
                 transcript.append_compaction,
                 text,
-                first_kept_entry_id=plan.kept[0].id if plan.kept else None,
+                first_kept_entry_id=cut.kept[0].id if cut.kept else None,
                 tokens_before=tokens_before,
                 tokens_after=tokens_after,
                 trigger=trigger,
@@ -304,13 +390,17 @@ class Compactor:
             )
         except TranscriptError as exc:
             return CompactionOutcome(
-                "failed", trigger, f"the transcript could not be written: {exc}"
+                "failed",
+                trigger,
+                f"the transcript could not be written: {exc}",
+                strategy=strategy.name,
             )
         log.info(
-            "compacted session %s (%s): %d messages summarised, %d → %d tokens",
+            "compacted session %s (%s, %s): %d messages folded, %d → %d tokens",
             transcript.header.key,
             trigger,
-            len(messages),
+            strategy.name,
+            len(cut.summarize),
             tokens_before,
             tokens_after,
         )
@@ -320,7 +410,8 @@ class Compactor:
             tokens_before=tokens_before,
             tokens_after=tokens_after,
             entry=entry,
-            usage=result.usage,
+            usage=fold.usage,
+            strategy=strategy.name,
         )
 
     def _checkpoint(self, transcript: SessionTranscript, trigger: str) -> Path:

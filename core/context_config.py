@@ -16,6 +16,14 @@ WINDOW_WARN_BELOW_TOKENS = 32_000
 DEFAULT_RESERVE_TOKENS = 16_384
 DEFAULT_RESERVE_FLOOR_TOKENS = 20_000
 DEFAULT_SAFETY_MARGIN = 1.2
+DEFAULT_MAX_MESSAGES = 500
+DEFAULT_SLIDING_WINDOW_MESSAGES = 40
+DEFAULT_SELECTIVE_TARGET_RATIO = 0.25
+DEFAULT_HIERARCHICAL_RECENT_TASKS = 5
+
+# How a compaction folds the old part (core/compaction_strategies/): every strategy
+# keeps the ledger and the newest turns verbatim; they differ in the summary text.
+CompactionStrategyName = Literal["summary", "selective", "hierarchical", "sliding-window"]
 
 
 class _Strict(BaseModel):
@@ -63,6 +71,23 @@ class CompactionConfig(_Strict):
     summary_retries: int = Field(3, ge=1, le=10)
     custom_instructions: str = Field("", max_length=4_000)
     checkpoints_kept: int = Field(25, ge=0, le=1_000)
+    strategy: CompactionStrategyName = "summary"
+    # selective: the folded part is cut down to this share of the compaction threshold
+    # (a quarter leaves room for the kept turns, capped at MAX_KEEP_SHARE, and growth).
+    selective_target_ratio: float = Field(DEFAULT_SELECTIVE_TARGET_RATIO, gt=0, le=1)
+    # hierarchical: finished tasks beyond this many most recent shrink to one line.
+    hierarchical_recent_tasks: int = Field(DEFAULT_HIERARCHICAL_RECENT_TASKS, ge=0, le=100)
+    # sliding-window (and the last resort of every strategy): messages kept verbatim.
+    sliding_window_messages: int = Field(DEFAULT_SLIDING_WINDOW_MESSAGES, ge=2, le=10_000)
+    # Triggers beyond the token threshold, checked only at the start of a user turn.
+    max_messages: int = Field(
+        DEFAULT_MAX_MESSAGES, ge=0, description="messages since the last compaction; 0 = off"
+    )
+    max_age_seconds: float | None = Field(
+        None, gt=0, description="seconds since the last compaction; unset = off"
+    )
+    # Tried (same provider) when the summariser's own model fails after its retries.
+    fallback_model: str | None = None
 
 
 class FlushConfig(_Strict):
@@ -82,6 +107,9 @@ class ContextConfig(_Strict):
     safety_margin: float = Field(DEFAULT_SAFETY_MARGIN, ge=1.0, le=3.0)
     dm_history_turns: int = Field(0, ge=0, description="user turns kept in DMs; 0 = all")
     group_history_turns: int = Field(0, ge=0, description="user turns kept in groups; 0 = all")
+    # Messages in the view: 0 = derive from the window when no turn limit applies
+    # (core.window.derived_history_messages), -1 = unlimited, N > 0 = at most N.
+    history_messages: int = Field(0, ge=-1)
     file_max_chars: int = Field(20_000, ge=100)
     total_max_chars: int = Field(150_000, ge=100)
     models: dict[str, ModelWindowConfig] = Field(default_factory=dict)

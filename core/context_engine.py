@@ -17,6 +17,14 @@
    the window is never sent; when nothing can make it fit, ``ContextBudgetError`` says
    how many tokens were needed and how many fit.
 
+Beyond the token threshold, ``prepare`` compacts when ``compaction.max_messages``
+messages were written since the last compaction or ``compaction.max_age_seconds``
+passed (``core.compaction_triggers``), only at the start of a user turn. The view's
+message limit is ``history_messages``, derived from the window when neither it nor
+a turn limit is configured (``core.window.derived_history_messages``); it hides old
+messages from the model, and the next compaction folds them from the transcript.
+While a compaction runs the session is ``compacting``; ``idle`` waits it out.
+
 ``recover_overflow`` is the reactive path when the provider still says "too long":
 calibrate from the numbers in the error, flush if this cycle has not, compact, and
 shrink the trim budget, so each of the runner's bounded attempts sends less.
@@ -40,13 +48,15 @@ from core.compaction import (
     CompactionOutcome,
     Compactor,
 )
+from core.compaction_gate import CompactionGate
+from core.compaction_triggers import due_trigger
 from core.config import RetryConfig
 from core.context_config import ContextConfig
 from core.errors import ContextBudgetError, ContextOverflowError
 from core.flush import FlushOutcome, MemoryFlusher, flush_due, flushed_this_cycle
 from core.history import build_history, is_summary_block, is_turn_start, repair_history
 from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
-from core.prompt import is_turn_context
+from core.prompt import is_recall_block, is_turn_context
 from core.providers.base import Provider
 from core.pruning import (
     PRUNE_CUSTOM_TYPE,
@@ -59,7 +69,13 @@ from core.summarizer import Summarizer
 from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
 from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
 from core.transcript_store import SessionTranscript
-from core.window import WindowInfo, check_window, compaction_threshold, resolve_window
+from core.window import (
+    WindowInfo,
+    check_window,
+    compaction_threshold,
+    derived_history_messages,
+    resolve_window,
+)
 
 log = logging.getLogger("parley.core.context")
 
@@ -172,21 +188,35 @@ class ContextEngine:
         self.now = now
         self._states: OrderedDict[str, _SessionState] = OrderedDict()
         self._warned: set[str] = set()  # models already warned about a small window
-        summarizer = Summarizer(
-            summary_provider or provider,
-            model=config.compaction.model,
-            counter=self.counter,
-            retry=retry.model_copy(update={"max_attempts": config.compaction.summary_retries}),
-            max_output_tokens=config.compaction.summary_max_tokens,
-            custom_instructions=config.compaction.custom_instructions,
+        compaction = config.compaction
+        # summary_retries counts retries: the first attempt comes on top, and each
+        # retry waits call_with_retry's exponential backoff (with jitter).
+        summary_retry = retry.model_copy(
+            update={"max_attempts": min(10, compaction.summary_retries + 1)}
         )
+
+        def summarizer_for(model: str | None) -> Summarizer:
+            return Summarizer(
+                summary_provider or provider,
+                model=model,
+                counter=self.counter,
+                retry=summary_retry,
+                max_output_tokens=compaction.summary_max_tokens,
+                custom_instructions=compaction.custom_instructions,
+            )
+
         self.compactor = Compactor(
-            summarizer=summarizer,
+            summarizer=summarizer_for(compaction.model),
+            fallback_summarizer=(
+                summarizer_for(compaction.fallback_model) if compaction.fallback_model else None
+            ),
             count=self.counter.entry,
             count_message=self.counter.message,
-            config=config.compaction,
+            count_text=self.counter.text,
+            config=compaction,
             checkpoints_dir=checkpoints_dir,
         )
+        self.gate = CompactionGate()
         self.flusher = MemoryFlusher(
             provider=provider,
             retry=retry,
@@ -255,6 +285,14 @@ class ContextEngine:
     def forget(self, key: str) -> None:
         self._states.pop(key, None)
 
+    def compacting(self, session_key: str) -> bool:
+        """Whether a compaction of the session is running right now."""
+        return self.gate.compacting(session_key)
+
+    async def idle(self, session_key: str) -> None:
+        """Return at once when the session is not compacting, else when it stops."""
+        await self.gate.idle(session_key)
+
     def end_overflow_pressure(self, key: str) -> None:
         """A turn lost to the window: its overflow retries shrank the trim budget, and
         only a successful call restores it. Restore it now, or the next message, one
@@ -271,16 +309,32 @@ class ContextEngine:
             return self.config.dm_history_turns
         return self.config.group_history_turns
 
-    def view(self, entries: Sequence[Entry], chat_type: str) -> tuple[list[Message], str]:
-        """The model's view of ``entries`` with recorded prunes applied, and its key."""
-        messages, key, _ = self._view(entries, chat_type)
+    def max_messages(self, chat_type: str, window: int) -> int:
+        """The view's message limit (0 = none): ``history_messages`` when set, else
+        derived from the window unless a turn limit already bounds the chat type."""
+        configured = self.config.history_messages
+        if configured > 0:
+            return configured
+        if configured < 0 or self._max_turns(chat_type) > 0:
+            return 0
+        return derived_history_messages(window)
+
+    def view(
+        self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
+    ) -> tuple[list[Message], str]:
+        """The model's view of ``entries`` with recorded prunes applied, and its key.
+        ``window`` sizes the derived message limit (default: ``default_window``)."""
+        messages, key, _ = self._view(entries, chat_type, window)
         return messages, key
 
-    def inspect_view(self, entries: Sequence[Entry], chat_type: str) -> ContextView:
-        """``view`` plus the counts of what pruning and the turn limit left out."""
-        messages, _, decisions = self._view(entries, chat_type)
+    def inspect_view(
+        self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
+    ) -> ContextView:
+        """``view`` plus the counts of what pruning and the history limits left out."""
+        messages, _, decisions = self._view(entries, chat_type, window)
         dropped = 0
-        if self._max_turns(chat_type) > 0:
+        limit = self.max_messages(chat_type, window or self.config.default_window)
+        if self._max_turns(chat_type) > 0 or limit > 0:
             full = build_history(entries, max_turns=0)
             dropped = max(
                 0,
@@ -291,9 +345,12 @@ class ContextEngine:
         return ContextView(messages, len(trimmed - cleared), len(cleared), dropped)
 
     def _view(
-        self, entries: Sequence[Entry], chat_type: str
+        self, entries: Sequence[Entry], chat_type: str, window: int | None = None
     ) -> tuple[list[Message], str, list[PruneDecision]]:
-        messages = build_history(entries, max_turns=self._max_turns(chat_type))
+        max_messages = self.max_messages(chat_type, window or self.config.default_window)
+        messages = build_history(
+            entries, max_turns=self._max_turns(chat_type), max_messages=max_messages
+        )
         decisions = recorded_decisions(entries)
         if decisions:
             messages = apply_decisions(messages, decisions, self.config.pruning)
@@ -303,7 +360,7 @@ class ContextEngine:
             f"{_latest_id(entries, ENTRY_COMPACTION)}|"
             f"{_latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE)}"
         )
-        if self._max_turns(chat_type) > 0 and messages:
+        if (self._max_turns(chat_type) > 0 or max_messages > 0) and messages:
             # In-process only (str hashes are salted per process), like the accountant.
             key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"
         return messages, key, decisions
@@ -350,9 +407,9 @@ class ContextEngine:
         state, window, threshold = self._limits(request)
         limit = window - self.max_output
 
-        messages, key, decisions = self._view(transcript.live_entries(), request.chat_type)
+        messages, key, decisions = self._view(transcript.live_entries(), request.chat_type, window)
         if await self._prune(transcript, messages, decisions, window, events):
-            messages, key = self.view(transcript.live_entries(), request.chat_type)
+            messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
         size = self._measure(state, request, messages, key)
 
         if flush_due(
@@ -369,7 +426,22 @@ class ContextEngine:
                 transcript, request, window, threshold, size.tokens, TRIGGER_THRESHOLD, events
             )
             if outcome.compacted:
-                messages, key = self.view(transcript.live_entries(), request.chat_type)
+                messages, key = self.view(
+                    transcript.live_entries(), request.chat_type, window=window
+                )
+                size = self._measure(state, request, messages, key)
+            else:
+                state.compaction_blocked_at = _last_entry_id(transcript)
+        elif self._may_compact(state, transcript) and (
+            trigger := due_trigger(transcript.live_entries(), self.config.compaction, self.now())
+        ):
+            outcome = await self._compact_due(
+                transcript, request, messages, window, threshold, size.tokens, trigger, events
+            )
+            if outcome.compacted:
+                messages, key = self.view(
+                    transcript.live_entries(), request.chat_type, window=window
+                )
                 size = self._measure(state, request, messages, key)
             else:
                 state.compaction_blocked_at = _last_entry_id(transcript)
@@ -466,15 +538,16 @@ class ContextEngine:
         focus: str = "",
     ) -> CompactionOutcome:
         base = self.counter.text(request.system) + self.counter.tools(request.tools)
-        outcome = await self.compactor.compact(
-            transcript,
-            trigger=trigger,
-            window=window,
-            threshold=threshold,
-            base_tokens=base,
-            tokens_before=tokens_before,
-            focus=focus,
-        )
+        async with self.gate.hold(request.session_key):
+            outcome = await self.compactor.compact(
+                transcript,
+                trigger=trigger,
+                window=window,
+                threshold=threshold,
+                base_tokens=base,
+                tokens_before=tokens_before,
+                focus=focus,
+            )
         events.compactions.append(outcome)
         events.usage = events.usage + outcome.usage
         if outcome.compacted:
@@ -483,25 +556,56 @@ class ContextEngine:
             state.compaction_blocked_at = None
         return outcome
 
+    async def _compact_due(
+        self,
+        transcript: SessionTranscript,
+        request: ViewRequest,
+        messages: Sequence[Message],
+        window: int,
+        threshold: int,
+        view_tokens: int,
+        trigger: str,
+        events: TurnEvents,
+    ) -> CompactionOutcome:
+        """A count or age compaction: flushed first like ``/compact`` (once per cycle),
+        since the session may be far below the flush's own token trigger."""
+        async with self.gate.hold(request.session_key):
+            entries = transcript.live_entries()
+            if isinstance(self.compactor.plan(entries, threshold=threshold, trigger=trigger), str):
+                return CompactionOutcome("skipped", trigger, "nothing to fold")
+            if self.config.flush.enabled and not flushed_this_cycle(entries):
+                limit = window - self.max_output
+                await self._flush(transcript, request, messages, limit, trigger, events)
+            # The view may be cut by the history limit; the fold covers the whole live
+            # window, and the figures recorded should say so.
+            base = self.counter.text(request.system) + self.counter.tools(request.tools)
+            live = base + sum(
+                self.counter.entry(e) for e in transcript.live_entries() if e.type == ENTRY_MESSAGE
+            )
+            return await self._compact(
+                transcript, request, window, threshold, max(view_tokens, live), trigger, events
+            )
+
     async def compact_now(
         self, transcript: SessionTranscript, request: ViewRequest, *, focus: str = ""
     ) -> tuple[CompactionOutcome, TurnEvents]:
         """``/compact [focus]``: flush first (once per cycle), then compact regardless of size."""
         events = TurnEvents()
         state, window, threshold = self._limits(request)
-        messages, key = self.view(transcript.live_entries(), request.chat_type)
+        messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
         size = self._measure(state, request, messages, key)
         skip = self.compactor.plan(
             transcript.live_entries(), threshold=threshold, trigger=TRIGGER_MANUAL
         )
         if isinstance(skip, str):  # known without a model call: no flush for nothing
             return CompactionOutcome("skipped", TRIGGER_MANUAL, skip), events
-        if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
-            limit = window - self.max_output
-            await self._flush(transcript, request, messages, limit, TRIGGER_MANUAL, events)
-        outcome = await self._compact(
-            transcript, request, window, threshold, size.tokens, TRIGGER_MANUAL, events, focus
-        )
+        async with self.gate.hold(request.session_key):
+            if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
+                limit = window - self.max_output
+                await self._flush(transcript, request, messages, limit, TRIGGER_MANUAL, events)
+            outcome = await self._compact(
+                transcript, request, window, threshold, size.tokens, TRIGGER_MANUAL, events, focus
+            )
         return outcome, events
 
     async def recover_overflow(
@@ -636,10 +740,15 @@ class ContextEngine:
             if not isinstance(block, TextBlock) or is_turn_context(block):
                 continue
             tokens = self.counter.text(block.text)
-            blocks[position] = TextBlock(
-                f"[an earlier message of ~{tokens:,} tokens did not fit the context window "
-                "and is left out of this request]"
-            )
+            if is_recall_block(block):
+                # Recalled memory rides first in the message, so it goes first.
+                note = f"[~{tokens:,} tokens of recalled memory left out to fit the window]"
+            else:
+                note = (
+                    f"[an earlier message of ~{tokens:,} tokens did not fit the context window "
+                    "and is left out of this request]"
+                )
+            blocks[position] = TextBlock(note)
             dropped += 1
             candidate = [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]]
             if total(candidate) <= budget:

@@ -2,8 +2,9 @@
 
 A user whose agent "forgets" or whose bill climbs needs to see where the tokens go:
 each system prompt section, each workspace file (kept whole, truncated or missing),
-the tool schemas (sent on every call, never shown as text), the history, and the
-total against the window. The report is plain data (``ContextReport``) built once,
+the tool schemas (sent on every call, never shown as text), the history, the memories
+the last turn recalled automatically (part of the history: they ride in its user
+message), and the total against the window. The report is plain data (``ContextReport``) built once,
 then rendered as text or JSON; the counter is passed in (any object with the
 ``ContextCounter`` methods), so this module does not depend on a tokenizer.
 """
@@ -11,7 +12,7 @@ then rendered as text or JSON; the counter is passed in (any object with the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,6 +75,58 @@ class RoleUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class RecalledItem:
+    citation: str
+    tokens: int
+    score: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecallUsage:
+    """The last turn's automatic recall, from its user message's ``meta["recall"]``."""
+
+    mode: str
+    reason: str
+    tokens: int
+    skipped_present: int
+    hits: tuple[RecalledItem, ...]
+
+    @classmethod
+    def from_meta(cls, record: Mapping[str, Any]) -> RecallUsage:
+        hits = tuple(
+            RecalledItem(
+                str(h.get("citation", "")),
+                _as_int(h.get("tokens")),
+                float(h["score"]) if isinstance(h.get("score"), int | float) else None,
+            )
+            for h in record.get("hits") or ()
+            if isinstance(h, Mapping)
+        )
+        return cls(
+            mode=str(record.get("mode", "")),
+            reason=str(record.get("reason", "")),
+            tokens=_as_int(record.get("tokens")),
+            skipped_present=_as_int(record.get("skipped_present")),
+            hits=hits,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "reason": self.reason,
+            "tokens": self.tokens,
+            "skipped_present": self.skipped_present,
+            "hits": [
+                {"citation": h.citation, "tokens": h.tokens, "score": h.score} for h in self.hits
+            ],
+        }
+
+
+def _as_int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass(frozen=True, slots=True)
 class ContextReport:
     workspace: str
     file_max_chars: int
@@ -94,6 +147,7 @@ class ContextReport:
     window: int
     share: float  # total_tokens / window (0.0 for a window of 0)
     session_tokens: int | None  # last provider-reported context size, when known
+    recall: RecallUsage | None = None  # the last turn's automatic recall, if it had one
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable form (``/context json``); keys are part of the interface."""
@@ -141,6 +195,7 @@ class ContextReport:
             "window": self.window,
             "share": round(self.share, 4),
             "session_tokens": self.session_tokens,
+            "recall": self.recall.to_dict() if self.recall is not None else None,
         }
 
 
@@ -155,6 +210,7 @@ def build_context_report(
     file_max_chars: int,
     total_max_chars: int,
     session_tokens: int | None = None,
+    recall: Mapping[str, Any] | None = None,
 ) -> ContextReport:
     """Measure every part of the next request (pure apart from the counter's cache)."""
     system_tokens = counter.text(prompt.text)
@@ -191,6 +247,7 @@ def build_context_report(
         window=window,
         share=total / window if window > 0 else 0.0,
         session_tokens=session_tokens,
+        recall=RecallUsage.from_meta(recall) if recall is not None else None,
     )
 
 
@@ -267,6 +324,8 @@ def _render_text(report: ContextReport, *, detail: bool) -> list[str]:
         ]
         if report.summary_tokens is not None:
             lines.append(f"  compaction summary: ~{report.summary_tokens:,} tok")
+    if report.recall is not None:
+        lines += _render_recall(report.recall)
     lines.append(
         f"Total: ~{report.total_tokens:,} tok of a {report.window:,} token window "
         f"({report.share:.1%})"
@@ -274,3 +333,15 @@ def _render_text(report: ContextReport, *, detail: bool) -> list[str]:
     if report.session_tokens is not None:
         lines.append(f"Session tokens (last reported): {report.session_tokens:,}")
     return lines
+
+
+def _render_recall(recall: RecallUsage) -> list[str]:
+    head = f"Recalled memory (last turn, {recall.mode}"
+    head += f", {recall.reason})" if recall.reason and recall.reason != recall.mode else ")"
+    if not recall.hits:
+        head += ": nothing new found"
+    else:
+        head += f": {len(recall.hits)} hits (~{recall.tokens:,} tok, part of the history)"
+    if recall.skipped_present:
+        head += f"; {recall.skipped_present} skipped as already in context"
+    return [head, *(f"  {h.citation} (~{h.tokens:,} tok)" for h in recall.hits)]

@@ -36,6 +36,11 @@ when the view starts with it, stays first whatever the limit: it is the only
 trace of what came before. ``build_history`` applies the limit to the repaired view
 and repairs again, because a cut can leave results whose call was cut away.
 
+``limit_history_messages`` keeps about the last N messages: the cut moves forward
+to the next turn start, so a turn's user message is never split from what follows
+(and a tool call never from its result); the newest turn is kept whole even when it
+alone is longer than N.
+
 Per-turn cost is one pass over the live window; each entry's ``Message`` is parsed
 once, when the entry is (``Entry.message``), and untouched messages are reused as-is.
 """
@@ -57,6 +62,7 @@ COMPACTION_SUMMARY_SUFFIX = "\n</summary>"
 MISSING_TOOL_RESULT = "[tool result missing: the run was interrupted]"
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_:.-]{1,64}")
 DEFAULT_MAX_TURNS = 0  # no limit
+DEFAULT_MAX_MESSAGES = 0  # no limit
 
 
 @lru_cache(maxsize=64)
@@ -69,17 +75,54 @@ def summary_message(summary: str) -> Message:
     return Message.user(f"{COMPACTION_SUMMARY_PREFIX}{summary}{COMPACTION_SUMMARY_SUFFIX}")
 
 
-def build_history(entries: Sequence[Entry], *, max_turns: int = DEFAULT_MAX_TURNS) -> list[Message]:
+def build_history(
+    entries: Sequence[Entry],
+    *,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    max_messages: int = DEFAULT_MAX_MESSAGES,
+) -> list[Message]:
     """The repaired model view of ``entries`` (normally ``Transcript.live_entries()``).
 
     Entries before the latest compaction's first kept entry are skipped, so passing
     every entry of a file gives the same view as passing the live window.
-    ``max_turns`` > 0 keeps only the last that many user turns (the summary stays).
+    ``max_turns`` > 0 keeps only the last that many user turns, ``max_messages`` > 0
+    about the last that many messages (the summary stays first either way).
     """
     history = repair_history(view_messages(entries))
-    if max_turns <= 0:
+    if max_turns <= 0 and max_messages <= 0:
         return history
-    return repair_history(limit_history_turns(history, max_turns))
+    limited = limit_history_turns(history, max_turns)
+    return repair_history(limit_history_messages(limited, max_messages))
+
+
+def limit_history_messages(messages: Sequence[Message], max_messages: int) -> list[Message]:
+    """Keep the last ``max_messages`` messages (not counting a leading summary), the cut
+    moved forward to a turn start; the newest turn stays whole whatever its length.
+
+    ``max_messages`` <= 0 means no limit. The result may hold orphaned tool results
+    only when the input did: run ``repair_history`` on it.
+    """
+    if max_messages <= 0 or not messages:
+        return list(messages)
+    summary = _leading_summary(messages[0])
+    body = len(messages) - (1 if summary is not None else 0)
+    if body <= max_messages:
+        return list(messages)
+    starts = [
+        index
+        for index, message in enumerate(messages)
+        if _starts_turn(message, skip_first=summary is not None and index == 0)
+    ]
+    if not starts:
+        return list(messages)
+    earliest = len(messages) - max_messages
+    cut = next((s for s in starts if s >= earliest), starts[-1])
+    if cut == 0:
+        return list(messages)
+    kept = list(messages[cut:])
+    if summary is not None:
+        kept.insert(0, Message("user", (summary,)))
+    return kept
 
 
 def limit_history_turns(messages: Sequence[Message], max_turns: int) -> list[Message]:

@@ -49,9 +49,12 @@ _ERROR = re.compile(
     r"|refused|denied|timed? ?out|not found|exit (?:code|status) [1-9])\b",
     re.IGNORECASE,
 )
+# "decision:" sits outside the trailing \b: a colon followed by a space is no word
+# boundary, so inside it "Decision: use v2" never matched.
 _DECISION = re.compile(
-    r"\b(?:we(?:'ve|’ve| have)? decided|decided to|decision:|let(?:'|’)?s go with"
-    r"|let us go with|we(?:'ll|’ll| will) use|agreed (?:on|to)|settled on|chose|chosen)\b",
+    r"\b(?:we(?:'ve|’ve| have)? decided|decided to|let(?:'|’)?s go with"
+    r"|let us go with|we(?:'ll|’ll| will) use|agreed (?:on|to)|settled on|chose|chosen)\b"
+    r"|\bdecision:",
     re.IGNORECASE,
 )
 _CONSTRAINT = re.compile(

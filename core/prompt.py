@@ -288,6 +288,24 @@ def is_turn_context(block: object) -> bool:
     return isinstance(block, TextBlock) and block.text.startswith(TURN_CONTEXT_PREFIX)
 
 
+# The recalled-memory block (core.memory.recall) rides in the user message like the
+# turn context: volatile, not the user's words. Defined here, beside is_turn_context,
+# so compaction, the ledger and transcript indexing can skip it without importing the
+# memory package.
+RECALL_OPEN = "<recalled-memory>"
+RECALL_CLOSE = "</recalled-memory>"
+
+
+def is_recall_block(block: object) -> bool:
+    """Is this the recalled-memory block a ``Recaller`` rendered (not user words)?"""
+    return isinstance(block, TextBlock) and block.text.startswith(RECALL_OPEN)
+
+
+def is_volatile(block: object) -> bool:
+    """Turn context or recalled memory: stored with the user message, never its words."""
+    return is_turn_context(block) or is_recall_block(block)
+
+
 def render_turn_context(
     *, now: datetime, channel: str, chat_type: str, sender_name: str, sender_id: str
 ) -> str:

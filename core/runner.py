@@ -8,6 +8,11 @@ fits. It calls the provider (streaming, with the bounded retry policy), runs the
 it asks for in a bounded loop, truncating each result once where it enters the
 transcript, and appends every assistant message and tool result with its usage.
 
+Before appending the user message, an optional ``Recaller`` (``core.memory.recall``)
+searches long-term memory within the conversation's scopes; its block rides in the user
+message (never in the system prompt) and what it injected is recorded in the entry's
+``meta["recall"]``. A failing memory index costs the turn its recall, nothing more.
+
 A context overflow reported by the provider is recovered by the engine (flush,
 compact, shrink) and retried, at most ``compaction.max_attempts`` times. Provider and
 context errors propagate typed after a ``turn_error`` entry is written, so the session
@@ -29,6 +34,7 @@ from core.config import AgentConfig, RetryConfig
 from core.context_config import ContextConfig
 from core.context_engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
 from core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
+from core.memory.recall import RECALL_META_KEY, LiveContext, Recall, Recaller, previous_user_text
 from core.messages import Message, TextBlock, ToolResultBlock, Usage
 from core.prompt import SystemPromptBuilder
 from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
@@ -56,6 +62,7 @@ class TurnResult:
     latency_ms: float
     entries: tuple[Entry, ...] = field(default=())
     events: TurnEvents = field(default_factory=TurnEvents)
+    recall: Recall | None = None  # what automatic recall injected into the user message
 
     @property
     def compactions(self) -> int:
@@ -91,6 +98,7 @@ class Runner:
         offer_tools: bool = True,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         engine: ContextEngine | None = None,
+        recaller: Recaller | None = None,
     ) -> None:
         self.provider = provider
         self.tools = tools
@@ -100,6 +108,7 @@ class Runner:
         self.workspace = workspace
         self.offer_tools = offer_tools
         self.now = now
+        self.recaller = recaller
         self.engine = engine or ContextEngine(
             config=ContextConfig(),
             provider=provider,
@@ -125,11 +134,20 @@ class Runner:
             appended.append(entry)
             return entry
 
+        recall: Recall | None = None
         if not turn.resume:
-            blocks = [TextBlock(turn.user_text)]
+            recall = await self._recall(transcript, turn)
+            # The recall block goes first: the engine protects the newest user words and
+            # the turn context at the tail when it must shed text, and recalled notes are
+            # the cheapest thing to lose. Either way it is in the volatile newest message.
+            blocks = [recall.block] if recall is not None and recall.block is not None else []
+            blocks.append(TextBlock(turn.user_text))
             if turn.context_text:
                 blocks.append(TextBlock(turn.context_text))
-            await append(Message("user", tuple(blocks)), meta=turn.meta or None)
+            meta = dict(turn.meta)
+            if recall is not None:
+                meta[RECALL_META_KEY] = recall.to_meta()
+            await append(Message("user", tuple(blocks)), meta=meta or None)
 
         view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
         system, specs, model = view_request.system, view_request.tools, view_request.model
@@ -219,6 +237,7 @@ class Runner:
             else:
                 # Truncated once, here, so the transcript and the model hold the same text.
                 cap = tool_result_cap(view.window, self.agent.tool_result_max_chars)
+                await self._engine_idle(turn.session_key)
                 results = [await self.tools.run(use, context, max_chars=cap) for use in uses]
             await append(Message("tool_result", tuple(results)))
 
@@ -233,6 +252,7 @@ class Runner:
             latency_ms=(time.perf_counter() - started) * 1000,
             entries=tuple(appended),
             events=events,
+            recall=recall,
         )
         log.info(
             "turn session=%s calls=%d tools=%d in=%d out=%d cache_read=%d cache_write=%d "
@@ -247,6 +267,37 @@ class Runner:
             result.latency_ms,
         )
         return result
+
+    async def _recall(self, transcript: SessionTranscript, turn: TurnRequest) -> Recall | None:
+        """Recall for this turn's message; None when off, not triggered, or failed."""
+        if (
+            self.recaller is None
+            or not turn.memory_scopes
+            or self.recaller.reason(turn.user_text) is None
+        ):
+            return None
+        try:
+            live = transcript.live_entries()
+            system = (await asyncio.to_thread(self.prompt.build)).text
+            return await self.recaller.recall(
+                turn.user_text,
+                scopes=turn.memory_scopes,
+                previous=previous_user_text(live),
+                live=await asyncio.to_thread(LiveContext.from_entries, live, also=(system,)),
+            )
+        except Exception as exc:
+            # Recall is a help, not a step the turn depends on: a broken index, a slow
+            # embedder (TimeoutError) or a bug here costs this turn its recall, no more.
+            log.warning(
+                "recall skipped in session %s: %s: %s", turn.session_key, type(exc).__name__, exc
+            )
+            return None
+
+    async def _engine_idle(self, session_key: str) -> None:
+        """Let the engine use the wait for tools (background work), when it can."""
+        idle = getattr(self.engine, "idle", None)
+        if idle is not None:
+            await idle(session_key)
 
     async def view_request(
         self, session_key: str, model: str | None = None, chat_type: str = "direct"

@@ -214,7 +214,7 @@ def adaptive_chunk_ratio(average_tokens: float, window: int) -> float:
     return max(MIN_CHUNK_RATIO, BASE_CHUNK_RATIO - min(2 * share, 0.25))
 
 
-def _group_units(messages: Sequence[Message]) -> list[list[Message]]:
+def group_units(messages: Sequence[Message]) -> list[list[Message]]:
     """Group messages so a call and the results that answer it are never apart.
 
     A result that never arrives (an aborted call) does not hold the group open past
@@ -373,7 +373,7 @@ class _Run:
 
     def units(self, messages: Sequence[Message]) -> list[_Unit]:
         units: list[_Unit] = []
-        for group in _group_units(messages):
+        for group in group_units(messages):
             texts: list[str] = []
             tokens: list[int] = []
             for message in group:

@@ -173,3 +173,24 @@ def compaction_threshold(window: int, compaction: CompactionConfig, max_output: 
     large ``max_output`` cannot make every turn compact."""
     threshold = window - effective_reserve(window, compaction) - max(0, max_output)
     return max(threshold, window // 4)
+
+
+# (window below, messages kept): the view's message limit when none is configured.
+HISTORY_MESSAGE_BANDS: tuple[tuple[int, int], ...] = (
+    (16_000, 20),
+    (64_000, 50),
+    (128_000, 100),
+)
+HISTORY_MESSAGES_ABOVE_BANDS = 200
+
+
+def derived_history_messages(window: int) -> int:
+    """How many messages the view keeps when no history limit is configured: a small
+    window fills with a few dozen messages long before the threshold would fold them,
+    and each message the model rereads on every call costs latency on a small model."""
+    for below, messages in HISTORY_MESSAGE_BANDS:
+        if window < below:
+            return messages
+    if window <= 128_000:
+        return HISTORY_MESSAGE_BANDS[-1][1]
+    return HISTORY_MESSAGES_ABOVE_BANDS

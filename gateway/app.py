@@ -49,6 +49,8 @@ from core.errors import (
     TranscriptError,
 )
 from core.memory.index import MemoryIndex
+from core.memory.recall import Recaller, last_recall
+from core.memory.tasks import format_task_stats
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
 from core.providers.base import Provider
 from core.runner import Runner, TurnRequest
@@ -75,6 +77,7 @@ from gateway.memory import (
     build_memory_index,
     format_memory_status,
     format_search,
+    record_turn_task,
     scope_for_key,
     search_scopes,
 )
@@ -283,6 +286,11 @@ class Gateway:
             offer_tools=offer_tools,
             now=self.clock,
             engine=self.engine,
+            recaller=(
+                Recaller.for_index(self.memory, self.config.memory, self.engine.counter)
+                if self.memory is not None
+                else None
+            ),
         )
         await self.lanes.start()
         if self.http is not None:
@@ -542,9 +550,12 @@ class Gateway:
         tools = self.runner.tools.specs() if self.runner.offer_tools else ()
         history: list[Any] = []
         view = None
+        recall = None
         if transcript is not None:
-            view = self.engine.inspect_view(transcript.live_entries(), chat_type)
+            live = transcript.live_entries()
+            view = self.engine.inspect_view(live, chat_type)
             history = view.messages
+            recall = last_recall(live)  # what the last turn recalled from memory
         report = await asyncio.to_thread(
             build_context_report,
             prompt=prompt,
@@ -556,6 +567,7 @@ class Gateway:
             file_max_chars=self.config.context.file_max_chars,
             total_max_chars=self.config.context.total_max_chars,
             session_tokens=record.context_tokens if record else None,
+            recall=recall,
         )
         return report, view
 
@@ -571,6 +583,10 @@ class Gateway:
                 scopes = search_scopes(route, self.config.memory)
                 result = await self.memory.search(query.strip(), scopes=scopes)
                 return format_search(query.strip(), result)
+            if action == "stats" and not query.strip():
+                # This conversation's task records only, as its searches see them.
+                scopes = search_scopes(route, self.config.memory)
+                return format_task_stats(await self.memory.task_stats(scopes))
         except CoreError as exc:
             return f"Memory is unavailable: {exc}"
         return MEMORY_USAGE
@@ -962,6 +978,7 @@ class Gateway:
         )
         entries_before = transcript.entry_count
         started = time.perf_counter()
+        started_at = self.clock()  # the task record's start (wall clock)
         try:
             async with self._typing(message):
                 result = await self.runner.run_turn(transcript, turn, on_retry=on_retry)
@@ -991,6 +1008,15 @@ class Gateway:
             self.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
             if result.compactions:
                 self.memory.notify_compaction()
+            if result.tool_calls:
+                await record_turn_task(
+                    self.memory,
+                    user_text=text,
+                    entries=result.entries,
+                    started_at=started_at,
+                    finished_at=self.clock(),
+                    scope=scope_for_key(record.key, self.config.memory),
+                )
         # The reply is in the transcript (the source of truth): a registry that cannot
         # take the counters must not cost the person their answer.
         await self._bookkeep(

@@ -3,7 +3,7 @@
 ``/new`` and ``/reset`` (the configured reset triggers) start a new session; the text
 after the trigger becomes its first message. ``/compact [focus]`` runs in the session's
 lane like a turn (it writes the transcript). ``/status``, ``/context [list|detail|json]``,
-``/memory status|search <q>`` and ``/help`` answer at once, without touching the model.
+``/memory status|search <q>|stats`` and ``/help`` answer at once, without touching the model.
 Any other ``/word`` is ordinary text for the model.
 """
 
@@ -29,10 +29,12 @@ HELP_TEXT = """Commands:
               the long-term memory index: embedder, files and chunks, dirty files
 /memory search <query>
               what memory_search finds for this conversation
+/memory stats
+              this conversation's task records: outcomes, most frequent errors
 /help         this list"""
 
 CONTEXT_MODES = ("list", "detail", "json")
-MEMORY_USAGE = "Usage: /memory status | /memory search <query>"
+MEMORY_USAGE = "Usage: /memory status | /memory search <query> | /memory stats"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,17 @@ scope instead. Every search sees ``agent`` (MEMORY.md, memory/*.md) plus its own
 Where it lives follows ``[storage] backend``: memory.db and the transcript files with
 SQLite; with PostgreSQL the index's rows sit in the shared database (one index per
 agent id) and its ``sessions`` source reads the transcripts from their table.
+
+Task records: after a turn that used tools, ``record_turn_task`` writes one (in the
+conversation's scope) through the index, which indexes it like the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +28,15 @@ from core.memory.embedders import build_embedder
 from core.memory.index import AsyncResource, MemoryIndex, MemoryStatus, SearchResult
 from core.memory.settings import MemorySettings
 from core.memory.sources import AGENT_SCOPE, ScopeResolver, StoreTranscriptSource
+from core.memory.tasks import task_record_from_turn
+from core.transcript import Entry
 from gateway.config import LoadedConfig
 from gateway.routing import SessionRoute, parse_session_key, reset_type_for
 
 # Transcripts nobody can be attributed to: indexed, but in no conversation's search.
 UNSCOPED = "unscoped"
+
+log = logging.getLogger("parley.gateway.memory")
 
 SNIPPET_PREVIEW_CHARS = 300
 # A memory index that opens its own PostgreSQL pool (the CLI, doctor) needs few
@@ -114,6 +124,30 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
     )
 
 
+async def record_turn_task(
+    index: MemoryIndex,
+    *,
+    user_text: str,
+    entries: Sequence[Entry],
+    started_at: datetime,
+    finished_at: datetime,
+    scope: str,
+) -> bool:
+    """Write the task record of a turn that used tools (True when one was written).
+    Never raises: the person has their answer, and a record is bookkeeping."""
+    try:
+        record = await asyncio.to_thread(
+            task_record_from_turn, user_text, entries, started_at, finished_at, scope=scope
+        )
+        if record is None:
+            return False
+        await index.record_task(record)
+        return True
+    except Exception:
+        log.exception("writing the task record failed")
+        return False
+
+
 def _own_pool(loaded: LoadedConfig) -> PgDatabase:
     from gateway.pg.database import PgDatabase
 
@@ -152,6 +186,9 @@ def format_memory_status(status: MemoryStatus) -> str:
     )
     if counts.pending_vector_files:
         lines.append(f"Awaiting vectors: {counts.pending_vector_files} files")
+    if status.forgetting_enabled or counts.forgotten:
+        last = status.forgetting_last_run or "never"
+        lines.append(f"Forgotten: {counts.forgotten} chunks (last run: {last})")
     embedder = status.embedder or {}
     if embedder:
         lines.append(

@@ -1,4 +1,4 @@
-"""``parley memory status|index|search`` and ``parley bench locomo``."""
+"""``parley memory status|index|search|prune|pruned|stats`` and ``parley bench locomo``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from core.memory.forgetting import format_forgetting_report, format_tombstones
+from core.memory.index import MemoryIndex
 from core.memory.sources import AGENT_SCOPE
+from core.memory.tasks import format_task_stats
 from gateway.config import LoadedConfig
 from gateway.memory import build_memory_index, format_memory_status, format_search, scope_for_key
 
@@ -34,6 +37,14 @@ def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     who.add_argument("--session", help="search as this session key's conversation would")
     who.add_argument("--scope", action="append", help="a scope to search (repeatable)")
     who.add_argument("--all-scopes", action="store_true", help="every scope (operators only)")
+    prune = actions.add_parser("prune", parents=[common], help="apply the forgetting policies now")
+    prune.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
+    prune.add_argument("--json", action="store_true", help="print one JSON object")
+    pruned = actions.add_parser("pruned", parents=[common], help="list evictions, newest first")
+    pruned.add_argument("--limit", type=int, default=20, help="at most N (default 20)")
+    pruned.add_argument("--json", action="store_true", help="print one JSON array")
+    stats = actions.add_parser("stats", parents=[common], help="task records: outcomes, errors")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
 
     bench = sub.add_parser("bench", parents=[common], help="benchmarks")
     benches = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
@@ -113,6 +124,8 @@ async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
             for error in report.errors:
                 print(f"  problem: {error}", file=sys.stderr)
             return EXIT_PROBLEM if report.errors else EXIT_OK
+        if action in ("prune", "pruned", "stats"):
+            return await _lifecycle_command(index, args)
         if args.session:
             scopes = [AGENT_SCOPE, scope_for_key(args.session, loaded.config.memory)]
         elif args.all_scopes:
@@ -132,6 +145,47 @@ async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         await index.close()
+
+
+async def _lifecycle_command(index: MemoryIndex, args: argparse.Namespace) -> int:
+    """``prune``, ``pruned`` and ``stats``: forgetting and task records."""
+    action = args.memory_command
+    if action == "prune":
+        if not index.settings.forgetting.enabled:
+            print("forgetting is turned off ([memory.forgetting] enabled = false)", file=sys.stderr)
+            return EXIT_PROBLEM
+        # Bring the index up to date first: a prune judges what is indexed now.
+        await index.sync(reason="prune", scheduled_forgetting=False)
+        report = await index.forget(dry_run=args.dry_run)
+        if args.json:
+            print(json.dumps(report.to_dict(), ensure_ascii=False, indent=1))
+        else:
+            print(format_forgetting_report(report))
+        return EXIT_OK
+    if action == "pruned":
+        tombstones = await index.forgotten(limit=max(1, args.limit))
+        if args.json:
+            rows = [
+                {
+                    "evicted_at": t.evicted_at,
+                    "scope": t.scope,
+                    "path": t.path,
+                    "lines": [t.start_line, t.end_line],
+                    "reason": t.reason,
+                    "preview": t.preview,
+                }
+                for t in tombstones
+            ]
+            print(json.dumps(rows, ensure_ascii=False, indent=1))
+        else:
+            print(format_tombstones(tombstones))
+        return EXIT_OK
+    stats = await index.task_stats()
+    if args.json:
+        print(json.dumps(stats.to_dict(), ensure_ascii=False, indent=1))
+    else:
+        print(format_task_stats(stats))
+    return EXIT_OK
 
 
 async def bench_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:

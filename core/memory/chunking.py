@@ -46,7 +46,7 @@ from typing import Any
 from core.errors import TranscriptError
 from core.memory.redact import redact_secrets
 from core.messages import ImageBlock, TextBlock
-from core.prompt import SILENT_REPLY, TURN_CONTEXT_PREFIX, is_turn_context
+from core.prompt import SILENT_REPLY, TURN_CONTEXT_PREFIX, is_recall_block, is_turn_context
 from core.tokens import default_counter
 from core.transcript import ENTRY_MESSAGE, Entry
 
@@ -497,6 +497,10 @@ def _visible(entry: Entry) -> tuple[str, str | None]:
     for block in entry.message.content:
         if is_turn_context(block):
             sender = _sender_name(block.text) or sender
+        elif is_recall_block(block):
+            # Memory shown to the model, not said by anyone: indexing it would bring
+            # the same notes back as the user's words, again and again.
+            continue
         elif isinstance(block, TextBlock):
             parts.append(block.text)
         elif isinstance(block, ImageBlock):

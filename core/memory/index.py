@@ -19,7 +19,11 @@ transcripts come through a ``TranscriptSource`` (files, or a transcript store's 
 
 Triggers: start-up, a search on a dirty index (an empty index waits for its first
 sync), the watcher on memory files (polling, debounced), transcript appends (debounced,
-or at once past a size/count threshold) and compactions.
+or at once past a size/count threshold), compactions and new task records.
+
+Forgetting (``core.memory.forgetting``): after a sync, once ``schedule_hours`` have
+passed since the last run (kept in the store), and on demand (``forget``). Evicted
+chunks leave tombstones that every later sync, and a rebuild, leaves out.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ from core.memory.backend import (
 )
 from core.memory.chunking import chunk_markdown, chunk_turns, header_agent_name, transcript_turns
 from core.memory.embedders import Embedder, ResilientEmbedder
+from core.memory.forgetting import (
+    FORGETTABLE_SOURCES,
+    LAST_RUN_KEY,
+    ForgettingReport,
+    iso_timestamp,
+    plan_forgetting,
+)
 from core.memory.query import cjk_index_text
 from core.memory.search import SearchHit, SearchParams, SearchTrace, run_search
 from core.memory.settings import MemorySettings
@@ -55,6 +66,7 @@ from core.memory.sources import (
     AGENT_SCOPE,
     MEMORY_SOURCE,
     SESSIONS_SOURCE,
+    TASKS_SOURCE,
     FileTranscriptSource,
     Marker,
     ScopeResolver,
@@ -63,8 +75,10 @@ from core.memory.sources import (
     memory_files,
     memory_path,
     read_header,
+    task_files,
 )
-from core.memory.store import FileRow, IndexMeta, NewChunk, StoreCounts
+from core.memory.store import FileRow, IndexMeta, NewChunk, StoreCounts, Tombstone
+from core.memory.tasks import TaskLog, TaskRecord, TaskStats, task_chunks, task_stats
 
 log = logging.getLogger("parley.core.memory")
 
@@ -107,6 +121,7 @@ class SyncReport:
     cache_hits: int = 0
     vectors_pending: int = 0
     reindexed: bool = False
+    forgotten: int = 0  # chunks the scheduled forgetting evicted after this sync
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -158,6 +173,8 @@ class MemoryStatus:
     cache_max_entries: int
     fallback: str | None
     sources: tuple[str, ...]
+    forgetting_enabled: bool = False
+    forgetting_last_run: str | None = None  # ISO 8601; None: never ran
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,6 +205,11 @@ class MemoryStatus:
             "cache": {"entries": self.counts.cache_entries, "max_entries": self.cache_max_entries},
             "fallback": self.fallback,
             "sources": list(self.sources),
+            "forgetting": {
+                "enabled": self.forgetting_enabled,
+                "last_run": self.forgetting_last_run,
+                "forgotten": self.counts.forgotten,
+            },
         }
 
 
@@ -224,6 +246,7 @@ class MemoryIndex:
         backend: StoreBackend | None = None,
         transcripts: TranscriptSource | None = None,
         resource: AsyncResource | None = None,
+        tasks_dir: Path | None = None,
     ) -> None:
         self.settings = settings
         self.db_path = db_path
@@ -233,6 +256,8 @@ class MemoryIndex:
         self.sessions_dir = sessions_dir
         # The sessions source: the transcript files by default, a store's rows otherwise.
         self.transcripts: TranscriptSource = transcripts or FileTranscriptSource(sessions_dir)
+        # Task records live beside memory.db (local files, whatever the backend).
+        self.task_log = TaskLog(tasks_dir or db_path.parent / "tasks")
         self._resource = resource
         self.embedder = embedder
         self.scope_for = scope_for or default_scope_resolver(settings.transcript_scope)
@@ -367,7 +392,11 @@ class MemoryIndex:
         reason: str = "manual",
         force: bool = False,
         progress: ProgressCallback | None = None,
+        scheduled_forgetting: bool = True,
     ) -> SyncReport:
+        """Bring the index up to date (``force``: rebuild it), then run the forgetting
+        schedule if it is due (``scheduled_forgetting=False``: not now, e.g. before a
+        dry run, which must change nothing)."""
         async with self._sync_lock:
             started = time.perf_counter()
             # Cleared first, so that changes noticed during this sync mark it dirty again;
@@ -386,6 +415,8 @@ class MemoryIndex:
                 raise
             if report.files_indexed or report.files_unchanged:
                 self._empty = False
+            if scheduled_forgetting:
+                await self._forget_if_due(report)
             report.seconds = round(time.perf_counter() - started, 3)
             self._last_sync = report
             self._synced_once = True
@@ -400,6 +431,8 @@ class MemoryIndex:
                 found += memory_files(self.workspace, self.settings.extra_paths)
             if SESSIONS_SOURCE in self.settings.sources:
                 found += self.transcripts.transcripts()
+            if TASKS_SOURCE in self.settings.sources:
+                found += task_files(self.task_log.directory)
             return found
 
         return await asyncio.to_thread(discover)
@@ -459,6 +492,10 @@ class MemoryIndex:
             report.files_unchanged += 1
             return
         chunks, scope = await asyncio.to_thread(self._chunk, source, data)
+        if source.source in FORGETTABLE_SOURCES:
+            # Evicted chunks stay evicted: a transcript that grows is re-chunked whole.
+            forgotten = await self._w(store.forgotten_hashes, source.path)
+            chunks = [c for c in chunks if c.hash not in forgotten]
         vectors, pending = await self._vectors(
             store, meta, [(c.hash, c.text) for c in chunks], report
         )
@@ -487,7 +524,11 @@ class MemoryIndex:
         """Chunks of one file and its scope (runs in a worker thread: CPU-bound)."""
         text = data.decode("utf-8", errors="replace")
         chunking = self.settings.chunking
-        if source.source == SESSIONS_SOURCE:
+        if source.source == TASKS_SOURCE:
+            raw, found = task_chunks(text)
+            # A log without a readable record cannot be attributed: nobody searches it.
+            scope = found or UNSCOPED
+        elif source.source == SESSIONS_SOURCE:
             lines = text.split("\n")
             header = read_header(lines[0].encode()) if lines else None
             scope = self.scope_for(header or {})
@@ -586,6 +627,12 @@ class MemoryIndex:
                     await self._w(backend.discard_shadow)
                     shadow = await self._w(backend.open_shadow, vector=vector)
                     await self._w(shadow.set_meta, wanted)
+                # What was forgotten stays forgotten in the new index.
+                tombstones = await self._w(self._store().tombstones)
+                await self._w(shadow.add_tombstones, tombstones)
+                last_run = await self._w(self._store().state, LAST_RUN_KEY)
+                if last_run is not None:  # and the schedule keeps its rhythm
+                    await self._w(shadow.set_state, LAST_RUN_KEY, last_run)
                 await self._sync_into(shadow, wanted, report, progress)
                 await self._w(shadow.checkpoint)
             finally:
@@ -605,6 +652,77 @@ class MemoryIndex:
             await self._w(self.backend.promote_shadow)
             self._wstore = await self._w(self.backend.open_live, vector=vector)
             self._rstore = await self._r(self.backend.open_live, vector=vector)
+
+    # -- forgetting ----------------------------------------------------------------------
+
+    async def forget(self, *, dry_run: bool = False) -> ForgettingReport:
+        """Apply the forgetting policies now (``dry_run``: only say what they evict)."""
+        async with self._sync_lock:
+            return await self._forget(dry_run=dry_run)
+
+    async def _forget(self, *, dry_run: bool) -> ForgettingReport:
+        store = self._store()
+        now = self._now()
+        chunks = await self._w(store.forgettable_chunks, FORGETTABLE_SOURCES)
+        evictions = await asyncio.to_thread(plan_forgetting, chunks, self.settings.forgetting, now)
+        report = ForgettingReport(dry_run=dry_run, ran_at=now, evictions=evictions)
+        if dry_run:
+            return report
+        stamp = now.timestamp()
+        report.evicted = await self._w(
+            store.evict_chunks, [(e.chunk.id, e.tombstone(stamp)) for e in evictions]
+        )
+        for e in evictions:
+            log.info(
+                "memory forgot %s#L%d-L%d (scope %s, %s): %s",
+                e.chunk.path, e.chunk.start_line, e.chunk.end_line, e.chunk.scope,
+                e.policy, e.reason,
+            )  # fmt: skip
+        await self._w(store.set_state, LAST_RUN_KEY, now.isoformat())
+        return report
+
+    async def _forget_if_due(self, report: SyncReport) -> None:
+        """The scheduled run, after a sync (the caller holds the sync lock)."""
+        settings = self.settings.forgetting
+        if not settings.enabled or settings.schedule_hours <= 0 or self._closed:
+            return
+        store = self._store()
+        try:
+            last = await self._w(store.state, LAST_RUN_KEY)
+            last_run = iso_timestamp(last)
+            if last_run is not None:
+                elapsed = self._now().timestamp() - last_run
+                if elapsed < settings.schedule_hours * 3600:
+                    return
+            report.forgotten = (await self._forget(dry_run=False)).evicted
+        except (ValueError, MemoryIndexError, store.info.module.Error) as exc:
+            # Forgetting is housekeeping: the sync itself succeeded.
+            report.errors.append(f"forgetting failed: {exc}")
+
+    async def forgotten(self, limit: int | None = 20) -> list[Tombstone]:
+        """Evictions, newest first."""
+        return await self._w(self._store().tombstones, limit)
+
+    # -- task records --------------------------------------------------------------------
+
+    async def record_task(self, record: TaskRecord) -> None:
+        """Append a task record and have the index pick it up."""
+        await asyncio.to_thread(self.task_log.append, record)
+        if self._closed or TASKS_SOURCE not in self.settings.sources:
+            return
+        # Debounced like the transcript the same turn grew (one sync picks up both);
+        # a search meanwhile sees the index dirty and catches up first.
+        self._dirty = True
+        delay = self.settings.sync.transcript_debounce_seconds
+        if delay <= 0:
+            self._flush_transcripts()
+        elif self._transcript_timer is None:
+            loop = asyncio.get_running_loop()
+            self._transcript_timer = loop.call_later(delay, self._flush_transcripts)
+
+    async def task_stats(self, scopes: Sequence[str] | None = None) -> TaskStats:
+        """Counts by outcome and the most frequent errors (of ``scopes``, or all)."""
+        return await asyncio.to_thread(lambda: task_stats(self.task_log.records(scopes)))
 
     # -- triggers ------------------------------------------------------------------------
 
@@ -678,9 +796,13 @@ class MemoryIndex:
         scopes: Sequence[str],
         max_results: int | None = None,
         min_score: float | None = None,
+        catch_up: bool = True,
     ) -> SearchResult:
         started = time.perf_counter()
-        synced_first = await self._catch_up()
+        # ``catch_up=False`` (automatic recall, before every turn) answers from what is
+        # indexed: syncing first would defeat the transcript debounce and make every turn
+        # wait for a sync, for turns the live context already holds.
+        synced_first = await self._catch_up() if catch_up else False
         meta = self._live_meta
         fallback: str | None = None
         query_vector: np.ndarray | None = None
@@ -821,6 +943,8 @@ class MemoryIndex:
             cache_max_entries=self.settings.cache_max_entries,
             fallback=fallback,
             sources=tuple(self.settings.sources),
+            forgetting_enabled=self.settings.forgetting.enabled,
+            forgetting_last_run=await self._w(store.state, LAST_RUN_KEY),
         )
 
     async def integrity_check(self) -> list[str]:

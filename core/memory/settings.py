@@ -1,4 +1,11 @@
-"""The ``[memory]`` config section: sources, chunking, sync triggers, search defaults.
+"""The ``[memory]`` config section: sources, chunking, sync triggers, search defaults,
+automatic recall.
+
+Automatic recall (``core.memory.recall``) searches memory before each turn and puts the
+best hits in the user turn: ``recall = "auto"`` does so when the message looks like it
+refers to earlier work, files, people, dates, preferences or decisions (the rules are in
+``core.memory.recall_rules``), ``"always"`` on every turn, ``"off"`` never.
+``recall_budget_tokens`` caps the injected block (cl100k tokens, markers included).
 
 Search defaults were tuned on the LoCoMo dev split (``parley bench locomo``, see
 docs/benchmarks.md); OpenClaw's own numbers are noted where ours differ and why.
@@ -13,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.memory.driver import DriverChoice
 from core.memory.embedders import EmbedderSettings
+from core.memory.recall import DEFAULT_RECALL_BUDGET_TOKENS, DEFAULT_RECALL_MODE, RecallMode
 
 
 class _Strict(BaseModel):
@@ -70,18 +78,49 @@ class SearchSettings(_Strict):
         return self
 
 
+class ScopeForgetting(_Strict):
+    """A scope's own forgetting limits (``[memory.forgetting.scopes."<pattern>"]``):
+    only the keys written here override the section's; ``None`` turns a policy off."""
+
+    max_age_days: float | None = Field(None, gt=0)
+    min_importance: float | None = Field(None, ge=0, le=1)
+    max_chunks_per_scope: int | None = Field(None, ge=1)
+
+
+class ForgettingSettings(_Strict):
+    """Forgetting of derived memory (transcript chunks, task records; never the
+    memory files people write). Age and importance are off by default: what is
+    forgotten is gone from search, so an operator opts in. Capacity bounds a scope at
+    a size no conversation reaches by accident, evicting the least important, oldest
+    chunks first."""
+
+    enabled: bool = True
+    max_age_days: float | None = Field(None, gt=0)
+    # core.importance scores: 0.15 is chatter ("ok", "thanks"), 0.40 plain content.
+    min_importance: float | None = Field(None, ge=0, le=1)
+    max_chunks_per_scope: int | None = Field(20_000, ge=1)
+    # How often the index applies the policies after a sync (0: only on demand).
+    schedule_hours: float = Field(24.0, ge=0)
+    # Keys are scopes or fnmatch patterns ("dm:*", "group:*"); the most specific
+    # (longest) matching pattern wins.
+    scopes: dict[str, ScopeForgetting] = Field(default_factory=dict)
+
+
 class MemorySettings(_Strict):
     enabled: bool = True
     # Default: $PARLEY_HOME/memory/<agent id>/memory.db
     db_path: Path | None = None
     driver: DriverChoice = "auto"
-    sources: tuple[Literal["memory", "sessions"], ...] = ("memory", "sessions")
+    sources: tuple[Literal["memory", "sessions", "tasks"], ...] = ("memory", "sessions", "tasks")
     extra_paths: tuple[Path, ...] = ()
     # Transcripts of direct chats are searchable by that peer only ("peer"), or by
     # everyone who talks to the agent ("agent"). Groups are always their own scope.
     transcript_scope: Literal["peer", "agent"] = "peer"
     cache_max_entries: int = Field(100_000, ge=0)
+    recall: RecallMode = DEFAULT_RECALL_MODE
+    recall_budget_tokens: int = Field(DEFAULT_RECALL_BUDGET_TOKENS, ge=64, le=32_000)
     embedder: EmbedderSettings = EmbedderSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     sync: SyncSettings = SyncSettings()
     search: SearchSettings = SearchSettings()
+    forgetting: ForgettingSettings = ForgettingSettings()

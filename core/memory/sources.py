@@ -7,6 +7,9 @@
   extra paths outside the workspace by their absolute path. Scope: ``agent``.
 - ``sessions`` source: every transcript ``sessions/<id>.jsonl`` (archived ones too),
   stored as ``sessions/<id>.jsonl``; its scope comes from its header.
+- ``tasks`` source: task records (``core.memory.tasks``), one JSONL file per scope in
+  the tasks directory beside memory.db, stored as ``tasks/<digest>.jsonl``; its scope
+  comes from its records. One record is one chunk.
 
 Transcripts come through a ``TranscriptSource``: ``FileTranscriptSource`` reads the
 sessions directory; ``StoreTranscriptSource`` reads any ``TranscriptStore`` (the
@@ -29,6 +32,7 @@ from core.transcript_store import TranscriptInfo, TranscriptStore
 AGENT_SCOPE = "agent"
 MEMORY_SOURCE = "memory"
 SESSIONS_SOURCE = "sessions"
+TASKS_SOURCE = "tasks"
 ROOT_MEMORY_FILES = ("MEMORY.md", "memory.md")
 _SKIP_DIRS = frozenset({".git", "node_modules", ".venv", "venv", ".tox", "__pycache__"})
 # A transcript header is one line; anything longer is not one we wrote.
@@ -110,6 +114,17 @@ def transcript_files(sessions_dir: Path) -> list[SourceFile]:
     return [
         SourceFile(f"{SESSIONS_SOURCE}/{path.name}", path, SESSIONS_SOURCE, None)
         for path in sorted(sessions_dir.glob("*.jsonl"))
+        if path.is_file() and not path.is_symlink()
+    ]
+
+
+def task_files(tasks_dir: Path) -> list[SourceFile]:
+    """The task logs (``tasks/<digest>.jsonl``), in a stable order."""
+    if not tasks_dir.is_dir():
+        return []
+    return [
+        SourceFile(f"{TASKS_SOURCE}/{path.name}", path, TASKS_SOURCE, None)
+        for path in sorted(tasks_dir.glob("*.jsonl"))
         if path.is_file() and not path.is_symlink()
     ]
 

@@ -13,6 +13,13 @@ Tables (one SQLite file per agent, WAL):
   created once the embedder's width is known, absent in FTS-only mode.
 - ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``,
   bounded by ``prune_cache``.
+- ``forgotten(path, hash, scope, source, start_line, end_line, reason, evicted_at,
+  preview)`` (file version 2): tombstones of evicted chunks, so a sync never indexes
+  them again; a rebuild copies them into the new file.
+
+The file's own layout version is ``PRAGMA user_version`` (``STORE_VERSION``), moved
+forward at open by ``_UPGRADES``; it is not part of ``IndexMeta``, so adding a table
+never forces a rebuild.
 
 Every method is synchronous and meant for one thread (see ``MemoryDB``); a file's
 chunks change in one transaction, so a kill leaves each file either old or new.
@@ -34,6 +41,8 @@ from core.memory.driver import DriverChoice, DriverInfo, open_connection
 
 SCHEMA_VERSION = 1
 META_KEY = "index"
+# memory.db's table layout (PRAGMA user_version); 1 is the layout of issue 8.
+STORE_VERSION = 2
 # SQLite's default limit on host parameters is 32766 in new builds, 999 in old ones.
 _IN_BATCH = 500
 
@@ -83,6 +92,27 @@ CREATE TABLE IF NOT EXISTS embedding_cache (
 );
 CREATE INDEX IF NOT EXISTS embedding_cache_age ON embedding_cache(updated_at);
 """
+
+# Version i + 1's statements, applied in order to files older than STORE_VERSION.
+_UPGRADES: dict[int, str] = {
+    2: """
+CREATE TABLE IF NOT EXISTS forgotten (
+    path TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    source TEXT NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    evicted_at REAL NOT NULL,
+    preview TEXT NOT NULL,
+    PRIMARY KEY (path, hash)
+);
+CREATE INDEX IF NOT EXISTS forgotten_when ON forgotten(evicted_at);
+""",
+}
+# How much of an evicted chunk's text its tombstone keeps (for ``memory pruned``).
+PREVIEW_CHARS = 160
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +226,45 @@ class CacheEntry:
     updated_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class ForgettableChunk:
+    """What the forgetting policies weigh of a chunk: when, what, where."""
+
+    id: int
+    path: str
+    source: str
+    scope: str
+    start_line: int
+    end_line: int
+    hash: str
+    text: str
+    ts: str | None
+    file_mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """An evicted chunk: (path, hash) is never indexed again."""
+
+    path: str
+    hash: str
+    scope: str
+    source: str
+    start_line: int
+    end_line: int
+    reason: str
+    evicted_at: float
+    preview: str
+
+    @classmethod
+    def of(cls, chunk: ForgettableChunk, reason: str, evicted_at: float) -> Tombstone:
+        preview = " ".join(chunk.text.split())[:PREVIEW_CHARS]
+        return cls(
+            chunk.path, chunk.hash, chunk.scope, chunk.source, chunk.start_line,
+            chunk.end_line, reason, evicted_at, preview,
+        )  # fmt: skip
+
+
 @dataclass(slots=True)
 class SourceCount:
     source: str
@@ -210,6 +279,7 @@ class StoreCounts:
     vectors: int = 0
     pending_vector_files: int = 0
     cache_entries: int = 0
+    forgotten: int = 0  # tombstones: chunks evicted by forgetting
     by_source: list[SourceCount] = field(default_factory=list)
 
 
@@ -224,6 +294,17 @@ def blob_vector(blob: bytes) -> np.ndarray:
 def _chunked(items: Sequence[Any], size: int = _IN_BATCH) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def _upgrade(conn: Any) -> None:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version == 0:
+        version = 1  # created by _SCHEMA just now, or by issue 8's parley: same layout
+    for target in range(version + 1, STORE_VERSION + 1):
+        # executescript commits first and runs each statement in autocommit: the
+        # statements are IF NOT EXISTS, so a kill between them is repaired next open.
+        conn.executescript(_UPGRADES[target])
+        conn.execute(f"PRAGMA user_version = {target}")
 
 
 class MemoryStore:
@@ -245,6 +326,7 @@ class MemoryStore:
             raise MemoryIndexError(f"cannot open the memory index {path}: {exc}") from exc
         try:
             conn.executescript(_SCHEMA)
+            _upgrade(conn)
         except info.module.Error as exc:
             conn.close()
             raise MemoryIndexError(f"memory index {path} is unusable: {exc}") from exc
@@ -621,6 +703,107 @@ class MemoryStore:
                 for p, m, k, h, e, d, u in rows
             ]
 
+    # -- forgetting ---------------------------------------------------------------------
+
+    def state(self, key: str) -> str | None:
+        """A value the index keeps beside its rows (e.g. when it last forgot)."""
+        if key == META_KEY:
+            raise ValueError(f"{key!r} is the index meta")
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_state(self, key: str, value: str) -> None:
+        if key == META_KEY:
+            raise ValueError(f"{key!r} is the index meta")
+        self._conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    def forgettable_chunks(self, sources: Sequence[str]) -> list[ForgettableChunk]:
+        """The chunks of ``sources``, with their file's mtime, oldest id first."""
+        if not sources:
+            return []
+        marks = ",".join("?" * len(sources))
+        rows = self._conn.execute(
+            "SELECT c.id, c.path, c.source, c.scope, c.start_line, c.end_line, c.hash,"
+            " c.text, c.ts, f.mtime FROM chunks AS c JOIN files AS f ON f.path = c.path"
+            f" WHERE c.source IN ({marks}) ORDER BY c.id",
+            tuple(sources),
+        ).fetchall()
+        return [ForgettableChunk(*r[:9], float(r[9])) for r in rows]
+
+    def evict_chunks(self, evictions: Sequence[tuple[int, Tombstone]]) -> int:
+        """Delete chunks by id and record their tombstones, in one transaction; the
+        number of chunks deleted (a chunk replaced meanwhile is not deleted, but its
+        tombstone still keeps its (path, hash) out)."""
+        if not evictions:
+            return 0
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            ids = [chunk_id for chunk_id, _ in evictions]
+            deleted = 0
+            for batch in _chunked(ids):
+                marks = ",".join("?" * len(batch))
+                conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({marks})", batch)
+                conn.execute(f"DELETE FROM chunks_cjk WHERE rowid IN ({marks})", batch)
+                if self.vector_dims is not None:
+                    conn.execute(f"DELETE FROM chunks_vec WHERE rowid IN ({marks})", batch)
+                deleted += conn.execute(f"DELETE FROM chunks WHERE id IN ({marks})", batch).rowcount
+            self._insert_tombstones([t for _, t in evictions])
+            # files.chunks counts what is indexed now.
+            conn.executemany(
+                "UPDATE files SET chunks = (SELECT COUNT(*) FROM chunks WHERE path = ?)"
+                " WHERE path = ?",
+                [(path, path) for path in sorted({t.path for _, t in evictions})],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return deleted
+
+    def add_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
+        """Record tombstones (kept ones win): a rebuild carries the live index's over."""
+        if not tombstones:
+            return
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._insert_tombstones(tombstones)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _insert_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
+        self._conn.executemany(
+            "INSERT INTO forgotten(path, hash, scope, source, start_line, end_line, reason,"
+            " evicted_at, preview) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(path, hash) DO NOTHING",
+            [
+                (t.path, t.hash, t.scope, t.source, t.start_line, t.end_line, t.reason,
+                 t.evicted_at, t.preview)
+                for t in tombstones
+            ],
+        )  # fmt: skip
+
+    def forgotten_hashes(self, path: str) -> set[str]:
+        """The hashes of a file's evicted chunks (a sync leaves them out)."""
+        rows = self._conn.execute("SELECT hash FROM forgotten WHERE path = ?", (path,))
+        return {str(r[0]) for r in rows}
+
+    def tombstones(self, limit: int | None = None) -> list[Tombstone]:
+        """Evictions, newest first (all of them when ``limit`` is None)."""
+        rows = self._conn.execute(
+            "SELECT path, hash, scope, source, start_line, end_line, reason, evicted_at,"
+            " preview FROM forgotten ORDER BY evicted_at DESC, path, start_line LIMIT ?",
+            (-1 if limit is None else int(limit),),
+        ).fetchall()
+        return [Tombstone(*r[:7], float(r[7]), str(r[8])) for r in rows]
+
     # -- status -------------------------------------------------------------------------
 
     def scopes(self) -> list[str]:
@@ -647,6 +830,7 @@ class MemoryStore:
         counts.cache_entries = int(
             conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
         )
+        counts.forgotten = int(conn.execute("SELECT COUNT(*) FROM forgotten").fetchone()[0])
         return counts
 
     def integrity_check(self) -> list[str]:

@@ -126,6 +126,11 @@ async def memory_status(request: web.Request) -> web.Response:
     return json_body(await request.app[SERVICE].memory_status())
 
 
+async def memory_stats(request: web.Request) -> web.Response:
+    query = parse_query(request, s.MemoryStatsQuery)
+    return json_body(await request.app[SERVICE].memory_stats(query))
+
+
 async def memory_search(request: web.Request) -> web.Response:
     query = parse_query(request, s.MemorySearchQuery)
     return json_body(await request.app[SERVICE].memory_search(query))
@@ -236,6 +241,17 @@ OPERATIONS: tuple[Operation, ...] = (
         "The memory index: counts, embedder, fallbacks",
         "memory",
         s.MemoryStatusBody,
+        extra_responses=((503, "the memory index is unavailable", s.ErrorBody),),
+    ),
+    Operation(
+        "GET",
+        "/api/memory/stats",
+        memory_stats,
+        "Task records: counts by outcome, most frequent errors, tool use",
+        "memory",
+        s.MemoryStatsBody,
+        errors=(400, 401),
+        query=s.MemoryStatsQuery,
         extra_responses=((503, "the memory index is unavailable", s.ErrorBody),),
     ),
     Operation(

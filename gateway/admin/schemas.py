@@ -116,6 +116,20 @@ class PrunedCounts(_Out):
     dropped_turns: int = Field(description="user turns left out by the history turn limit")
 
 
+class RecalledMemory(_Out):
+    citation: str = Field(description="path#Lstart-Lend")
+    tokens: int
+    score: float | None
+
+
+class RecallInfo(_Out):
+    mode: str = Field(description='"auto" or "always" (memory.recall)')
+    reason: str = Field(description="the rule that triggered it (core.memory.recall_rules)")
+    tokens: int = Field(description="the injected block, markers included")
+    skipped_present: int = Field(description="hits left out: already in the live context")
+    hits: list[RecalledMemory]
+
+
 class ContextBreakdown(_Out):
     session_id: str
     status: Literal["active", "archived"]
@@ -125,6 +139,9 @@ class ContextBreakdown(_Out):
     sections: list[ContextSection] = Field(description="sums to total_tokens; the bar")
     pruned: PrunedCounts
     report: dict[str, Any] = Field(description="the same object as `/context json`")
+    recall: RecallInfo | None = Field(
+        None, description="what automatic memory recall put into the last user message"
+    )
 
 
 class CompactionItem(_Out):
@@ -173,6 +190,20 @@ class MemoryStatusBody(_Open):
     enabled: bool
 
 
+class TaskErrorCount(_Out):
+    error: str = Field(description="normalised: numbers and ids stripped")
+    count: int
+
+
+class MemoryStatsBody(_Out):
+    enabled: bool
+    scopes: list[str] | None = Field(description="the scopes counted; null: every scope")
+    total: int = 0
+    by_outcome: dict[str, int] = Field(default_factory=dict, description="ok, partial, error")
+    top_errors: list[TaskErrorCount] = Field(default_factory=list)
+    tools: dict[str, int] = Field(default_factory=dict, description="calls per tool")
+
+
 class MemoryHit(_Out):
     path: str
     start_line: int
@@ -211,6 +242,12 @@ class SessionListQuery(_Query):
 class TranscriptQuery(_Query):
     limit: int = Field(100, ge=1, le=500)
     cursor: str | None = Field(None, min_length=1, max_length=20, pattern=r"^[0-9]+$")
+
+
+class MemoryStatsQuery(_Query):
+    scope: str | None = Field(
+        None, min_length=1, max_length=300, description="one scope; default: every scope"
+    )
 
 
 class MemorySearchQuery(_Query):

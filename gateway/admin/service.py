@@ -158,6 +158,7 @@ class AdminService:
             sections=context_sections(report),
             pruned=pruned,
             report=report.to_dict(),
+            recall=s.RecallInfo(**report.recall.to_dict()) if report.recall else None,
         )
 
     async def compactions(self, session_id: str) -> s.CompactionList:
@@ -230,6 +231,22 @@ class AdminService:
             return s.MemoryStatusBody(enabled=False)
         status = await self._memory_call(memory.status())
         return s.MemoryStatusBody(enabled=True, **status.to_dict())
+
+    async def memory_stats(self, query: s.MemoryStatsQuery) -> s.MemoryStatsBody:
+        """Task records: counts by outcome, the most frequent errors, tool use."""
+        memory = self.gateway.memory
+        scopes = [query.scope] if query.scope else None
+        if memory is None:
+            return s.MemoryStatsBody(enabled=False, scopes=scopes)
+        stats = await self._memory_call(memory.task_stats(scopes))
+        return s.MemoryStatsBody(
+            enabled=True,
+            scopes=scopes,
+            total=stats.total,
+            by_outcome=stats.by_outcome,
+            top_errors=[s.TaskErrorCount(error=e, count=n) for e, n in stats.top_errors],
+            tools=stats.tools,
+        )
 
     async def memory_search(self, query: s.MemorySearchQuery) -> s.MemorySearchBody:
         memory = self.gateway.memory

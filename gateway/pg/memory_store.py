@@ -46,10 +46,12 @@ from core.errors import MemoryIndexError
 from core.memory.store import (
     ChunkRow,
     FileRow,
+    ForgettableChunk,
     IndexMeta,
     NewChunk,
     SourceCount,
     StoreCounts,
+    Tombstone,
     blob_vector,
     vector_blob,
 )
@@ -199,10 +201,14 @@ class PgMemoryBackend:
         self.db.call(_delete_role, self.name, RETIRED)
 
     def drop(self) -> None:
-        """Remove every row of this index (live, shadow and retired)."""
-        self.db.call(
-            lambda conn: conn.execute("DELETE FROM memory_indexes WHERE name = %s", (self.name,))
-        )
+        """Remove every row of this index (live, shadow and retired), tombstones too."""
+
+        def delete(conn: Connection) -> None:
+            conn.execute("DELETE FROM memory_indexes WHERE name = %s", (self.name,))
+            conn.execute("DELETE FROM memory_forgotten WHERE name = %s", (self.name,))
+            conn.execute("DELETE FROM memory_state WHERE name = %s", (self.name,))
+
+        self.db.call(delete)
 
 
 class ChunkLike(Protocol):
@@ -767,6 +773,139 @@ class PgMemoryStore:
 
         self._call(write)
 
+    # -- forgetting -------------------------------------------------------------------
+    # Tombstones and state belong to the index name (migration 5): live and shadow
+    # share them, so a rebuild never brings an evicted chunk back.
+
+    def state(self, key: str) -> str | None:
+        row = self._call(
+            lambda conn: conn.execute(
+                "SELECT value FROM memory_state WHERE name = %s AND key = %s", (self.name, key)
+            ).fetchone()
+        )
+        return None if row is None else str(row["value"])
+
+    def set_state(self, key: str, value: str) -> None:
+        self._call(
+            lambda conn: conn.execute(
+                "INSERT INTO memory_state (name, key, value) VALUES (%s, %s, %s)"
+                " ON CONFLICT (name, key) DO UPDATE SET value = excluded.value",
+                (self.name, key, value),
+            )
+        )
+
+    def forgettable_chunks(self, sources: Sequence[str]) -> list[ForgettableChunk]:
+        if not sources:
+            return []
+
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            ix = self._index(conn)
+            return conn.execute(
+                "SELECT c.id, c.path, c.source, c.scope, c.start_line, c.end_line, c.hash,"
+                " c.text, c.ts, f.mtime FROM memory_chunks AS c JOIN memory_files AS f"
+                " ON f.index_id = c.index_id AND f.path = c.path"
+                " WHERE c.index_id = %s AND c.source = ANY(%s) ORDER BY c.id",
+                (ix.id, list(sources)),
+            ).fetchall()
+
+        return [
+            ForgettableChunk(
+                int(r["id"]),
+                r["path"],
+                r["source"],
+                r["scope"],
+                int(r["start_line"]),
+                int(r["end_line"]),
+                r["hash"],
+                r["text"],
+                r["ts"],
+                float(r["mtime"]),
+            )
+            for r in self._call(read)
+        ]
+
+    def evict_chunks(self, evictions: Sequence[tuple[int, Tombstone]]) -> int:
+        if not evictions:
+            return 0
+
+        def write(conn: Connection) -> int:
+            ix = self._index(conn, lock=True)
+            ids = [chunk_id for chunk_id, _ in evictions]
+            deleted = conn.execute(
+                "DELETE FROM memory_chunks WHERE index_id = %s AND id = ANY(%s)", (ix.id, ids)
+            ).rowcount
+            self._insert_tombstones(conn, [t for _, t in evictions])
+            conn.execute(
+                "UPDATE memory_files AS f SET chunks = (SELECT count(*) FROM memory_chunks AS c"
+                " WHERE c.index_id = f.index_id AND c.path = f.path)"
+                " WHERE f.index_id = %s AND f.path = ANY(%s)",
+                (ix.id, sorted({t.path for _, t in evictions})),
+            )
+            return int(deleted)
+
+        return self._call(write)
+
+    def add_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
+        if tombstones:
+            self._call(self._insert_tombstones, list(tombstones))
+
+    def _insert_tombstones(self, conn: Connection, tombstones: Sequence[Tombstone]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO memory_forgotten (name, path, hash, scope, source, start_line,"
+                " end_line, reason, evicted_at, preview)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (name, path, hash) DO NOTHING",
+                [
+                    (
+                        self.name,
+                        t.path,
+                        t.hash,
+                        t.scope,
+                        t.source,
+                        t.start_line,
+                        t.end_line,
+                        t.reason,
+                        t.evicted_at,
+                        t.preview,
+                    )
+                    for t in tombstones
+                ],
+            )
+
+    def forgotten_hashes(self, path: str) -> set[str]:
+        rows = self._call(
+            lambda conn: conn.execute(
+                "SELECT hash FROM memory_forgotten WHERE name = %s AND path = %s",
+                (self.name, path),
+            ).fetchall()
+        )
+        return {str(r["hash"]) for r in rows}
+
+    def tombstones(self, limit: int | None = None) -> list[Tombstone]:
+        rows = self._call(
+            lambda conn: conn.execute(
+                "SELECT path, hash, scope, source, start_line, end_line, reason, evicted_at,"
+                " preview FROM memory_forgotten WHERE name = %s"
+                " ORDER BY evicted_at DESC, path, start_line LIMIT %s",
+                (self.name, limit),
+            ).fetchall()
+        )
+        return [
+            Tombstone(
+                r["path"],
+                r["hash"],
+                r["scope"],
+                r["source"],
+                int(r["start_line"]),
+                int(r["end_line"]),
+                r["reason"],
+                float(r["evicted_at"]),
+                r["preview"],
+            )
+            for r in rows
+        ]
+
     # -- status -----------------------------------------------------------------------
 
     def scopes(self) -> list[str]:
@@ -806,6 +945,10 @@ class PgMemoryStore:
                 "SELECT count(*) AS n FROM memory_embedding_cache WHERE index_id = %s", (ix.id,)
             ).fetchone()
             counts.cache_entries = int(row["n"] if row else 0)
+            row = conn.execute(
+                "SELECT count(*) AS n FROM memory_forgotten WHERE name = %s", (self.name,)
+            ).fetchone()
+            counts.forgotten = int(row["n"] if row else 0)
             return counts
 
         return self._call(read)

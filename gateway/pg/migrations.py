@@ -221,6 +221,31 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX inbox_open_by_session ON inbox (session_key, id)
         WHERE status IN ('received', 'replied');
     """,
+    # 5: forgetting (issue 9). Tombstones of evicted memory chunks and the index's
+    # small state (when it last forgot), keyed by the index *name*, not its row: a
+    # rebuild's shadow sees the same tombstones, and a promotion keeps them.
+    """
+    CREATE TABLE memory_forgotten (
+        name TEXT NOT NULL,
+        path TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        source TEXT NOT NULL,
+        start_line INTEGER NOT NULL,
+        end_line INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        evicted_at DOUBLE PRECISION NOT NULL,
+        preview TEXT NOT NULL,
+        PRIMARY KEY (name, path, hash)
+    );
+    CREATE INDEX memory_forgotten_when ON memory_forgotten (name, evicted_at);
+    CREATE TABLE memory_state (
+        name TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (name, key)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

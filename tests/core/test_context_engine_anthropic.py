@@ -145,6 +145,9 @@ def window_config(tokens: int, **compaction: object) -> ContextConfig:
         {
             "models": {MODEL: {"context_tokens": tokens}},
             "warn_below_tokens": 0,
+            # These tests are about the token guard over the whole live window, not
+            # the view's derived message limit (tested in test_compaction_triggers.py).
+            "history_messages": -1,
             "compaction": compaction,
         }
     )
@@ -446,26 +449,23 @@ async def test_summariser_that_always_fails_still_answers_within_the_window(
     for n in range(2):
         result = await stack.turn(transcript, f"still there {n}?")
         assert result.reply == f"echo: still there {n}?"
-        assert result.compactions == 0
-        assert result.events is not None and result.events.trims > 0
-    assert compactions(transcript) == []
+    # The summariser's retries failed, so the sliding window made the one entry.
+    made = compactions(transcript)
+    assert len(made) == 1
+    assert made[0].payload["details"]["strategy"] == "sliding-window"
+    assert made[0].payload["details"]["fallbacks"]
     # Nothing lost: every earlier entry is still in the file, in order.
     assert [e.id for e in transcript.entries()][: len(before)] == before
-    # The view was trimmed to fit rather than sent whole. The engine's tokenizer counts
-    # this prose ~1.4x lower than the service does (more than its 1.2 margin) and nothing
-    # has calibrated it yet, so the very first request may still be refused; the refusal
-    # is recovered without a summary, and from then on everything fits.
     bodies = stack.bodies()
     first_main = next(i for i, b in enumerate(bodies) if is_main(b))
-    assert_all_fit(bodies[first_main + 1 :], 30_000)
+    assert_all_fit(bodies[first_main:], 30_000)
     last = stack.main_bodies()[-1]
     assert last_text(last) == "still there 1?"
-    assert not first_text(last).startswith("turn 0:")  # the oldest turns were left out
-    assert stack.router.calls["main"] in (2, 3)
-    # Compaction is tried at most once per guard step (threshold, then overflow, then the
-    # next turn's threshold), each with the bounded retries and no backoff.
+    assert first_text(last).startswith(COMPACTION_SUMMARY_PREFIX)
+    assert stack.router.calls["main"] == 2
+    # One compaction: the first attempt plus summary_retries retries, no more.
     retries = ContextConfig().compaction.summary_retries
-    assert 1 <= stack.router.calls["summary"] <= 3 * retries
+    assert stack.router.calls["summary"] == retries + 1
 
 
 async def test_ten_compactions_keep_the_first_identifiers_in_the_request(

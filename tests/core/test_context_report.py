@@ -169,6 +169,7 @@ def test_json_mode_is_one_stable_object(tmp_path: Path) -> None:
         "window",
         "share",
         "session_tokens",
+        "recall",
     }
     assert data["caps"] == {"file_max_chars": 1_000, "total_max_chars": 10_000}
     assert data["system_prompt"]["tokens"] == report.system_tokens

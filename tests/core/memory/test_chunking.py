@@ -33,7 +33,7 @@ from core.memory.chunking import (
 )
 from core.memory.redact import REDACTED
 from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.prompt import render_turn_context
+from core.prompt import RECALL_OPEN, render_turn_context
 from core.transcript import ENTRY_MESSAGE, Entry, Transcript, TranscriptHeader
 
 VOCAB = tuple(
@@ -423,6 +423,18 @@ def test_speaker_comes_from_turn_context_which_is_not_text() -> None:
         ("Mel [admin]", "yo"),
         ("User", "plain"),
     ]
+
+
+def test_recalled_memory_is_not_indexed_as_the_users_words() -> None:
+    recalled = TextBlock(f"{RECALL_OPEN}\n[MEMORY.md#L1-L2] the locker code is 4417\n")
+    at = "2023-05-08T13:56:00Z"
+    lines = [
+        header(),
+        message("a", at, "user", recalled, TextBlock("open it"), context("Ann")),
+        message("b", at, "user", recalled),
+    ]
+    turns = transcript_turns(numbered(lines))
+    assert [(x.speaker, x.text) for x in turns] == [("Ann", "open it")]
 
 
 def test_default_names_and_agent_name_override() -> None:

@@ -851,7 +851,7 @@ async def test_status_e5_end_to_end(corpus: Layout, e5: ResilientEmbedder) -> No
     assert status["embedder"]["failures"] == 0
     assert status["fallback"] is None
     assert status["last_sync"]["files_indexed"] == ALL_FILES
-    assert status["sources"] == ["memory", "sessions"]
+    assert status["sources"] == ["memory", "sessions", "tasks"]
     json.dumps(status)  # status output is plain JSON
 
 

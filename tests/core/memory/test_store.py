@@ -363,3 +363,25 @@ def test_a_file_that_is_not_sqlite_is_a_memory_index_error(tmp_path: Path) -> No
     junk.write_bytes(b"this is not a database" * 100)
     with pytest.raises(MemoryIndexError):
         MemoryStore.open(junk)
+
+
+def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A memory.db written before forgetting existed (no tombstone table, user_version
+    0) gains the table at open and keeps its rows: no rebuild."""
+    path = tmp_path / "memory.db"
+    store = MemoryStore.open(path, vector=False)
+    store.replace_file(file_row("MEMORY.md"), [chunk("the walrus note")], None)
+    store._conn.execute("DROP TABLE forgotten")
+    store._conn.execute("PRAGMA user_version = 0")
+    store.close()
+
+    store = MemoryStore.open(path, vector=False)
+    try:
+        assert (
+            store._conn.execute("PRAGMA user_version").fetchone()[0] == store_module.STORE_VERSION
+        )
+        assert store.tombstones() == []
+        assert list(store.files()) == ["MEMORY.md"]
+        assert store.meta() is None  # IndexMeta untouched: nothing asks for a rebuild
+    finally:
+        store.close()

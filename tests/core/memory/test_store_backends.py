@@ -16,7 +16,7 @@ from core.errors import MemoryIndexError
 from core.memory.backend import MemoryStoreProtocol, SqliteBackend, StoreBackend
 from core.memory.index import MemoryIndex
 from core.memory.query import build_cjk_query, build_fts_query, cjk_index_text
-from core.memory.store import FileRow, IndexMeta, NewChunk
+from core.memory.store import FileRow, IndexMeta, NewChunk, Tombstone
 from gateway.pg.database import PgDatabase
 from gateway.pg.memory_store import PgMemoryBackend
 from tests.core.memory.helpers import make_layout, quiet_settings
@@ -314,3 +314,72 @@ async def test_same_top_results_through_memory_index(
     for query, path in QUERIES.items():
         assert on_sqlite[query][0].startswith(path + "#"), (query, on_sqlite[query])
     assert on_postgres == on_sqlite
+
+
+# -- forgetting: evictions, tombstones, state ---------------------------------------------
+
+
+async def test_evicted_chunks_are_gone_and_leave_tombstones(store: MemoryStoreProtocol) -> None:
+    await put(store, "MEMORY.md", ["the user's own walrus note"])
+    await put(
+        store,
+        "sessions/s1.jsonl",
+        ["walrus small talk", "walrus decision", "heron plans"],
+        source="sessions",
+        scope="dm:alice",
+    )
+    listed = await call(store.forgettable_chunks, ["sessions", "tasks"])
+    # The user's file is not even offered to the policies.
+    assert [c.text for c in listed] == ["walrus small talk", "walrus decision", "heron plans"]
+    assert {(c.path, c.scope, c.source, c.file_mtime) for c in listed} == {
+        ("sessions/s1.jsonl", "dm:alice", "sessions", 1.0)
+    }
+    small_talk, decision, _ = listed
+    evicted = [
+        (small_talk.id, Tombstone.of(small_talk, "importance: low", 100.0)),
+        (decision.id, Tombstone.of(decision, "age: old", 200.0)),
+    ]
+    assert await call(store.evict_chunks, evicted) == 2
+    assert await keyword(store, "walrus", ["agent", "dm:alice"]) == ["the user's own walrus note"]
+    assert await keyword(store, "heron", ["dm:alice"]) == ["heron plans"]
+    assert (await call(store.files))["sessions/s1.jsonl"].chunks == 1
+    assert await call(store.forgotten_hashes, "sessions/s1.jsonl") == {
+        "h-walrus small talk",
+        "h-walrus decision",
+    }
+    assert await call(store.forgotten_hashes, "MEMORY.md") == set()
+    newest_first = await call(store.tombstones)
+    assert [(t.reason, t.preview, t.start_line) for t in newest_first] == [
+        ("age: old", "walrus decision", 2),
+        ("importance: low", "walrus small talk", 1),
+    ]
+    assert await call(store.tombstones, 1) == newest_first[:1]
+    # Carrying tombstones over (a rebuild) keeps the first record of each chunk.
+    await call(store.add_tombstones, [Tombstone.of(decision, "capacity: again", 300.0)])
+    assert await call(store.tombstones) == newest_first
+
+
+async def test_state_round_trips(store: MemoryStoreProtocol) -> None:
+    assert await call(store.state, "forgetting.last_run") is None
+    await call(store.set_state, "forgetting.last_run", "2026-03-01T00:00:00+00:00")
+    await call(store.set_state, "forgetting.last_run", "2026-03-02T00:00:00+00:00")
+    assert await call(store.state, "forgetting.last_run") == "2026-03-02T00:00:00+00:00"
+
+
+async def test_an_evicted_chunk_takes_its_vector_with_it(store: MemoryStoreProtocol) -> None:
+    await call(store.ensure_vectors, DIMS)
+    vectors = np.stack([unit(1, 0, 0, 0), unit(0, 1, 0, 0)])
+    await put(
+        store,
+        "sessions/s.jsonl",
+        ["east", "north"],
+        vectors=vectors,
+        source="sessions",
+        scope="dm:x",
+    )
+    east, north = await call(store.forgettable_chunks, ["sessions"])
+    await call(store.evict_chunks, [(east.id, Tombstone.of(east, "age: old", 1.0))])
+    hits = await call(store.vector_hits, unit(1, 0, 0, 0), ["dm:x"], 5)
+    assert [chunk_id for chunk_id, _ in hits] == [north.id]
+    assert (await call(store.counts)).vectors == 1
+    assert await call(store.integrity_check) == []
