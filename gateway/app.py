@@ -35,6 +35,7 @@ from channels.base import (
     RecipientBlocked,
 )
 from core.compaction import CompactionOutcome
+from core.compaction_stats import DEFAULT_STRATEGY, CompactionStats
 from core.context_engine import ContextEngine, ContextView
 from core.context_report import ContextReport, build_context_report, render_context
 from core.errors import (
@@ -91,6 +92,8 @@ from gateway.resets import (
     should_reset,
 )
 from gateway.routing import SessionRoute, resolve_session_key
+from gateway.session_figures import SessionFiguresCache
+from gateway.session_figures import figures as session_figures
 from gateway.storage_errors import storage_failure
 from gateway.stores import StateStores
 from gateway.user_errors import (
@@ -166,6 +169,7 @@ class Gateway:
         self.pairing = self.state.pairing
         self.access = AccessGate(self.pairing)
         self.metrics = GatewayMetrics()
+        self.figures = SessionFiguresCache()
         self.metrics.declare_channels(self.channels)
         routes = [r for c in channels for r in c.webhook_routes()]
         self.http: HttpServer | None = None
@@ -526,13 +530,32 @@ class Gateway:
 
     async def _status_text(self, key: str) -> str:
         record = await self.registry.get_active(key)
+        stats = None
+        if record is not None:
+            stats = await self.figures.stats(record.session_id, await self.transcript(record))
         return format_status(
             record,
             key=key,
             model=self.provider.model,
             window=self.window_for(record),
             now=self.clock(),
+            compactions=stats,
         )
+
+    async def note_figures(
+        self,
+        record: SessionRecord,
+        transcript: SessionTranscript,
+        used: int,
+        *,
+        compacted: bool = False,
+    ) -> CompactionStats:
+        """Refresh the session's figures (and its metrics) after a turn or compaction."""
+        stats = await self.figures.stats(record.session_id, transcript, changed=compacted)
+        self.metrics.session(
+            record.session_id, session_figures(stats, used, self.window_for(record))
+        )
+        return stats
 
     async def _context_text(self, route: SessionRoute, mode: str) -> str:
         """``/context [list|detail|json]``: what the next request would hold, by part."""
@@ -553,7 +576,7 @@ class Gateway:
         recall = None
         if transcript is not None:
             live = transcript.live_entries()
-            view = self.engine.inspect_view(live, chat_type)
+            view = self.engine.inspect_view(live, chat_type, window=self.window_for(record))
             history = view.messages
             recall = last_recall(live)  # what the last turn recalled from memory
         report = await asyncio.to_thread(
@@ -808,7 +831,8 @@ class Gateway:
             last_entry_id=_last_id(transcript),
         )
         if outcome.compacted:
-            self.metrics.compaction(outcome.trigger)
+            self.metrics.compaction(outcome.trigger, outcome.strategy)
+            await self.note_figures(record, transcript, outcome.tokens_after, compacted=True)
             if self.memory is not None:
                 self.memory.notify_compaction()
         return outcome
@@ -1000,10 +1024,13 @@ class Gateway:
         self.metrics.tokens(result.usage)
         self._note_provider(None)
         if result.compactions:
-            for trigger in await asyncio.to_thread(
-                _compaction_triggers, transcript, entries_before
+            for trigger, strategy in await asyncio.to_thread(
+                _new_compactions, transcript, entries_before
             ):
-                self.metrics.compaction(trigger)
+                self.metrics.compaction(trigger, strategy)
+        await self.note_figures(
+            record, transcript, result.context_tokens, compacted=bool(result.compactions)
+        )
         if self.memory is not None:
             self.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
             if result.compactions:
@@ -1230,10 +1257,13 @@ def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> Outboun
     )
 
 
-def _compaction_triggers(transcript: SessionTranscript, since: int) -> list[str]:
-    """The triggers of the compactions written after entry line ``since`` (reads disk)."""
+def _new_compactions(transcript: SessionTranscript, since: int) -> list[tuple[str, str]]:
+    """(trigger, strategy) of the compactions written after entry line ``since``."""
     return [
-        str(entry.payload.get("trigger") or "unknown")
+        (
+            str(entry.payload.get("trigger") or "unknown"),
+            str((entry.payload.get("details") or {}).get("strategy") or DEFAULT_STRATEGY),
+        )
         for entry in transcript.entries(since)
         if entry.type == ENTRY_COMPACTION
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from core.compaction_stats import CompactionStats
 from gateway.registry import SessionRecord
 
 HELP_TEXT = """Commands:
@@ -77,7 +78,13 @@ def parse_compact_command(text: str) -> str | None:
 
 
 def format_status(
-    record: SessionRecord | None, *, key: str, model: str, window: int, now: datetime
+    record: SessionRecord | None,
+    *,
+    key: str,
+    model: str,
+    window: int,
+    now: datetime,
+    compactions: CompactionStats | None = None,
 ) -> str:
     if record is None:
         return (
@@ -104,9 +111,22 @@ def format_status(
         f"over {record.turn_count} turn(s)",
         f"Last update: {_ago(record.updated_at, now)}",
     ]
+    if compactions is not None and compactions.count:
+        lines.insert(4, _compaction_line(compactions))
     if record.delivery_error:
         lines.append(f"Last delivery error: {record.delivery_error}")
     return "\n".join(lines)
+
+
+def _compaction_line(stats: CompactionStats) -> str:
+    """ "Compactions: 3 (summary 2, sliding-window 1; threshold 2, messages 1), last
+    52,100 → 9,800 tokens"."""
+    strategies = ", ".join(f"{k} {v}" for k, v in sorted(stats.by_strategy.items()))
+    triggers = ", ".join(f"{k} {v}" for k, v in sorted(stats.by_trigger.items()))
+    line = f"Compactions: {stats.count} ({strategies}; {triggers})"
+    if stats.last_tokens_before is not None and stats.last_tokens_after is not None:
+        line += f", last {stats.last_tokens_before:,} → {stats.last_tokens_after:,} tokens"
+    return line
 
 
 def _ago(then: datetime, now: datetime) -> str:

@@ -467,7 +467,14 @@ class Migration:
         cached = 0
         for batch in source.cache_entries():
             cached += self.pg.call(_insert_cache, target, batch)
-        self._say(f"memory: {copied} file(s) copied, {cached} cache entr(ies) added")
+        # What forgetting evicted stays forgotten: without its tombstones the target's
+        # next sync would index those transcript chunks again.
+        tombstones = source.tombstones()
+        target.add_tombstones(tombstones)
+        self._say(
+            f"memory: {copied} file(s) copied, {cached} cache entr(ies) added, "
+            f"{len(tombstones)} eviction(s) carried over"
+        )
 
     def _memory_counts(self, source: MemoryStore, target: PgMemoryStore | None) -> None:
         src = source.counts()

@@ -11,6 +11,11 @@ Label cardinality is kept bounded: channels are the configured channel names, ou
 token kinds are fixed sets, and free-form kinds (errors, compaction triggers) that do not
 look like short snake_case identifiers are recorded as "other".
 
+Per-session figures (context utilisation, compactions by strategy and by trigger, the
+last compaction's tokens before and after) are labelled by session id and kept for the
+``SESSIONS_KEPT`` most recently active sessions only, so a busy bot's scrape stays
+bounded; the admin API and ``/status`` have every session's figures.
+
 Gauges that mirror live state (lane runs, queue depth, open inbox items) are not updated
 by the code that changes that state: they are read from callbacks at scrape time, so the
 value is always fresh and nothing can drift. A callback that raises is logged and its
@@ -22,7 +27,9 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from prometheus_client import (
@@ -47,6 +54,8 @@ TURN_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60,
 SEARCH_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 _LABEL_RE = re.compile(r"[a-z0-9_]{1,40}")
+# Sessions whose figures the scrape carries (the most recently active ones).
+SESSIONS_KEPT = 256
 
 GaugeValue = float | dict[tuple[str, ...], float]
 
@@ -63,6 +72,22 @@ class UsageLike(Protocol):
 def bounded_label(value: str) -> str:
     """`value` if it is a short snake_case identifier, else "other"."""
     return value if _LABEL_RE.fullmatch(value) else "other"
+
+
+def name_label(value: str) -> str:
+    """A known name with hyphens ("sliding-window") as a label ("sliding_window")."""
+    return bounded_label(value.replace("-", "_"))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFigures:
+    """One session's context figures, as the gateway last saw them."""
+
+    utilisation: float  # context used / window
+    compactions_by_strategy: Mapping[str, int]
+    compactions_by_trigger: Mapping[str, int]
+    last_tokens_before: int | None = None
+    last_tokens_after: int | None = None
 
 
 class _CallbackGauge:
@@ -134,8 +159,13 @@ class GatewayMetrics:
         )
         self._tokens = Counter("parley_tokens", "Provider tokens by kind", ["kind"], registry=r)
         self._compactions = Counter(
-            "parley_compactions", "Context compactions by trigger", ["trigger"], registry=r
+            "parley_compactions",
+            "Context compactions by trigger and strategy",
+            ["trigger", "strategy"],
+            registry=r,
         )
+        self._sessions: OrderedDict[str, SessionFigures] = OrderedDict()
+        self._register_session_gauges()
         self._errors = Counter("parley_errors", "Errors by kind", ["kind"], registry=r)
         self._search_latency = Histogram(
             "parley_memory_search_latency_seconds",
@@ -176,8 +206,70 @@ class GatewayMetrics:
             if n > 0:
                 self._tokens.labels(kind=kind).inc(n)
 
-    def compaction(self, trigger: str) -> None:
-        self._compactions.labels(trigger=bounded_label(trigger)).inc()
+    def compaction(self, trigger: str, strategy: str = "summary") -> None:
+        self._compactions.labels(
+            trigger=bounded_label(trigger), strategy=name_label(strategy)
+        ).inc()
+
+    def session(self, session_id: str, figures: SessionFigures) -> None:
+        """Record a session's figures (after its turn or compaction)."""
+        self._sessions[session_id] = figures
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > SESSIONS_KEPT:
+            self._sessions.popitem(last=False)
+
+    def forget_session(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def _register_session_gauges(self) -> None:
+        sessions = self._sessions
+
+        def utilisation() -> dict[tuple[str, ...], float]:
+            return {(sid,): f.utilisation for sid, f in sessions.items()}
+
+        def by(attr: str) -> Callable[[], dict[tuple[str, ...], float]]:
+            def read() -> dict[tuple[str, ...], float]:
+                out: dict[tuple[str, ...], float] = {}
+                for sid, figures in sessions.items():
+                    for name, count in getattr(figures, attr).items():
+                        key = (sid, name_label(name))
+                        out[key] = out.get(key, 0) + count
+                return out
+
+            return read
+
+        def last_tokens() -> dict[tuple[str, ...], float]:
+            out: dict[tuple[str, ...], float] = {}
+            for sid, f in sessions.items():
+                if f.last_tokens_before is not None and f.last_tokens_after is not None:
+                    out[(sid, "before")] = f.last_tokens_before
+                    out[(sid, "after")] = f.last_tokens_after
+            return out
+
+        self.add_gauge(
+            "parley_session_context_utilisation",
+            "Context used / window, per recently active session",
+            utilisation,
+            ("session",),
+        )
+        self.add_gauge(
+            "parley_session_compactions_by_strategy",
+            "Compactions of a recently active session, by strategy",
+            by("compactions_by_strategy"),
+            ("session", "strategy"),
+        )
+        self.add_gauge(
+            "parley_session_compactions_by_trigger",
+            "Compactions of a recently active session, by trigger",
+            by("compactions_by_trigger"),
+            ("session", "trigger"),
+        )
+        self.add_gauge(
+            "parley_session_last_compaction_tokens",
+            "Tokens before and after a recently active session's last compaction",
+            last_tokens,
+            ("session", "stage"),
+        )
 
     def error(self, kind: str) -> None:
         self._errors.labels(kind=bounded_label(kind)).inc()

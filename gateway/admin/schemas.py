@@ -69,6 +69,19 @@ class SessionSummary(_Out):
     compaction_count: int
 
 
+class CompactionFigures(_Out):
+    """The session's compactions, from its whole transcript."""
+
+    count: int
+    by_strategy: dict[str, int] = Field(description="summary, selective, hierarchical, ...")
+    by_trigger: dict[str, int] = Field(description="threshold, overflow, manual, messages, age")
+    with_fallbacks: int = Field(description="made after at least one failed step")
+    last_tokens_before: int | None
+    last_tokens_after: int | None
+    tokens_saved: int
+    last_at: str | None
+
+
 class SessionDetail(SessionSummary):
     peer: str
     parent_key: str | None
@@ -82,6 +95,10 @@ class SessionDetail(SessionSummary):
         description="cache_read / (input + cache_read + cache_write); null before any turn"
     )
     window_tokens: int
+    context_utilisation: float = Field(
+        description="context_tokens / window_tokens (above 1: the last request overflowed)"
+    )
+    compactions: CompactionFigures
 
 
 class SessionPage(_Out):

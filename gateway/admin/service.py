@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.compaction import CompactionOutcome
+from core.compaction_stats import CompactionStats, utilisation
 from core.context_report import ContextReport
 from core.errors import ContextError, CoreError, TranscriptError
 from core.prompt import SECTION_PROJECT_CONTEXT
@@ -106,6 +107,11 @@ class AdminService:
 
     async def session(self, session_id: str) -> s.SessionDetail:
         record = await self._record(session_id)
+        try:
+            stats = await self.gateway.figures.stats(record.session_id, await self._open(record))
+        except ApiError:  # no readable transcript: the registry's figures still answer
+            stats = CompactionStats()
+        window = self.gateway.window_for(record)
         usage = record.usage
         read_base = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
         return s.SessionDetail(
@@ -124,7 +130,18 @@ class AdminService:
                 cache_write=usage.cache_write_tokens,
             ),
             cache_read_share=round(usage.cache_read_tokens / read_base, 4) if read_base else None,
-            window_tokens=self.gateway.window_for(record),
+            window_tokens=window,
+            context_utilisation=round(utilisation(record.context_tokens, window), 4),
+            compactions=s.CompactionFigures(
+                count=stats.count,
+                by_strategy=dict(stats.by_strategy),
+                by_trigger=dict(stats.by_trigger),
+                with_fallbacks=stats.with_fallbacks,
+                last_tokens_before=stats.last_tokens_before,
+                last_tokens_after=stats.last_tokens_after,
+                tokens_saved=stats.tokens_saved,
+                last_at=stats.last_at,
+            ),
         )
 
     async def transcript(self, session_id: str, query: s.TranscriptQuery) -> s.TranscriptPage:

@@ -346,6 +346,13 @@ async def test_status_shows_compactions_and_the_cache_read_share(tmp_path: Path)
         assert len(provider.requests) == calls
         record = await active(gateway)
         assert "compactions: 1" in status
+        # By strategy and trigger, from the transcript, with the last one's tokens.
+        line = next(x for x in status.splitlines() if x.startswith("Compactions: "))
+        assert line.startswith("Compactions: 1 (summary 1; manual 1), last ")
+        assert line.endswith(" tokens") and "→" in line
+        scrape = gateway.metrics.render()[0].decode()
+        assert f'parley_session_compactions_by_trigger{{session="{record.session_id}"' in scrape
+        assert 'parley_compactions_total{strategy="summary",trigger="manual"} 1.0' in scrape
         usage = record.usage
         assert usage.cache_read_tokens > 0
         share = usage.cache_read_tokens / (

@@ -19,7 +19,7 @@ import pytest
 
 from channels.base import InboundMessage
 from core.memory.index import MemoryIndex
-from core.memory.store import MemoryStore
+from core.memory.store import MemoryStore, Tombstone
 from core.messages import Message, Usage
 from core.transcript_store import FileTranscriptStore, write_jsonl
 from gateway.config import LoadedConfig, load_config
@@ -418,6 +418,34 @@ async def test_everything_is_copied_field_by_field_and_byte_for_byte(
         and result.item.id
         == max(r["id"] for r in pg_rows(pg, "inbox") if r["id"] != result.item.id) + 1
     )
+
+
+async def test_forgotten_chunks_stay_forgotten_after_the_move(
+    built: Built, pg_url: str, pg: PgDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loaded = built.loaded
+    evicted = Tombstone(
+        "sessions/old.jsonl", "h-evicted", "agent", "sessions", 3, 9, "age", 1.0e9, "old words"
+    )
+
+    def forget() -> None:
+        source = MemoryStore.open(memory_db_path(loaded))
+        try:
+            source.add_tombstones([evicted])
+        finally:
+            source.close()
+
+    await call(forget)
+    code, out, err = await run_migrate(loaded, pg_url, capsys=capsys)
+    assert code == 0, out + err
+    assert "1 eviction(s) carried over" in out
+    backend = PgMemoryBackend(pg, loaded.config.agent.id, vector_index="exact")
+    target = await asyncio.to_thread(lambda: backend.open_live(vector=True))
+    assert await call(target.tombstones) == [evicted]
+    # A second run adds no second copy.
+    code, out, err = await run_migrate(loaded, pg_url, capsys=capsys)
+    assert code == 0, out + err
+    assert await call(target.tombstones) == [evicted]
 
 
 async def test_a_second_run_copies_nothing_and_changes_nothing(

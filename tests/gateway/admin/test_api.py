@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -202,6 +203,18 @@ async def test_compact_runs_in_the_lane_and_is_recorded(
     async with client.get(f"/api/sessions/{world.session_id}/compactions") as response:
         items = (await response.json())["items"]
     assert len(items) == 2 and items[-1]["trigger"] == "manual"
+    # The detail counts them by strategy and trigger, from the transcript.
+    async with client.get(f"/api/sessions/{world.session_id}") as response:
+        detail = await response.json()
+    figures = detail["compactions"]
+    assert figures["count"] == 2 and sum(figures["by_strategy"].values()) == 2
+    assert figures["by_trigger"] == dict(Counter(item["trigger"] for item in items))
+    assert (figures["last_tokens_before"], figures["last_tokens_after"]) == (
+        result["tokens_before"],
+        result["tokens_after"],
+    )
+    window = detail["window_tokens"]
+    assert detail["context_utilisation"] == round(after.context_tokens / window, 4)
     asked = world.provider.requests[-1]
     assert "the spare key" in asked.system + "".join(m.text for m in asked.messages)
     for body in (b"{", b"[]", b'{"focus": 3}', b'{"other": 1}'):

@@ -10,7 +10,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import REGISTRY
 
 from core.messages import Usage
-from gateway.admin.metrics import TURN_BUCKETS, GatewayMetrics, bounded_label
+from gateway.admin.metrics import (
+    SESSIONS_KEPT,
+    TURN_BUCKETS,
+    GatewayMetrics,
+    SessionFigures,
+    bounded_label,
+)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -72,7 +78,7 @@ def test_counters_add_up_per_label() -> None:
     m.reply("discord", "failed")
     m.reply("telegram", "rejected")
     m.compaction("threshold")
-    m.compaction("threshold")
+    m.compaction("threshold", "selective")
     m.compaction("manual")
     s = scrape(m)
     assert series(s, "parley_inbound_messages_total") == {
@@ -83,8 +89,35 @@ def test_counters_add_up_per_label() -> None:
     assert value(s, "parley_replies_total", channel="discord", outcome="failed") == 1
     assert value(s, "parley_replies_total", channel="telegram", outcome="rejected") == 1
     assert len(series(s, "parley_replies_total")) == 3
-    assert value(s, "parley_compactions_total", trigger="threshold") == 2
-    assert value(s, "parley_compactions_total", trigger="manual") == 1
+    assert value(s, "parley_compactions_total", trigger="threshold", strategy="summary") == 1
+    assert value(s, "parley_compactions_total", trigger="threshold", strategy="selective") == 1
+    assert value(s, "parley_compactions_total", trigger="manual", strategy="summary") == 1
+
+
+def test_session_figures_are_labelled_and_bounded() -> None:
+    m = GatewayMetrics()
+    figures = SessionFigures(
+        utilisation=0.42,
+        compactions_by_strategy={"summary": 2, "sliding-window": 1},
+        compactions_by_trigger={"threshold": 2, "messages": 1},
+        last_tokens_before=52_000,
+        last_tokens_after=9_000,
+    )
+    m.session("s-1", figures)
+    s = scrape(m)
+    assert value(s, "parley_session_context_utilisation", session="s-1") == 0.42
+    assert series(s, "parley_session_compactions_by_strategy") == {
+        frozenset({("session", "s-1"), ("strategy", "summary")}): 2,
+        frozenset({("session", "s-1"), ("strategy", "sliding_window")}): 1,
+    }
+    assert value(s, "parley_session_compactions_by_trigger", session="s-1", trigger="messages") == 1
+    assert value(s, "parley_session_last_compaction_tokens", session="s-1", stage="after") == 9_000
+    # Only the most recently active sessions are carried: a busy bot's scrape stays small.
+    for i in range(SESSIONS_KEPT):
+        m.session(f"other-{i}", SessionFigures(0.1, {}, {}))
+    s = scrape(m)
+    assert len(series(s, "parley_session_context_utilisation")) == SESSIONS_KEPT
+    assert ("parley_session_context_utilisation", frozenset({("session", "s-1")})) not in s
 
 
 def test_unknown_reply_outcome_is_a_programming_error() -> None:
@@ -191,7 +224,9 @@ def test_error_labels_stay_bounded() -> None:
         frozenset({("kind", "send_failed")}): 1,
         frozenset({("kind", "other")}): 51,
     }
-    assert series(s, "parley_compactions_total") == {frozenset({("trigger", "other")}): 1}
+    assert series(s, "parley_compactions_total") == {
+        frozenset({("trigger", "other"), ("strategy", "summary")}): 1
+    }
 
 
 def test_memory_search_histogram() -> None:
