@@ -60,6 +60,7 @@ TRIGGER_OVERFLOW = "overflow"
 TRIGGER_MANUAL = "manual"
 TRIGGER_MESSAGES = "messages"  # compaction.max_messages since the last compaction
 TRIGGER_AGE = "age"  # compaction.max_age_seconds since the last compaction
+TRIGGER_HISTORY = "history"  # the view's history limit hides messages: fold them
 CHECKPOINTS_DIR_NAME = "checkpoints"
 # The kept part never takes more than this share of the compaction threshold (the
 # summary, the system prompt and the 1.2 margin come on top of it): a

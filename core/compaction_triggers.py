@@ -3,7 +3,12 @@
 ``compaction.max_messages`` (default 500) fires once that many messages were
 written since the last compaction; ``compaction.max_age_seconds`` (off by default)
 once that long has passed since it (since the first message when there was none).
-Both fire only at the start of a turn, when the newest message is the user's: an
+A third, ``history``, fires when the live window holds more messages than the view's
+history limit (``history_messages``, by default derived from the window) shows: the
+limit alone would hide them from the model with no summary; folding them keeps what
+matters (the summary and the ledger) in view.
+
+All fire only at the start of a turn, when the newest message is the user's: an
 assistant message with tool calls awaiting results, or results awaiting the
 assistant's continuation, would be folded mid tool loop otherwise.
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from core.compaction import TRIGGER_AGE, TRIGGER_MESSAGES
+from core.compaction import TRIGGER_AGE, TRIGGER_HISTORY, TRIGGER_MESSAGES
 from core.context_config import CompactionConfig
 from core.history import is_turn_start
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
@@ -41,14 +46,19 @@ def at_turn_start(entries: Sequence[Entry]) -> bool:
     return newest is not None and is_turn_start(newest.message)
 
 
-def due_trigger(entries: Sequence[Entry], config: CompactionConfig, now: datetime) -> str | None:
-    """``TRIGGER_MESSAGES`` or ``TRIGGER_AGE`` when one is due now, else None."""
+def due_trigger(
+    entries: Sequence[Entry], config: CompactionConfig, now: datetime, *, history_limit: int = 0
+) -> str | None:
+    """``TRIGGER_MESSAGES``, ``TRIGGER_HISTORY`` or ``TRIGGER_AGE`` when one is due now,
+    else None. ``history_limit``: the view's message limit (0 = none)."""
     if not at_turn_start(entries):
         return None
     since, last = _since_last_compaction(entries)
     messages = [e for e in since if e.type == ENTRY_MESSAGE]
     if config.max_messages > 0 and len(messages) >= config.max_messages:
         return TRIGGER_MESSAGES
+    if history_limit > 0 and sum(e.type == ENTRY_MESSAGE for e in entries) > history_limit:
+        return TRIGGER_HISTORY
     if config.max_age_seconds is not None:
         start = last if last is not None else (messages[0] if messages else None)
         stamp = parse_timestamp(start.ts) if start is not None else None

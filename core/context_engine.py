@@ -433,7 +433,12 @@ class ContextEngine:
             else:
                 state.compaction_blocked_at = _last_entry_id(transcript)
         elif self._may_compact(state, transcript) and (
-            trigger := due_trigger(transcript.live_entries(), self.config.compaction, self.now())
+            trigger := due_trigger(
+                transcript.live_entries(),
+                self.config.compaction,
+                self.now(),
+                history_limit=self.max_messages(request.chat_type, window),
+            )
         ):
             outcome = await self._compact_due(
                 transcript, request, messages, window, threshold, size.tokens, trigger, events

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.compaction import TRIGGER_AGE, TRIGGER_MESSAGES, CompactionOutcome
+from core.compaction import TRIGGER_AGE, TRIGGER_HISTORY, TRIGGER_MESSAGES, CompactionOutcome
 from core.compaction_triggers import due_trigger, parse_timestamp
 from core.config import RetryConfig
 from core.context_config import CompactionConfig, ContextConfig
@@ -142,6 +142,46 @@ async def test_prepare_compacts_on_the_message_count(tmp_path: Path) -> None:
     assert "ORD-1000" in view.messages[0].text  # the ledger came along
     # The next call of the same turn does not compact again.
     await eng.prepare(transcript, REQUEST, TurnEvents())
+    assert len(compactions(transcript)) == 1
+
+
+def test_history_fires_when_the_view_limit_would_hide_messages(tmp_path: Path) -> None:
+    transcript = new_transcript(tmp_path)
+    chat(transcript, 5)  # 11 messages
+    now = parse_timestamp(transcript.live_entries()[-1].ts)
+    assert now is not None
+    config = CompactionConfig(max_messages=0)
+    assert due_trigger(transcript.live_entries(), config, now, history_limit=10) == (
+        TRIGGER_HISTORY
+    )
+    assert due_trigger(transcript.live_entries(), config, now, history_limit=11) is None
+    assert due_trigger(transcript.live_entries(), config, now) is None
+
+
+async def test_messages_the_derived_limit_would_hide_are_folded_instead(tmp_path: Path) -> None:
+    """A 10k window shows 20 messages: at 41 live ones, the older are summarised (and
+    their identifiers kept in the ledger), not silently left out of the view."""
+    transcript = new_transcript(tmp_path)
+    chat(transcript, 20)
+    provider = SummaryProvider(summary_reply("## Decisions\n- folded"))
+    eng = engine(
+        provider,
+        tmp_path,
+        models={MODEL: {"context_tokens": 10_000}},
+        min_window_tokens=1_000,
+        compaction={"keep_recent_turns": 2, "keep_recent_tokens": 100},
+    )
+    small = ViewRequest("k", "system", (), MODEL)
+    view = await eng.prepare(transcript, small, TurnEvents())
+    [made] = compactions(transcript)
+    assert made["trigger"] == TRIGGER_HISTORY
+    assert view.messages[0].text.startswith(COMPACTION_SUMMARY_PREFIX)
+    assert "ORD-1000" in view.messages[0].text  # hidden before; in the ledger now
+    assert len(view.messages) <= derived_history_messages(10_000)
+    # Nothing left to hide: the next turn's first call does not compact again.
+    transcript.append_message(Message.assistant("ok"))
+    transcript.append_message(Message.user("more?"))
+    await eng.prepare(transcript, small, TurnEvents())
     assert len(compactions(transcript)) == 1
 
 
