@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import socket
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -111,6 +113,13 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
             resource = db
         backend = PgMemoryBackend(db, loaded.config.agent.id, vector_index=storage.vector_index)
         transcripts = StoreTranscriptSource(PgTranscriptStore(db))
+    tasks_dir: Path | None = None
+    writer: str | None = None
+    if storage.backend == "postgres":
+        # Replicas share the index, so they must share the task logs it reads: they
+        # live on the shared workspace volume, each replica appending to its own folder.
+        tasks_dir = loaded.workspace / SHARED_TASKS_DIR
+        writer = replica_writer(loaded.config.http.port)
     return MemoryIndex(
         settings,
         db_path=memory_db_path(loaded),
@@ -121,7 +130,20 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
         backend=backend,
         transcripts=transcripts,
         resource=resource,
+        tasks_dir=tasks_dir,
+        tasks_writer=writer,
     )
+
+
+# Under the workspace (hidden: not a memory file, and not the user's to edit).
+SHARED_TASKS_DIR = Path(".parley") / "tasks"
+
+
+def replica_writer(port: int) -> str:
+    """A name for this replica's task-log folder, stable across its restarts: the host
+    and the HTTP port (replicas on one host listen on different ports)."""
+    host = re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).strip(".-")[:60] or "host"
+    return f"{host}-{port}"
 
 
 async def record_turn_task(

@@ -247,6 +247,7 @@ class MemoryIndex:
         transcripts: TranscriptSource | None = None,
         resource: AsyncResource | None = None,
         tasks_dir: Path | None = None,
+        tasks_writer: str | None = None,
     ) -> None:
         self.settings = settings
         self.db_path = db_path
@@ -257,7 +258,7 @@ class MemoryIndex:
         # The sessions source: the transcript files by default, a store's rows otherwise.
         self.transcripts: TranscriptSource = transcripts or FileTranscriptSource(sessions_dir)
         # Task records live beside memory.db (local files, whatever the backend).
-        self.task_log = TaskLog(tasks_dir or db_path.parent / "tasks")
+        self.task_log = TaskLog(tasks_dir or db_path.parent / "tasks", writer=tasks_writer)
         self._resource = resource
         self.embedder = embedder
         self.scope_for = scope_for or default_scope_resolver(settings.transcript_scope)
@@ -432,7 +433,7 @@ class MemoryIndex:
             if SESSIONS_SOURCE in self.settings.sources:
                 found += self.transcripts.transcripts()
             if TASKS_SOURCE in self.settings.sources:
-                found += task_files(self.task_log.directory)
+                found += task_files(self.task_log.files(), self.task_log.directory)
             return found
 
         return await asyncio.to_thread(discover)

@@ -118,14 +118,14 @@ def transcript_files(sessions_dir: Path) -> list[SourceFile]:
     ]
 
 
-def task_files(tasks_dir: Path) -> list[SourceFile]:
-    """The task logs (``tasks/<digest>.jsonl``), in a stable order."""
-    if not tasks_dir.is_dir():
-        return []
+def task_files(paths: Sequence[Path], tasks_dir: Path) -> list[SourceFile]:
+    """The task logs ``paths`` under ``tasks_dir`` as sources: ``tasks/<digest>.jsonl``,
+    or ``tasks/<writer>/<digest>.jsonl`` when replicas share the directory."""
     return [
-        SourceFile(f"{TASKS_SOURCE}/{path.name}", path, TASKS_SOURCE, None)
-        for path in sorted(tasks_dir.glob("*.jsonl"))
-        if path.is_file() and not path.is_symlink()
+        SourceFile(
+            f"{TASKS_SOURCE}/{path.relative_to(tasks_dir).as_posix()}", path, TASKS_SOURCE, None
+        )
+        for path in paths
     ]
 
 

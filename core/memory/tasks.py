@@ -164,20 +164,39 @@ def scope_file_name(scope: str) -> str:
 
 class TaskLog:
     """Appends task records to ``<directory>/<digest of scope>.jsonl``. Blocking: call
-    it on a worker thread."""
+    it on a worker thread.
 
-    def __init__(self, directory: Path) -> None:
+    ``writer``: several gateway replicas share one directory (on the shared workspace
+    volume), each appending under ``<directory>/<writer>/`` only, so no two processes
+    ever append to one file; reads and the index take every writer's files.
+    """
+
+    def __init__(self, directory: Path, *, writer: str | None = None) -> None:
         self.directory = directory
+        self.writer = writer
         self._lock = threading.Lock()
 
     def path_for(self, scope: str) -> Path:
-        return self.directory / scope_file_name(scope)
+        folder = self.directory / self.writer if self.writer else self.directory
+        return folder / scope_file_name(scope)
+
+    def files(self, scopes: Iterable[str] | None = None) -> list[Path]:
+        """Every writer's log files (of ``scopes``, when given), in a stable order."""
+        if not self.directory.is_dir():
+            return []
+        wanted = None if scopes is None else {scope_file_name(s) for s in scopes}
+        found = [*self.directory.glob("*.jsonl"), *self.directory.glob("*/*.jsonl")]
+        return sorted(
+            path
+            for path in found
+            if path.is_file() and not path.is_symlink() and (wanted is None or path.name in wanted)
+        )
 
     def append(self, record: TaskRecord) -> Path:
         line = (json.dumps(record.to_dict(), ensure_ascii=False) + "\n").encode("utf-8")
         path = self.path_for(record.scope)
         with self._lock:
-            self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
             try:
                 os.write(fd, line)  # one write of the whole line: readers never see half
@@ -187,14 +206,8 @@ class TaskLog:
 
     def records(self, scopes: Iterable[str] | None = None) -> list[TaskRecord]:
         """Every record (of ``scopes``, when given), oldest first per file."""
-        if scopes is not None:
-            paths = [self.path_for(s) for s in dict.fromkeys(scopes)]
-        elif self.directory.is_dir():
-            paths = sorted(self.directory.glob("*.jsonl"))
-        else:
-            paths = []
         out: list[TaskRecord] = []
-        for path in paths:
+        for path in self.files(scopes):
             try:
                 text = path.read_text(encoding="utf-8", errors="replace")
             except FileNotFoundError:

@@ -18,6 +18,7 @@ import pytest
 
 from core.memory.embedders import EmbedderSettings, ResilientEmbedder
 from core.memory.sources import AGENT_SCOPE, StoreTranscriptSource
+from core.memory.tasks import TaskRecord
 from core.messages import Message
 from gateway.app import Gateway
 from gateway.cli import build_parser
@@ -190,3 +191,50 @@ async def test_the_memory_command_indexes_and_searches_postgres(
     assert "1 indexed" in out
     assert f"sessions/{SID}.jsonl" in out
     assert "memory index 'main'" in out and "PostgreSQL" in out
+
+
+async def test_replicas_share_task_records_through_the_workspace(
+    tmp_path: Path, pg_url: str, state: StateStores
+) -> None:
+    """Two replicas (two HTTP ports, one workspace volume, one database): each appends
+    to its own folder, and each one's index and stats hold both records; neither's
+    sync drops the other's rows."""
+
+    def replica(port: int) -> LoadedConfig:
+        return memory_config(
+            tmp_path,
+            PARLEY_STORAGE__BACKEND="postgres",
+            PARLEY_STORAGE__URL=pg_url,
+            PARLEY_STORAGE__VECTOR_INDEX="exact",
+            PARLEY_HTTP__PORT=str(port),
+        )
+
+    first = build_memory_index(replica(8801), db=state.pg)
+    second = build_memory_index(replica(8802), db=state.pg)
+    assert first.task_log.directory == second.task_log.directory
+    assert first.task_log.writer != second.task_log.writer
+    started = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    await first.open()
+    await second.open()
+    try:
+        await first.record_task(
+            TaskRecord("rotate the backup keys", {"shell": 2}, "ok", (), started, 3.0)
+        )
+        await second.record_task(
+            TaskRecord(
+                "deploy the staging cluster", {"shell": 1}, "error", ("exit 2",), started, 9.0
+            )
+        )
+        for index in (first, second, first):  # each sync sees every replica's files
+            await index.sync()
+        for index in (first, second):
+            stats = await index.task_stats()
+            assert (stats.total, stats.by_outcome["ok"], stats.by_outcome["error"]) == (2, 1, 1)
+            for request in ("rotate the backup keys", "deploy the staging cluster"):
+                result = await index.search(request, scopes=[AGENT_SCOPE])
+                assert result.hits and result.hits[0].path.startswith("tasks/"), request
+        folders = sorted(p.parent.name for p in first.task_log.files())
+        assert folders == sorted([first.task_log.writer, second.task_log.writer])
+    finally:
+        await first.close()
+        await second.close()
