@@ -237,7 +237,9 @@ class Runner:
             else:
                 # Truncated once, here, so the transcript and the model hold the same text.
                 cap = tool_result_cap(view.window, self.agent.tool_result_max_chars)
-                await self._engine_idle(turn.session_key)
+                # The compacting state: a compaction of this session (e.g. /compact from
+                # the admin API) finishes before a tool runs against the history.
+                await self.engine.idle(turn.session_key)
                 results = [await self.tools.run(use, context, max_chars=cap) for use in uses]
             await append(Message("tool_result", tuple(results)))
 
@@ -292,12 +294,6 @@ class Runner:
                 "recall skipped in session %s: %s: %s", turn.session_key, type(exc).__name__, exc
             )
             return None
-
-    async def _engine_idle(self, session_key: str) -> None:
-        """Let the engine use the wait for tools (background work), when it can."""
-        idle = getattr(self.engine, "idle", None)
-        if idle is not None:
-            await idle(session_key)
 
     async def view_request(
         self, session_key: str, model: str | None = None, chat_type: str = "direct"
