@@ -49,6 +49,11 @@ class SessionFiguresCache:
             self._cache.popitem(last=False)
         return stats
 
+    def peek(self, session_id: str) -> CompactionStats | None:
+        """The cached figures, without reading anything (None: not seen yet)."""
+        cached = self._cache.get(session_id)
+        return cached[2] if cached is not None else None
+
     def forget(self, session_id: str) -> None:
         self._cache.pop(session_id, None)
 
