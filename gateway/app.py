@@ -189,6 +189,7 @@ class Gateway:
         self.provider_health = ProviderHealth()
         self._register_gauges()  # read at scrape time: registered once, live across restarts
         self._transcripts: OrderedDict[str, SessionTranscript] = OrderedDict()
+        self._opening: dict[str, asyncio.Future[SessionTranscript]] = {}
         self._not_recorded: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._redelivering: set[int] = set()  # inbox ids queued for another send
         # Per undelivered reply: (sends tried again, monotonic time of the next one).
@@ -930,6 +931,17 @@ class Gateway:
         if cached is not None:
             self._transcripts.move_to_end(record.session_id)
             return cached
+        # One open per session at a time: a reader outside the lane (/context, the admin
+        # API) racing the lane's first open would otherwise make a second object on the
+        # same transcript, with its own idea of where the file ends.
+        opening = self._opening.get(record.session_id)
+        if opening is None:
+            opening = asyncio.ensure_future(self._open_transcript(record))
+            self._opening[record.session_id] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(record.session_id, None))
+        return await asyncio.shield(opening)
+
+    async def _open_transcript(self, record: SessionRecord) -> SessionTranscript:
         store = self.state.transcripts
         try:
             transcript = await asyncio.to_thread(store.open, record.session_id)

@@ -88,6 +88,23 @@ async def test_message_is_answered_and_recorded(stack: Any, tmp_path: Path) -> N
     assert channel.sent[0].reply_to_message_id is not None
 
 
+async def test_concurrent_first_opens_of_a_transcript_share_one_object(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """After a restart, /context or the admin API may open a session's transcript while
+    its lane does: one object, or two writers would disagree on where the file ends."""
+    config = make_config(tmp_path)
+    channel = RecordingChannel()
+    async with Gateway(config, channels=[channel], provider=ScriptedProvider(), clock=clock) as g:
+        await say(g, channel, "hello")
+    async with Gateway(config, channels=[channel], provider=ScriptedProvider(), clock=clock) as g:
+        record = await g.registry.get_active("agent:main:test:direct:alice")
+        assert record is not None
+        opened = await asyncio.gather(*(g.transcript(record) for _ in range(5)))
+        assert all(t is opened[0] for t in opened)
+        assert await g.transcript(record) is opened[0]  # cached afterwards
+
+
 async def test_system_prompt_is_byte_stable_across_turns(stack: Any) -> None:
     gateway, channel, provider = stack
     await say(gateway, channel, "one")
