@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import sys
 import threading
 import uuid
@@ -25,12 +26,15 @@ from channels.base import (
     DeliveryResult,
     InboundHandler,
     InboundMessage,
+    InboundNotStored,
     OutboundMessage,
     WebhookRoute,
 )
 from channels.config import TerminalConfig
 
 REPLY_PREFIX = "parley> "
+
+logger = logging.getLogger("parley.channels.terminal")
 
 
 class TerminalChannel:
@@ -127,20 +131,30 @@ class TerminalChannel:
                 self._prompt()
                 continue
             assert self._handler is not None
-            await self._handler(
-                InboundMessage(
-                    channel=self.name,
-                    account="default",
-                    chat_type="direct",
-                    chat_id=self.config.sender_id,
-                    sender_id=self.config.sender_id,
-                    sender_name=self.config.sender_name,
-                    text=text,
-                    message_id=f"{self._run_id}-{next(counter)}",
-                    timestamp=datetime.now(UTC),
-                    mentions_bot=True,
-                )
+            inbound = InboundMessage(
+                channel=self.name,
+                account="default",
+                chat_type="direct",
+                chat_id=self.config.sender_id,
+                sender_id=self.config.sender_id,
+                sender_name=self.config.sender_name,
+                text=text,
+                message_id=f"{self._run_id}-{next(counter)}",
+                timestamp=datetime.now(UTC),
+                mentions_bot=True,
             )
+            try:
+                await self._handler(inbound)
+            except InboundNotStored as exc:  # storage refuses writes: the person retries
+                logger.warning("terminal: %s not stored: %s", inbound.message_id, exc)
+                self._write("(the message was not saved; try again)\n")
+                self._prompt()
+            except Exception:
+                # The reader must outlive any one message: if it died, end of input
+                # would never be seen and `parley chat` would wait forever.
+                logger.exception("terminal: handling %s failed", inbound.message_id)
+                self._write("(the message could not be handled; try again)\n")
+                self._prompt()
 
     def _prompt(self) -> None:
         if self._interactive:

@@ -533,7 +533,9 @@ class Gateway:
         record = await self.registry.get_active(key)
         # What the session's last turn or compaction in this process left: /status runs
         # outside the lane and must not read the transcript while a turn writes it.
-        stats = self.figures.peek(record.session_id) if record is not None else None
+        stats = None
+        if record is not None:
+            stats = await self.figures.stats(record.session_id, await self.transcript(record))
         return format_status(
             record,
             key=key,
@@ -561,8 +563,21 @@ class Gateway:
     async def _context_text(self, route: SessionRoute, mode: str) -> str:
         """``/context [list|detail|json]``: what the next request would hold, by part."""
         record = await self.registry.get_active(route.key)
-        transcript = await self.transcript(record) if record is not None else None
-        report, _ = await self.context_report(record, transcript, route.chat_type)
+        transcript = opened = None
+        if record is not None:
+            transcript = await self.cached_transcript(record)
+            if transcript is None:
+                # Outside the lane: a read-only copy for this read (none yet: the lane
+                # may be creating it), never the lane's way of opening.
+                with contextlib.suppress(TranscriptError):
+                    transcript = opened = await asyncio.to_thread(
+                        self.state.transcripts.open, record.session_id, read_only=True
+                    )
+        try:
+            report, _ = await self.context_report(record, transcript, route.chat_type)
+        finally:
+            if opened is not None:
+                opened.close()
         return render_context(report, mode or "list")
 
     async def context_report(
@@ -957,11 +972,24 @@ class Gateway:
         return transcript
 
     async def current_transcript(self, record: SessionRecord) -> SessionTranscript:
-        """``transcript``, reopened first when another replica appended to it (for
-        readers outside the session's lane: the admin API)."""
+        """``transcript``, reopened first when another replica appended to it (in the
+        session's lane)."""
         if self.replicas is not None:
             return await self.replicas.current_transcript(record)
         return await self.transcript(record)
+
+    async def cached_transcript(self, record: SessionRecord) -> SessionTranscript | None:
+        """The lane's open transcript when it has one that is current, else None; never
+        opens or creates one. For readers outside the lane (/context, the admin API):
+        opening the lane's way from there races the lane creating the file (a reader
+        would find it empty) or puts a second writer on it; they open read-only copies."""
+        cached = self._transcripts.get(record.session_id)
+        if cached is None:
+            return None
+        is_current = getattr(cached, "is_current", None)  # PostgreSQL, several replicas
+        if is_current is not None and not await asyncio.to_thread(is_current):
+            return None
+        return cached
 
     def _cache_transcript(self, session_id: str, transcript: SessionTranscript) -> None:
         self._transcripts[session_id] = transcript

@@ -41,7 +41,7 @@ log = logging.getLogger("parley.gateway.admin")
 
 T = TypeVar("T")
 
-ARCHIVED_TRANSCRIPTS_KEPT = 8
+READ_ONLY_TRANSCRIPTS_KEPT = 8
 _SESSION_ID = re.compile(s.SESSION_ID_PATTERN)
 ADMIN_RESET_REASON = "admin"
 
@@ -50,14 +50,14 @@ class AdminService:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         # session id -> (the store's stamp when opened, the read-only transcript)
-        self._archived: OrderedDict[str, tuple[tuple[int, ...], SessionTranscript]] = OrderedDict()
-        self._archived_lock = asyncio.Lock()
+        self._read_only: OrderedDict[str, tuple[tuple[int, ...], SessionTranscript]] = OrderedDict()
+        self._read_only_lock = asyncio.Lock()
 
     async def close(self) -> None:
-        async with self._archived_lock:
-            for _, transcript in self._archived.values():
+        async with self._read_only_lock:
+            for _, transcript in self._read_only.values():
                 transcript.close()
-            self._archived.clear()
+            self._read_only.clear()
 
     # -- health ---------------------------------------------------------------------------
 
@@ -336,31 +336,34 @@ class AdminService:
     async def _open(self, record: SessionRecord) -> SessionTranscript:
         try:
             if record.status == "active":
-                # Another replica may have written to it since this one cached it.
-                return await self.gateway.current_transcript(record)
-            return await self._open_archived(record)
+                # The lane's own, when it is open and current (another replica may have
+                # written since); else a read-only copy like an archived one's.
+                cached = await self.gateway.cached_transcript(record)
+                if cached is not None:
+                    return cached
+            return await self._open_read_only(record)
         except TranscriptError as exc:
             raise ApiError(404, "not_found", f"the transcript cannot be read: {exc}") from exc
 
-    async def _open_archived(self, record: SessionRecord) -> SessionTranscript:
+    async def _open_read_only(self, record: SessionRecord) -> SessionTranscript:
         store = self.gateway.state.transcripts
-        async with self._archived_lock:
+        async with self._read_only_lock:
             info = await asyncio.to_thread(store.info, record.session_id)
             if info is None:
                 raise TranscriptError(f"transcript not found: {record.session_id}")
             # A new stamp: the transcript changed since it was cached; open it afresh
             # rather than page through what it held then.
             stamp = info.stamp
-            cached = self._archived.get(record.session_id)
+            cached = self._read_only.get(record.session_id)
             if cached is not None and cached[0] == stamp:
-                self._archived.move_to_end(record.session_id)
+                self._read_only.move_to_end(record.session_id)
                 return cached[1]
             if cached is not None:
                 cached[1].close()
             transcript = await asyncio.to_thread(store.open, record.session_id, read_only=True)
-            self._archived[record.session_id] = (stamp, transcript)
-            while len(self._archived) > ARCHIVED_TRANSCRIPTS_KEPT:
-                _, (_, evicted) = self._archived.popitem(last=False)
+            self._read_only[record.session_id] = (stamp, transcript)
+            while len(self._read_only) > READ_ONLY_TRANSCRIPTS_KEPT:
+                _, (_, evicted) = self._read_only.popitem(last=False)
                 evicted.close()
             return transcript
 

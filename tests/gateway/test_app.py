@@ -4,6 +4,7 @@ a real state.db, real transcripts and the real lanes."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -103,6 +104,34 @@ async def test_concurrent_first_opens_of_a_transcript_share_one_object(
         opened = await asyncio.gather(*(g.transcript(record) for _ in range(5)))
         assert all(t is opened[0] for t in opened)
         assert await g.transcript(record) is opened[0]  # cached afterwards
+
+
+async def test_context_while_the_lane_creates_the_transcript(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/context answers from outside the lane. Asked while the lane is still creating
+    a new session's transcript, it reads no transcript (never creates one, never trips
+    on a half-made file), and the lane's turn then completes normally."""
+    gateway, channel, _ = stack
+    store = gateway.state.transcripts
+    real_create = store.create
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_create(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(store, "create", slow_create)
+    await gateway.handle_inbound(channel.inbound("hello", message_id="m1"))
+    assert await asyncio.to_thread(entered.wait, 10)
+    await gateway.handle_inbound(channel.inbound("/context", message_id="m2"))
+    [context] = await channel.wait_sent(1)
+    assert "History: 0 messages" in context.text
+    release.set()
+    await gateway.wait_idle()
+    sent = await channel.wait_sent(2)
+    assert sent[1].text == "echo: hello"
 
 
 async def test_system_prompt_is_byte_stable_across_turns(stack: Any) -> None:
