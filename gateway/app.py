@@ -533,9 +533,7 @@ class Gateway:
         record = await self.registry.get_active(key)
         # What the session's last turn or compaction in this process left: /status runs
         # outside the lane and must not read the transcript while a turn writes it.
-        stats = None
-        if record is not None:
-            stats = await self.figures.stats(record.session_id, await self.transcript(record))
+        stats = self.figures.peek(record.session_id) if record is not None else None
         return format_status(
             record,
             key=key,
