@@ -22,10 +22,15 @@ the oldest first among equals, until the rendered text is under the budget:
 leaves the kept turns (at most ``MAX_KEEP_SHARE`` of the threshold), the system
 prompt and a few turns of growth room before the next compaction. The survivors
 are rendered one per line (``[User]: ...``) in their original order.
+
+``/compact <focus>``: units that mention one of the focus's words (of 4 letters or
+more, case-insensitive) score ``FOCUS_BOOST`` higher, so what the person asked to keep
+is dropped last.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +47,9 @@ from core.summarizer import group_units, serialize_message
 SELECTIVE_HEADER = "Earlier conversation, its most important messages verbatim (oldest first):"
 # Bullets of the previous summary carried forward at most (the budget prunes further).
 MAX_PREVIOUS_LINES = 400
+# Above every rule's score: a unit the focus names outranks any it does not.
+FOCUS_BOOST = 1.0
+_FOCUS_WORD = re.compile(r"\w{4,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +59,16 @@ class _Item:
     tokens: int
 
 
+def focus_words(focus: str) -> frozenset[str]:
+    return frozenset(w.casefold() for w in _FOCUS_WORD.findall(focus))
+
+
+def _focused(text: str, words: frozenset[str]) -> bool:
+    return bool(words) and not words.isdisjoint(w.casefold() for w in _FOCUS_WORD.findall(text))
+
+
 def _items(request: FoldRequest, count_text: CountText) -> list[_Item]:
+    words = focus_words(request.focus)
     items = [
         _Item(line[2:], text_importance(line[2:]), count_text(line))
         for line in previous_bullets(request.previous_summary, MAX_PREVIOUS_LINES)
@@ -67,6 +84,11 @@ def _items(request: FoldRequest, count_text: CountText) -> list[_Item]:
         seen.add(key)
         score = 0.05 if repeat else max(message_importance(m) for m in unit)
         items.append(_Item(_one_line(text), score, count_text(text)))
+    if words:
+        items = [
+            _Item(i.text, i.score + FOCUS_BOOST, i.tokens) if _focused(i.text, words) else i
+            for i in items
+        ]
     return items
 
 

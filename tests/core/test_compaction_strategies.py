@@ -115,6 +115,35 @@ async def test_selective_keeps_a_failed_call_with_its_error(tmp_path: Path) -> N
     assert "shell(" in line and "[Tool result (error)]" in line
 
 
+async def test_selective_keeps_what_the_compact_focus_names(tmp_path: Path) -> None:
+    """An ordinary message (scored like the filler, and older) is dropped first unless
+    ``/compact <focus>`` names it."""
+    gazebo = "The gazebo gets two coats of sage green paint, the shed stays as it is."
+
+    async def fold(focus: str) -> str:
+        folder = tmp_path / ("focus" if focus else "none")
+        folder.mkdir()
+        transcript = new_transcript(folder)
+        transcript.append_message(Message.user(gazebo))
+        transcript.append_message(Message.assistant("Sounds lovely."))
+        planted(transcript)
+        compactor = make_compactor(SummaryProvider(failing), strategy="selective")
+        outcome = await compactor.compact(
+            transcript,
+            trigger=TRIGGER_MANUAL,
+            window=20_000,
+            threshold=THRESHOLD,
+            base_tokens=0,
+            tokens_before=100_000,
+            focus=focus,
+        )
+        return str(details(outcome)["summary_only"])
+
+    assert gazebo not in await fold("")
+    kept = await fold("what about the Gazebo?")
+    assert gazebo in kept and DECISION in kept  # the focus adds, the rules still hold
+
+
 async def test_selective_carries_the_previous_selection_forward(tmp_path: Path) -> None:
     transcript = new_transcript(tmp_path)
     planted(transcript)
