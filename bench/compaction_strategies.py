@@ -110,6 +110,7 @@ from gateway.locomo import (
     embedder_settings,
     found_dia_ids,
     load_locomo,
+    percentile,
     recall_within,
     write_transcripts,
 )
@@ -146,13 +147,6 @@ _SECTION = re.compile(
 
 def collapse(text: str) -> str:
     return _SPACES.sub(" ", text).strip()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def log(message: str) -> None:

@@ -135,8 +135,15 @@ class Runner:
             return entry
 
         recall: Recall | None = None
+        view_request: ViewRequest | None = None
         if not turn.resume:
-            recall = await self._recall(transcript, turn)
+            if self._wants_recall(turn):
+                # Built once for the turn: recall needs its system prompt (what is already
+                # in view), and every provider call of the turn sends it.
+                view_request = await self.view_request(
+                    turn.session_key, turn.model, turn.chat_type
+                )
+                recall = await self._recall(transcript, turn, view_request.system)
             # The recall block goes first: the engine protects the newest user words and
             # the turn context at the tail when it must shed text, and recalled notes are
             # the cheapest thing to lose. Either way it is in the volatile newest message.
@@ -149,7 +156,8 @@ class Runner:
                 meta[RECALL_META_KEY] = recall.to_meta()
             await append(Message("user", tuple(blocks)), meta=meta or None)
 
-        view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
+        if view_request is None:
+            view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
         system, specs, model = view_request.system, view_request.tools, view_request.model
         context = ToolContext(
             workspace=self.workspace,
@@ -270,17 +278,20 @@ class Runner:
         )
         return result
 
-    async def _recall(self, transcript: SessionTranscript, turn: TurnRequest) -> Recall | None:
-        """Recall for this turn's message; None when off, not triggered, or failed."""
-        if (
-            self.recaller is None
-            or not turn.memory_scopes
-            or self.recaller.reason(turn.user_text) is None
-        ):
-            return None
+    def _wants_recall(self, turn: TurnRequest) -> bool:
+        return (
+            self.recaller is not None
+            and bool(turn.memory_scopes)
+            and self.recaller.reason(turn.user_text) is not None
+        )
+
+    async def _recall(
+        self, transcript: SessionTranscript, turn: TurnRequest, system: str
+    ) -> Recall | None:
+        """Recall for this turn's message; None when it found nothing to add or failed."""
+        assert self.recaller is not None
         try:
             live = transcript.live_entries()
-            system = (await asyncio.to_thread(self.prompt.build)).text
             return await self.recaller.recall(
                 turn.user_text,
                 scopes=turn.memory_scopes,

@@ -260,7 +260,7 @@ class Bm25Baseline:
         self._db.close()
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -408,8 +408,8 @@ async def _run(
         "recall": summary_ours,
         "baseline_bm25_turns": summary_base,
         "ratio_at_1000": round(summary_ours["all"]["1000"] / at_1000, 3) if at_1000 else None,
-        "search_ms_p50": round(_percentile(latencies, 0.5), 2),
-        "search_ms_p95": round(_percentile(latencies, 0.95), 2),
+        "search_ms_p50": round(percentile(latencies, 0.5), 2),
+        "search_ms_p95": round(percentile(latencies, 0.95), 2),
         "index_seconds": round(index_seconds, 2),
         "messages_indexed": messages,
         "chunks": chunks,

@@ -70,7 +70,7 @@ def is_evergreen(path: str, source: str) -> bool:
     return path.startswith("memory/") and memory_file_date(path) is None
 
 
-def _timestamp(value: str | None) -> float | None:
+def iso_timestamp(value: str | None) -> float | None:
     """Seconds since the epoch of an ISO 8601 timestamp (naive means UTC), or None."""
     if not value:
         return None
@@ -98,7 +98,7 @@ def chunk_age_days(
     """
     if is_evergreen(path, source):
         return None
-    moment = _timestamp(chunk_ts) if source == SESSIONS_SOURCE else None
+    moment = iso_timestamp(chunk_ts) if source == SESSIONS_SOURCE else None
     if moment is None and (day := memory_file_date(path)) is not None:
         moment = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
     if moment is None and file_mtime is not None and math.isfinite(file_mtime):

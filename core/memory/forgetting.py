@@ -28,7 +28,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from core.importance import DEFAULT, NOTHING, text_importance
-from core.memory.decay import is_evergreen
+from core.memory.decay import is_evergreen, iso_timestamp
 from core.memory.settings import ForgettingSettings
 from core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
 from core.memory.store import ForgettableChunk, Tombstone
@@ -89,17 +89,6 @@ def chunk_importance(text: str) -> float:
         raw = text_importance(line)
         best = max(best, score, raw if raw > DEFAULT else NOTHING)
     return best
-
-
-def iso_timestamp(value: str | None) -> float | None:
-    """Seconds since the epoch of an ISO 8601 time (naive means UTC); None if unreadable."""
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def chunk_moment(chunk: ForgettableChunk) -> float:

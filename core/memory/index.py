@@ -51,12 +51,12 @@ from core.memory.backend import (
     StoreBackend,
 )
 from core.memory.chunking import chunk_markdown, chunk_turns, header_agent_name, transcript_turns
+from core.memory.decay import iso_timestamp
 from core.memory.embedders import Embedder, ResilientEmbedder
 from core.memory.forgetting import (
     FORGETTABLE_SOURCES,
     LAST_RUN_KEY,
     ForgettingReport,
-    iso_timestamp,
     plan_forgetting,
 )
 from core.memory.query import cjk_index_text

@@ -33,7 +33,6 @@ ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default"
 # The versions that introduced each part (see gateway/pg/migrations.py).
 TRANSCRIPTS_SINCE = 2
 MEMORY_SINCE = 3
-FORGETTING_SINCE = 5
 
 
 def message(mid: str, text: str) -> InboundMessage:
@@ -137,4 +136,3 @@ async def test_an_earlier_schema_migrates_with_its_data(pg_url: str, version: in
         evicted = Tombstone("sessions/x.jsonl", "h", "agent", "sessions", 1, 2, "age", 1.0, "p")
         await call(live.add_tombstones, [evicted])  # forgetting's tables (v5)
         assert await call(live.tombstones) == [evicted]
-        assert version < FORGETTING_SINCE
