@@ -140,9 +140,7 @@ class Runner:
             if self._wants_recall(turn):
                 # Built once for the turn: recall needs its system prompt (what is already
                 # in view), and every provider call of the turn sends it.
-                view_request = await self.view_request(
-                    turn.session_key, turn.model, turn.chat_type
-                )
+                view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
                 recall = await self._recall(transcript, turn, view_request.system)
             # The recall block goes first: the engine protects the newest user words and
             # the turn context at the tail when it must shed text, and recalled notes are
