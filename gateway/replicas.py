@@ -160,11 +160,8 @@ class ReplicaCoordinator:
         """The session's transcript, reopened if another replica appended to it since
         this one cached it."""
         gateway = self.gateway
-        cached = gateway._transcripts.get(record.session_id)
-        if cached is not None:
-            is_current = getattr(cached, "is_current", None)
-            if is_current is not None and not await asyncio.to_thread(is_current):
-                gateway._forget_transcript(record.session_id)
+        if await gateway.cached_transcript(record) is None:
+            gateway._forget_transcript(record.session_id)  # stale (or not open): reopen
         return await gateway.transcript(record)
 
     # -- orphans ------------------------------------------------------------------------
