@@ -53,7 +53,7 @@ from core.compaction_triggers import due_trigger
 from core.config import RetryConfig
 from core.context_config import ContextConfig
 from core.errors import ContextBudgetError, ContextOverflowError
-from core.flush import FlushOutcome, MemoryFlusher, flush_due, flushed_this_cycle
+from core.flush import FlushOutcome, FlushTarget, MemoryFlusher, flush_due, flushed_this_cycle
 from core.history import build_history, is_summary_block, is_turn_start, repair_history
 from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
 from core.prompt import is_recall_block, is_turn_context
@@ -172,7 +172,7 @@ class ContextEngine:
         provider: Provider,
         retry: RetryConfig,
         max_output: int,
-        workspace: Path,
+        flush_target: FlushTarget | None = None,
         checkpoints_dir: Path | None = None,
         counter: TokenCounter | None = None,
         calibration: Calibration | None = None,
@@ -221,7 +221,7 @@ class ContextEngine:
             provider=provider,
             retry=retry,
             config=config.flush,
-            workspace=workspace,
+            target=flush_target,
             zone=zone,
             now=now,
         )
@@ -512,7 +512,10 @@ class ContextEngine:
         events: TurnEvents,
     ) -> None:
         """The memory flush over the view trimmed to ``budget``. A view that cannot be
-        made to fit gets no flush: the compaction that follows must still run."""
+        made to fit gets no flush: the compaction that follows must still run. Without
+        a flush target (no private notes) there is nowhere to write: no flush."""
+        if self.flusher.target is None:
+            return
         state = self._state(request.session_key, request.model)
         try:
             fitted, _ = self._fit(state, request, messages, budget)

@@ -3,9 +3,11 @@
 When a session nears its compaction threshold (within ``soft_threshold_tokens``) or its
 live transcript passes ``force_transcript_bytes``, the model is asked once per
 compaction cycle to write down what is worth keeping for the long term. Its answer is
-appended, by code, to ``memory/YYYY-MM-DD.md`` in the workspace (the date in the
-user's time zone): that file is the only thing a flush can write, and only at its end.
-The model may answer ``NO_REPLY``.
+appended, by code, to ``YYYY-MM-DD.md`` in the private notes of the session's own
+audience (``core.memory.notes``; the date in the user's time zone): a person's flush
+never lands where another person, a group or the agent-wide memory could read it. That
+file is the only thing a flush can write, and only at its end. The model may answer
+``NO_REPLY``.
 
 Why not a write tool, as OpenClaw does: the flush must not depend on the model calling
 a tool correctly (nanobot #1979), and the request reuses the session's exact tools,
@@ -20,27 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
-from pathlib import Path
 from typing import Literal
 
 from core.config import RetryConfig
 from core.context_config import FlushConfig
 from core.errors import ProviderError
+from core.memory.audience import Audience
+from core.memory.notes import NoteError, NoteStore
 from core.messages import Message, ToolSpec, Usage
 from core.prompt import SILENT_REPLY
 from core.providers.base import Provider, ProviderRequest
 from core.providers.retry import call_with_retry
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, TranscriptHeader
 from core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.flush")
 
 FLUSH_CUSTOM_TYPE = "memory_flush"
-MEMORY_DIR_NAME = "memory"
 MAX_NOTE_CHARS = 8_000
 FLUSH_PROMPT = (
     "[memory flush] This is a silent maintenance turn, not a message from the user: the "
@@ -110,26 +111,13 @@ def flush_due(
     return near or big
 
 
-def memory_file(workspace: Path, when: datetime) -> Path:
-    return workspace / MEMORY_DIR_NAME / f"{when:%Y-%m-%d}.md"
+@dataclass(frozen=True, slots=True)
+class FlushTarget:
+    """Where flushes write: the private notes, in the audience of the transcript's
+    header (None: the transcript belongs to nobody known, and nothing is written)."""
 
-
-def append_note(workspace: Path, when: datetime, text: str, session_key: str) -> Path:
-    """Append ``text`` to today's memory file; refuse anything outside workspace/memory."""
-    folder = workspace / MEMORY_DIR_NAME
-    folder.mkdir(parents=True, exist_ok=True)
-    path = memory_file(workspace, when)
-    root = folder.resolve()
-    if path.resolve().parent != root:  # a symlinked file pointing elsewhere
-        raise OSError(f"refusing to write outside {root}: {path}")
-    header = f"\n## {when:%H:%M} — saved before compaction ({session_key})\n\n"
-    # O_APPEND: concurrent flushes of two sessions interleave whole writes, never bytes.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, (header + text.strip() + "\n").encode("utf-8"))
-    finally:
-        os.close(fd)
-    return path
+    notes: NoteStore
+    audience_of: Callable[[TranscriptHeader], Audience | None]
 
 
 class MemoryFlusher:
@@ -139,14 +127,14 @@ class MemoryFlusher:
         provider: Provider,
         retry: RetryConfig,
         config: FlushConfig,
-        workspace: Path,
+        target: FlushTarget | None,
         zone: Callable[[], tzinfo],
         now: Callable[[], datetime],
     ) -> None:
         self.provider = provider
         self.retry = retry
         self.config = config
-        self.workspace = workspace
+        self.target = target
         self.zone = zone
         self.now = now
 
@@ -163,7 +151,14 @@ class MemoryFlusher:
     ) -> FlushOutcome:
         """One flush call; never raises for a provider failure (the outcome says it)."""
         when = self.now().astimezone(self.zone())
-        relative = f"{MEMORY_DIR_NAME}/{when:%Y-%m-%d}.md"
+        target = self.target
+        audience = target.audience_of(transcript.header) if target is not None else None
+        if target is None or audience is None or audience.kind == "agent":
+            # Nothing the bot writes on its own is agent-wide: no audience, no flush.
+            outcome = FlushOutcome("failed", trigger, reason="the session has no audience")
+            await self._record(transcript, outcome)
+            return outcome
+        relative = target.notes.display(audience, f"{when:%Y-%m-%d}.md")
         request = ProviderRequest(
             model=model,
             system=system,
@@ -183,22 +178,26 @@ class MemoryFlusher:
             else:
                 text = text[:MAX_NOTE_CHARS]
                 try:
-                    await asyncio.to_thread(
-                        append_note, self.workspace, when, text, transcript.header.key
+                    relative = await asyncio.to_thread(
+                        target.notes.append_flush, audience, when, text
                     )
                     outcome = FlushOutcome(
                         "written", trigger, relative, len(text), usage=response.usage
                     )
-                except OSError as exc:
+                except (OSError, NoteError) as exc:
                     outcome = FlushOutcome(
                         "failed", trigger, reason=f"cannot write {relative}: {exc}"
                     )
+        await self._record(transcript, outcome)
+        return outcome
+
+    async def _record(self, transcript: SessionTranscript, outcome: FlushOutcome) -> None:
         await asyncio.to_thread(
             transcript.append_custom,
             FLUSH_CUSTOM_TYPE,
             {
                 "status": outcome.status,
-                "trigger": trigger,
+                "trigger": outcome.trigger,
                 "path": outcome.path,
                 "chars": outcome.chars,
                 "reason": outcome.reason,
@@ -208,9 +207,8 @@ class MemoryFlusher:
         log.info(
             "memory flush session=%s trigger=%s status=%s chars=%d %s",
             transcript.header.key,
-            trigger,
+            outcome.trigger,
             outcome.status,
             outcome.chars,
             outcome.reason,
         )
-        return outcome

@@ -34,9 +34,10 @@ from core.config import AgentConfig, RetryConfig
 from core.context_config import ContextConfig
 from core.context_engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
 from core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
+from core.memory.audience import Viewer
 from core.memory.recall import RECALL_META_KEY, LiveContext, Recall, Recaller, previous_user_text
 from core.messages import Message, TextBlock, ToolResultBlock, Usage
-from core.prompt import SystemPromptBuilder
+from core.prompt import SystemPromptBuilder, turn_context_block
 from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
 from core.providers.retry import call_with_retry
 from core.tools.registry import ToolContext, ToolRegistry
@@ -74,12 +75,15 @@ class TurnResult:
 class TurnRequest:
     session_key: str
     user_text: str
-    context_text: str = ""  # volatile facts, stored as the first block of the user message
+    context_text: str = ""  # volatile facts, stored as the last block of the user message
     meta: dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # the user message is already in the transcript (crash recovery)
     model: str | None = None  # per-session override
     chat_type: str = "direct"  # picks the history turn limit
     memory_scopes: tuple[str, ...] = ()  # what memory_search may see in this conversation
+    # Who is reading and writing memory in this conversation (core.memory.audience):
+    # memory_get, remember and the flush ask it; None where memory is off.
+    memory_viewer: Viewer | None = None
 
 
 RetryHook = Callable[[int, ProviderError, float], None]
@@ -148,7 +152,7 @@ class Runner:
             blocks = [recall.block] if recall is not None and recall.block is not None else []
             blocks.append(TextBlock(turn.user_text))
             if turn.context_text:
-                blocks.append(TextBlock(turn.context_text))
+                blocks.append(turn_context_block(turn.context_text))
             meta = dict(turn.meta)
             if recall is not None:
                 meta[RECALL_META_KEY] = recall.to_meta()
@@ -161,7 +165,7 @@ class Runner:
             workspace=self.workspace,
             session_key=turn.session_key,
             now=self.now,
-            extra={"memory_scopes": turn.memory_scopes},
+            extra={"memory_scopes": turn.memory_scopes, "memory_viewer": turn.memory_viewer},
         )
         events = TurnEvents()
         total = Usage()

@@ -49,7 +49,10 @@ from core.errors import (
     ServerError,
     TranscriptError,
 )
+from core.flush import FlushTarget
+from core.memory.audience import Audience, Viewer
 from core.memory.index import MemoryIndex
+from core.memory.notes import NoteStore
 from core.memory.recall import Recaller, last_recall
 from core.memory.tasks import format_task_stats
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
@@ -61,6 +64,13 @@ from core.transcript import ENTRY_COMPACTION
 from core.transcript_store import SessionTranscript
 from gateway.access import AccessGate
 from gateway.admin.metrics import GatewayMetrics
+from gateway.audiences import (
+    PersonLinks,
+    audience_for,
+    header_audience,
+    scope_for_key,
+    viewer_for,
+)
 from gateway.commands import (
     HELP_TEXT,
     MEMORY_USAGE,
@@ -78,9 +88,8 @@ from gateway.memory import (
     build_memory_index,
     format_memory_status,
     format_search,
+    notes_dir,
     record_turn_task,
-    scope_for_key,
-    search_scopes,
 )
 from gateway.providers import build_provider
 from gateway.registry import SessionOrigin, SessionRecord, utcnow
@@ -157,6 +166,8 @@ class Gateway:
         ``announce`` is told where the pages are once the HTTP server listens."""
         self.loaded = loaded
         self.config = loaded.config
+        # The identity links as memory reads them: which person ids are one person.
+        self.person_links = PersonLinks(loaded.config.session)
         self.channels = {c.name: c for c in channels}
         self.banner = banner
         self.clock = clock
@@ -274,7 +285,10 @@ class Gateway:
             provider=self._provider,
             retry=self.config.providers.retry,
             max_output=max_output,
-            workspace=workspace,
+            flush_target=FlushTarget(
+                self.memory.notes if self.memory is not None else NoteStore(notes_dir(self.loaded)),
+                lambda header: header_audience(header.to_dict()),
+            ),
             checkpoints_dir=self.loaded.checkpoints_dir,
             zone=lambda: self.zone,
             now=self.clock,
@@ -458,7 +472,7 @@ class Gateway:
             elif info.name == "context":
                 text = await self._context_text(route, info.argument)
             elif info.name == "memory":
-                text = await self._memory_text(route, info.argument)
+                text = await self._memory_text(route, message, info.argument)
             else:
                 text = await self._status_text(route.key)
             await self._deliver([item_id], message, None, text)
@@ -608,21 +622,38 @@ class Gateway:
         )
         return report, view
 
-    async def _memory_text(self, route: SessionRoute, argument: str) -> str:
-        """``/memory status`` and ``/memory search <query>`` (this conversation's scopes)."""
+    def audience(self, route: SessionRoute, message: InboundMessage) -> Audience:
+        """Where this conversation's memory goes (``gateway.audiences``)."""
+        return audience_for(
+            route,
+            channel=message.channel,
+            sender_id=message.sender_id,
+            chat_id=message.chat_id,
+            config=self.config.session,
+        )
+
+    def viewer(self, route: SessionRoute, message: InboundMessage) -> Viewer:
+        """What this conversation may read of memory (``core.memory.audience``)."""
+        return viewer_for(self.audience(route, message), self.config.session, self.person_links)
+
+    async def _memory_text(
+        self, route: SessionRoute, message: InboundMessage, argument: str
+    ) -> str:
+        """``/memory status``, ``search <query>`` and ``stats``: this conversation's
+        audiences only, as its own searches see them."""
         if self.memory is None:
             return "Long-term memory is turned off ([memory] enabled = false)."
         action, _, query = argument.partition(" ")
         try:
+            viewer = self.viewer(route, message)
             if action in ("", "status"):
-                return format_memory_status(await self.memory.status())
+                return format_memory_status(await self.memory.status(viewer))
             if action == "search" and query.strip():
-                scopes = search_scopes(route, self.config.memory)
+                scopes = await self.memory.visible_scopes(viewer)
                 result = await self.memory.search(query.strip(), scopes=scopes)
                 return format_search(query.strip(), result)
             if action == "stats" and not query.strip():
-                # This conversation's task records only, as its searches see them.
-                scopes = search_scopes(route, self.config.memory)
+                scopes = await self.memory.visible_scopes(viewer)
                 return format_task_stats(await self.memory.task_stats(scopes))
         except CoreError as exc:
             return f"Memory is unavailable: {exc}"
@@ -921,11 +952,16 @@ class Gateway:
         record = await self.registry.create(
             origin, settings=settings, model=settings.get("model"), now=self.clock()
         )
-        transcript = await self._create_transcript(record)
+        transcript = await self._create_transcript(record, self.audience(route, message))
         self._cache_transcript(record.session_id, transcript)
         return record
 
-    async def _create_transcript(self, record: SessionRecord) -> SessionTranscript:
+    async def _create_transcript(
+        self, record: SessionRecord, audience: Audience | None = None
+    ) -> SessionTranscript:
+        # The audience is decided here, by code, once: the key's when the message that
+        # opened the session is not at hand (a transcript lost to a kill).
+        scope = audience.scope if audience is not None else scope_for_key(record.key)
         return await asyncio.to_thread(
             self.state.transcripts.create,
             record.session_id,
@@ -933,7 +969,7 @@ class Gateway:
             {
                 "agent": record.agent_id,
                 "agent_name": self.config.agent.name,
-                "memory_scope": scope_for_key(record.key, self.config.memory),
+                "memory_scope": scope,
             },
         )
 
@@ -1022,6 +1058,7 @@ class Gateway:
             attempts = attempt + 1
             log.warning("provider %s; retry %d in %.1fs", type(exc).__name__, attempt, delay)
 
+        viewer = self.viewer(first.route, message)
         turn = TurnRequest(
             session_key=record.key,
             user_text=text,
@@ -1036,7 +1073,8 @@ class Gateway:
             resume=resume,
             model=record.settings.get("model"),
             chat_type=first.route.chat_type,
-            memory_scopes=search_scopes(first.route, self.config.memory) if self.memory else (),
+            memory_scopes=await self.memory.visible_scopes(viewer) if self.memory else (),
+            memory_viewer=viewer,
         )
         entries_before = transcript.entry_count
         started = time.perf_counter()
@@ -1080,7 +1118,7 @@ class Gateway:
                     entries=result.entries,
                     started_at=started_at,
                     finished_at=self.clock(),
-                    scope=scope_for_key(record.key, self.config.memory),
+                    scope=self.audience(first.route, message).scope,
                 )
         # The reply is in the transcript (the source of truth): a registry that cannot
         # take the counters must not cost the person their answer.

@@ -1,18 +1,18 @@
-"""Long-term memory in the gateway: where memory.db lives, scopes, and what /memory says.
+"""Long-term memory in the gateway: where memory.db lives, audiences, and what /memory says.
 
-Scopes: a conversation's transcripts belong to the scope of its session *base key* (the
-key without a thread suffix), which already encodes the DM scope policy and identity
-links: one person's direct chats share a scope across resets, and two people never share
-one unless their messages share a session (``dm_scope = "main"``). Groups are their own
-scope. With ``memory.transcript_scope = "agent"``, direct chats write to the agent-wide
-scope instead. Every search sees ``agent`` (MEMORY.md, memory/*.md) plus its own scope.
+Audiences (``gateway.audiences``, the rule in ``core.memory.audience``): a direct chat's
+transcripts, notes and task records belong to its person, a group's to that group, and
+only what the operator writes (MEMORY.md, memory/*.md, extra paths) to the agent. Every
+search asks ``MemoryIndex.visible_scopes`` for the conversation's viewer.
 
 Where it lives follows ``[storage] backend``: memory.db and the transcript files with
 SQLite; with PostgreSQL the index's rows sit in the shared database (one index per
-agent id) and its ``sessions`` source reads the transcripts from their table.
+agent id) and its ``sessions`` source reads the transcripts from their table. Notes and
+task records live under the private directory (``[memory] private_dir``, beside
+memory.db by default), never in the workspace.
 
 Task records: after a turn that used tools, ``record_turn_task`` writes one (in the
-conversation's scope) through the index, which indexes it like the rest.
+conversation's audience) through the index, which indexes it like the rest.
 """
 
 from __future__ import annotations
@@ -21,22 +21,18 @@ import asyncio
 import logging
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from core.memory.embedders import build_embedder
 from core.memory.index import AsyncResource, MemoryIndex, MemoryStatus, SearchResult
-from core.memory.settings import MemorySettings
-from core.memory.sources import AGENT_SCOPE, ScopeResolver, StoreTranscriptSource
+from core.memory.sources import StoreTranscriptSource
 from core.memory.tasks import task_record_from_turn
 from core.transcript import Entry
+from gateway.audiences import scope_resolver
 from gateway.config import LoadedConfig
-from gateway.routing import SessionRoute, parse_session_key, reset_type_for
-
-# Transcripts nobody can be attributed to: indexed, but in no conversation's search.
-UNSCOPED = "unscoped"
 
 log = logging.getLogger("parley.gateway.memory")
 
@@ -58,38 +54,20 @@ def memory_db_path(loaded: LoadedConfig) -> Path:
     return loaded.home / "memory" / loaded.config.agent.id / "memory.db"
 
 
-def scope_for_key(key: str, settings: MemorySettings) -> str:
-    """The scope a session key's transcripts are indexed under ("unscoped": not a key)."""
-    parsed = parse_session_key(key)
-    if parsed is None:
-        return UNSCOPED
-    base = parsed.parent_key or key
-    kind = reset_type_for(base)
-    if kind == "direct" and settings.transcript_scope == "agent":
-        return AGENT_SCOPE
-    # The agent part is the same for the whole memory.db: keep what follows it.
-    rest = base.split(":", 2)[2]
-    return f"{'dm' if kind == 'direct' else 'group'}:{rest}"
+def private_dir(loaded: LoadedConfig) -> Path:
+    """Where notes and task records live: ``[memory] private_dir``, else beside memory.db."""
+    configured = loaded.config.memory.private_dir
+    if configured is not None:
+        return configured.expanduser()
+    return memory_db_path(loaded).parent
 
 
-def search_scopes(route: SessionRoute, settings: MemorySettings) -> tuple[str, ...]:
-    own = scope_for_key(route.key, settings)
-    return (AGENT_SCOPE,) if own == AGENT_SCOPE else (AGENT_SCOPE, own)
+def notes_dir(loaded: LoadedConfig) -> Path:
+    return private_dir(loaded) / "notes"
 
 
-def scope_resolver(settings: MemorySettings) -> ScopeResolver:
-    """A transcript's scope: the one recorded in its header, else derived from its key
-    (transcripts written before memory existed)."""
-
-    def resolve(header: Mapping[str, Any]) -> str:
-        meta = header.get("meta")
-        recorded = meta.get("memory_scope") if isinstance(meta, dict) else None
-        if isinstance(recorded, str) and recorded:
-            return recorded
-        key = header.get("key")
-        return scope_for_key(key, settings) if isinstance(key, str) else UNSCOPED
-
-    return resolve
+def tasks_dir(loaded: LoadedConfig) -> Path:
+    return private_dir(loaded) / "tasks"
 
 
 def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) -> MemoryIndex:
@@ -113,12 +91,10 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
             resource = db
         backend = PgMemoryBackend(db, loaded.config.agent.id, vector_index=storage.vector_index)
         transcripts = StoreTranscriptSource(PgTranscriptStore(db))
-    tasks_dir: Path | None = None
     writer: str | None = None
     if storage.backend == "postgres":
-        # Replicas share the index, so they must share the task logs it reads: they
-        # live on the shared workspace volume, each replica appending to its own folder.
-        tasks_dir = loaded.workspace / SHARED_TASKS_DIR
+        # Replicas share the index, so they must share the task logs it reads (the
+        # private directory on a shared volume), each replica appending to its own folder.
         writer = replica_writer(loaded.config.http.port)
     return MemoryIndex(
         settings,
@@ -126,17 +102,19 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
         workspace=loaded.workspace,
         sessions_dir=loaded.sessions_dir,
         embedder=build_embedder(settings.embedder),
-        scope_for=scope_resolver(settings),
+        scope_for=scope_resolver(),
         backend=backend,
         transcripts=transcripts,
         resource=resource,
-        tasks_dir=tasks_dir,
+        tasks_dir=tasks_dir(loaded),
         tasks_writer=writer,
+        notes_dir=notes_dir(loaded),
     )
 
 
-# Under the workspace (hidden: not a memory file, and not the user's to edit).
-SHARED_TASKS_DIR = Path(".parley") / "tasks"
+# Where task records lived on PostgreSQL before audiences: inside the workspace, where
+# the file tools could read them. ``parley doctor --fix`` moves them out.
+LEGACY_SHARED_TASKS_DIR = Path(".parley") / "tasks"
 
 
 def replica_writer(port: int) -> str:

@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from core.memory.audience import AGENT, Audience, AudienceError, Viewer, parse_scope
 from core.memory.forgetting import format_forgetting_report, format_tombstones
 from core.memory.index import MemoryIndex
-from core.memory.sources import AGENT_SCOPE
 from core.memory.tasks import format_task_stats
+from gateway.audiences import PersonLinks, scope_for_key, viewer_for
 from gateway.config import LoadedConfig
-from gateway.memory import build_memory_index, format_memory_status, format_search, scope_for_key
+from gateway.memory import build_memory_index, format_memory_status, format_search
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -34,9 +35,15 @@ def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     search.add_argument("--max-results", type=int, default=None)
     search.add_argument("--min-score", type=float, default=None)
     who = search.add_mutually_exclusive_group()
-    who.add_argument("--session", help="search as this session key's conversation would")
-    who.add_argument("--scope", action="append", help="a scope to search (repeatable)")
-    who.add_argument("--all-scopes", action="store_true", help="every scope (operators only)")
+    who.add_argument(
+        "--person", help="as this person's direct chats would (a linked name or channel:id)"
+    )
+    who.add_argument("--conversation", help="as this group would (channel:chat id)")
+    who.add_argument("--session", help="as this session key's conversation would")
+    who.add_argument(
+        "--all", "--all-scopes", dest="all_scopes", action="store_true",
+        help="every audience (the operator's view)",
+    )  # fmt: skip
     prune = actions.add_parser("prune", parents=[common], help="apply the forgetting policies now")
     prune.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
     prune.add_argument("--json", action="store_true", help="print one JSON object")
@@ -126,25 +133,54 @@ async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
             return EXIT_PROBLEM if report.errors else EXIT_OK
         if action in ("prune", "pruned", "stats"):
             return await _lifecycle_command(index, args)
-        if args.session:
-            scopes = [AGENT_SCOPE, scope_for_key(args.session, loaded.config.memory)]
-        elif args.all_scopes:
-            scopes = [AGENT_SCOPE, *await index.scopes()]
-        else:
-            scopes = args.scope or [AGENT_SCOPE]
+        try:
+            viewer = search_viewer(args, loaded)
+        except AudienceError as exc:
+            print(f"parley memory search: {exc}", file=sys.stderr)
+            return EXIT_PROBLEM
+        scopes = await index.visible_scopes(viewer)
         result = await index.search(
             args.query,
-            scopes=list(dict.fromkeys(scopes)),
+            scopes=scopes,
             max_results=args.max_results,
             min_score=args.min_score,
         )
+        searched = describe_viewer(viewer, scopes)
         if args.json:
-            print(json.dumps(result.to_dict(), ensure_ascii=False, indent=1))
+            payload = result.to_dict()
+            payload["searched"] = {"as": searched, "scopes": list(scopes)}
+            print(json.dumps(payload, ensure_ascii=False, indent=1))
         else:
+            print(f"Searched {searched}")
             print(format_search(args.query, result))
         return EXIT_OK
     finally:
         await index.close()
+
+
+def search_viewer(args: argparse.Namespace, loaded: LoadedConfig) -> Viewer:
+    """Whose eyes ``parley memory search`` looks through (the agent's alone by default)."""
+    session = loaded.config.session
+    if args.all_scopes:
+        return Viewer.for_operator()
+    if args.person:
+        audience = Audience.person(args.person.strip().lower())
+    elif args.conversation:
+        audience = Audience.conversation(args.conversation.strip().lower())
+    elif args.session:
+        found = parse_scope(scope_for_key(args.session))
+        if found is None:
+            raise AudienceError(f"not a session key: {args.session[:80]!r}")
+        audience = found
+    else:
+        return Viewer(AGENT)
+    return viewer_for(audience, session, PersonLinks(session))
+
+
+def describe_viewer(viewer: Viewer, scopes: tuple[str, ...]) -> str:
+    if viewer.operator:
+        return f"every audience ({len(scopes)} scopes)"
+    return f"as {viewer.audience.label}: " + ", ".join(scopes)
 
 
 async def _lifecycle_command(index: MemoryIndex, args: argparse.Namespace) -> int:

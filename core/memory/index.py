@@ -44,6 +44,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from core.errors import EmbedderError, MemoryIndexError, TranscriptError
+from core.memory.audience import Audience, Viewer, may_read, parse_scope, visible_scopes
 from core.memory.backend import SHADOW_SUFFIX as SHADOW_SUFFIX  # re-exported
 from core.memory.backend import (
     MemoryStoreProtocol,
@@ -59,6 +60,7 @@ from core.memory.forgetting import (
     ForgettingReport,
     plan_forgetting,
 )
+from core.memory.notes import NOTES_SOURCE, Forgotten, NoteStore
 from core.memory.query import cjk_index_text
 from core.memory.search import SearchHit, SearchParams, SearchTrace, run_search
 from core.memory.settings import MemorySettings
@@ -96,7 +98,6 @@ MAX_GET_CHARS = 200_000
 # Bounds a file the index will read: bigger memory files are indexed up to this size.
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
-GROUP_SCOPE_PREFIX = "group:"
 UNSCOPED = "unscoped"
 ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, path)
 
@@ -213,23 +214,18 @@ class MemoryStatus:
         }
 
 
-def default_scope_resolver(transcript_scope: str) -> ScopeResolver:
-    """Scope from a transcript header's ``meta.memory_scope`` (the gateway writes it)."""
-
-    def resolve(header: Mapping[str, Any]) -> str:
-        meta = header.get("meta")
-        scope = meta.get("memory_scope") if isinstance(meta, dict) else None
-        if isinstance(scope, str) and scope.startswith(GROUP_SCOPE_PREFIX):
-            return scope  # groups are always their own scope
-        if transcript_scope == "agent":
-            return AGENT_SCOPE
-        if not isinstance(scope, str) or not scope:
-            # Without a recorded scope the transcript cannot be attributed to one peer:
-            # it stays out of every peer's search rather than leak into one.
-            return UNSCOPED
-        return scope
-
-    return resolve
+def default_scope_resolver(header: Mapping[str, Any]) -> str:
+    """Scope from a transcript header's ``meta.memory_scope`` (the gateway writes it):
+    a person's or a conversation's. Anything else (none, agent-wide, a scope of an older
+    index) cannot be attributed to one audience: it stays out of every conversation's
+    search rather than leak into one. The gateway passes a resolver that also derives
+    the audience from the session key."""
+    meta = header.get("meta")
+    scope = meta.get("memory_scope") if isinstance(meta, dict) else None
+    audience = parse_scope(scope) if isinstance(scope, str) else None
+    if audience is None or audience.kind == "agent":
+        return UNSCOPED
+    return audience.scope
 
 
 class MemoryIndex:
@@ -248,6 +244,7 @@ class MemoryIndex:
         resource: AsyncResource | None = None,
         tasks_dir: Path | None = None,
         tasks_writer: str | None = None,
+        notes_dir: Path | None = None,
     ) -> None:
         self.settings = settings
         self.db_path = db_path
@@ -257,11 +254,13 @@ class MemoryIndex:
         self.sessions_dir = sessions_dir
         # The sessions source: the transcript files by default, a store's rows otherwise.
         self.transcripts: TranscriptSource = transcripts or FileTranscriptSource(sessions_dir)
-        # Task records live beside memory.db (local files, whatever the backend).
+        # Task records and notes are private to their audience: they live beside
+        # memory.db by default, never in the workspace the file tools can read.
         self.task_log = TaskLog(tasks_dir or db_path.parent / "tasks", writer=tasks_writer)
+        self.notes = NoteStore(notes_dir or db_path.parent / "notes")
         self._resource = resource
         self.embedder = embedder
-        self.scope_for = scope_for or default_scope_resolver(settings.transcript_scope)
+        self.scope_for = scope_for or default_scope_resolver
         self._now = now
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="parley-memory-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="parley-memory-read")
@@ -282,6 +281,7 @@ class MemoryIndex:
         self._pending_bytes = 0
         self._pending_messages = 0
         self._closed = False
+        self._known_scopes: tuple[str, ...] | None = None  # cleared by every sync
         # Called with each search's seconds (the gateway's latency histogram).
         self.on_search: Callable[[float], None] | None = None
 
@@ -419,6 +419,7 @@ class MemoryIndex:
             if scheduled_forgetting:
                 await self._forget_if_due(report)
             report.seconds = round(time.perf_counter() - started, 3)
+            self._known_scopes = None
             self._last_sync = report
             self._synced_once = True
             for error in report.errors:
@@ -434,6 +435,11 @@ class MemoryIndex:
                 found += self.transcripts.transcripts()
             if TASKS_SOURCE in self.settings.sources:
                 found += task_files(self.task_log.files(), self.task_log.directory)
+            if NOTES_SOURCE in self.settings.sources:
+                found += [
+                    SourceFile(n.path, n.abs_path, NOTES_SOURCE, n.audience.scope)
+                    for n in self.notes.files()
+                ]
             return found
 
         return await asyncio.to_thread(discover)
@@ -782,7 +788,9 @@ class MemoryIndex:
 
     def _memory_snapshot(self) -> dict[str, tuple[float, int]]:
         snapshot: dict[str, tuple[float, int]] = {}
-        for source in memory_files(self.workspace, self.settings.extra_paths):
+        files = memory_files(self.workspace, self.settings.extra_paths)
+        files += [SourceFile(n.path, n.abs_path, NOTES_SOURCE, None) for n in self.notes.files()]
+        for source in files:
             with contextlib.suppress(OSError):
                 stat = source.abs_path.stat()
                 snapshot[source.path] = (stat.st_mtime, stat.st_size)
@@ -886,17 +894,45 @@ class MemoryIndex:
 
     # -- memory_get ----------------------------------------------------------------------
 
-    async def read(self, path: str, from_line: int = 1, lines: int | None = None) -> str:
-        """Lines of a memory file (memory files and extra paths only)."""
-        target = await asyncio.to_thread(
-            memory_path, path, self.workspace, self.settings.extra_paths
-        )
+    async def read(
+        self, path: str, from_line: int = 1, lines: int | None = None, *, viewer: Viewer
+    ) -> str:
+        """Lines of a memory file (memory files, extra paths, and the notes of audiences
+        ``viewer`` may read). A note of another audience is refused exactly as a path
+        that does not exist would be: the answer tells nothing about it."""
+
+        def locate() -> Path | None:
+            note = self.notes.resolve(path)
+            if note is not None:
+                return note.abs_path if may_read(viewer, note.audience.scope) else None
+            return memory_path(path, self.workspace, self.settings.extra_paths)
+
+        target = await asyncio.to_thread(locate)
         if target is None:
             raise MemoryIndexError(
-                f"{path!r} is not a memory file (MEMORY.md, memory/**/*.md or an extra path)"
+                f"{path!r} is not a memory file you can read (MEMORY.md, memory/**/*.md, "
+                "an extra path, or a notes/ path a search of this conversation cited)"
             )
         count = min(lines or MAX_GET_LINES, MAX_GET_LINES)
         return await asyncio.to_thread(_read_lines, target, max(1, from_line), count)
+
+    async def remember(self, audience: Audience, text: str) -> str:
+        """Store a durable note in ``audience``'s own memory; its citation."""
+        citation = await asyncio.to_thread(self.notes.remember, audience, self._now(), text)
+        self.notes_changed()
+        return citation
+
+    async def forget_note(self, audience: Audience, needle: str) -> list[Forgotten]:
+        """Remove ``audience``'s note lines that ``needle`` names (text or citation)."""
+        removed = await asyncio.to_thread(self.notes.forget, audience, needle)
+        if removed:
+            self.notes_changed()
+        return removed
+
+    def notes_changed(self) -> None:
+        """A note was written or removed: sync soon (as a transcript that grew)."""
+        if not self._closed and NOTES_SOURCE in self.settings.sources:
+            self._flush_transcripts()
 
     # -- status --------------------------------------------------------------------------
 
@@ -904,11 +940,26 @@ class MemoryIndex:
         """Every scope with indexed files (for operators; conversations never list them)."""
         return await self._w(self._store().scopes)
 
-    async def status(self) -> MemoryStatus:
+    async def visible_scopes(self, viewer: Viewer) -> tuple[str, ...]:
+        """The scopes ``viewer`` may search: ``core.memory.audience``'s rule over every
+        scope the index holds (ids linked to one person are found there)."""
+        known = self._known_scopes
+        if known is None:
+            known = self._known_scopes = tuple(await self.scopes())
+        if viewer.operator:
+            return tuple(sorted({AGENT_SCOPE, *known}))
+        return visible_scopes(viewer, known)
+
+    async def status(self, viewer: Viewer | None = None) -> MemoryStatus:
+        """The index's health; for a conversation's ``viewer``, the pending files it
+        lists are only those the viewer may read (another audience's note path or a
+        transcript would name someone)."""
         store = self._store()
         counts = await self._w(store.counts)
         fts = await self._w(store.fts_available)
         dirty = await self._dirty_files(store)
+        if viewer is not None and not viewer.operator:
+            dirty = [path for path in dirty if self._may_list(viewer, path)]
         meta = self._live_meta or self.wanted_meta()
         embedder = self.embedder.status().as_dict() if self.embedder else None
         fallback = None
@@ -947,6 +998,13 @@ class MemoryIndex:
             forgetting_enabled=self.settings.forgetting.enabled,
             forgetting_last_run=await self._w(store.state, LAST_RUN_KEY),
         )
+
+    def _may_list(self, viewer: Viewer, path: str) -> bool:
+        if path.startswith(f"{NOTES_SOURCE}/"):
+            note = self.notes.resolve(path)
+            return note is not None and may_read(viewer, note.audience.scope)
+        # Transcripts and task logs are named by digests, not audiences: never listed.
+        return not path.startswith((f"{SESSIONS_SOURCE}/", f"{TASKS_SOURCE}/"))
 
     async def integrity_check(self) -> list[str]:
         """Problems with memory.db (empty when healthy); runs on the writer's thread, so

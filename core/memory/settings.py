@@ -111,10 +111,19 @@ class MemorySettings(_Strict):
     # Default: $PARLEY_HOME/memory/<agent id>/memory.db
     db_path: Path | None = None
     driver: DriverChoice = "auto"
-    sources: tuple[Literal["memory", "sessions", "tasks"], ...] = ("memory", "sessions", "tasks")
+    sources: tuple[Literal["memory", "sessions", "tasks", "notes"], ...] = (
+        "memory",
+        "sessions",
+        "tasks",
+        "notes",
+    )
     extra_paths: tuple[Path, ...] = ()
-    # Transcripts of direct chats are searchable by that peer only ("peer"), or by
-    # everyone who talks to the agent ("agent"). Groups are always their own scope.
+    # Where the bot keeps what it writes about a person or a conversation (notes/, and
+    # tasks/ for task records), outside the workspace so no file tool reaches it.
+    # Default: beside memory.db. Several replicas must point it at a shared volume.
+    private_dir: Path | None = None
+    # Kept so that older configs still load: a direct chat's transcripts always belong to
+    # its person now ("agent" is no longer honoured: the gateway says so at start).
     transcript_scope: Literal["peer", "agent"] = "peer"
     cache_max_entries: int = Field(100_000, ge=0)
     recall: RecallMode = DEFAULT_RECALL_MODE

@@ -39,7 +39,9 @@ import numpy as np
 from core.errors import MemoryIndexError
 from core.memory.driver import DriverChoice, DriverInfo, open_connection
 
-SCHEMA_VERSION = 1
+# 2: scopes name audiences (core.memory.audience); an index made under 1 filed direct
+# chats under dm:… and notes agent-wide, so it is rebuilt.
+SCHEMA_VERSION = 2
 META_KEY = "index"
 # memory.db's table layout (PRAGMA user_version); 1 is the layout of issue 8.
 STORE_VERSION = 2

@@ -1,10 +1,13 @@
-"""``memory_search`` and ``memory_get``: the agent's way into its long-term memory.
+"""``memory_search``, ``memory_get`` and ``remember``: the agent's way into its long-term
+memory, each bounded by the conversation's audience (``core.memory.audience``).
 
 ``memory_search`` searches only the scopes the turn may see (``ToolContext.extra
-["memory_scopes"]``: the agent-wide files and this conversation's transcripts), so one
-person's memories never surface in another's chat. ``memory_get`` reads lines of memory
-files only (MEMORY.md, memory/**/*.md, configured extra paths); any other path is
-refused, transcripts included (their words come back through search, redacted).
+["memory_scopes"]``, which the gateway asked the audience rule for), so one person's
+memories never surface in another's chat. ``memory_get`` reads lines of memory files
+(MEMORY.md, memory/**/*.md, configured extra paths) and of the notes the turn's viewer
+(``extra["memory_viewer"]``) may read; any other path is refused, another audience's
+notes exactly as a path that does not exist. ``remember`` stores a durable note in the
+conversation's own audience, never the agent's: where it goes is code's decision.
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ import json
 from typing import Any
 
 from core.errors import MemoryIndexError, ToolError
+from core.memory.audience import AudienceError, Viewer, writable
 from core.memory.index import MemoryIndex
+from core.memory.notes import NoteError
 from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
 from core.tools.registry import Tool, ToolContext
 
 SCOPES_KEY = "memory_scopes"
+VIEWER_KEY = "memory_viewer"
+REMEMBER_TOOL = "remember"
 MAX_QUERY_CHARS = 2000
 MAX_RESULTS_LIMIT = 50
+MAX_REMEMBER_CHARS = 2000
 # A search may have to wait for a sync of a dirty index first.
 SEARCH_TIMEOUT_SECONDS = 120.0
 
@@ -29,6 +37,13 @@ def _scopes(context: ToolContext) -> list[str]:
     if not scopes:
         raise ToolError("memory search is not available in this conversation")
     return list(scopes)
+
+
+def _viewer(context: ToolContext) -> Viewer:
+    viewer = context.extra.get(VIEWER_KEY)
+    if not isinstance(viewer, Viewer):
+        raise ToolError("memory is not available in this conversation")
+    return viewer
 
 
 def render_results(result: Any) -> str:
@@ -58,18 +73,33 @@ def memory_tools(index: MemoryIndex) -> list[Tool]:
     async def memory_get(arguments: dict[str, Any], context: ToolContext) -> str:
         path = str(arguments["path"])
         try:
-            text = await index.read(path, int(arguments.get("from", 1)), arguments.get("lines"))
+            text = await index.read(
+                path,
+                int(arguments.get("from", 1)),
+                arguments.get("lines"),
+                viewer=_viewer(context),
+            )
         except MemoryIndexError as exc:
             raise ToolError(str(exc)) from exc
         return text if text else f"({path} is empty or has no such lines)"
 
+    async def remember(arguments: dict[str, Any], context: ToolContext) -> str:
+        text = str(arguments["text"]).strip()
+        if not text:
+            raise ToolError("text is empty")
+        try:
+            citation = await index.remember(writable(_viewer(context)), text)
+        except (AudienceError, NoteError, OSError) as exc:
+            raise ToolError(f"could not remember it: {exc}") from exc
+        return f"remembered ({citation})"
+
     search = Tool(
         name=MEMORY_SEARCH_TOOL,
         description=(
-            "Search long-term memory (MEMORY.md, memory/*.md notes and past conversations "
-            "with this person) by meaning and keywords. Returns the best passages with a "
-            "citation path#Lx-Ly. Use before answering about past events, decisions, dates, "
-            "people, preferences or todos."
+            "Search long-term memory (MEMORY.md, memory/*.md notes, notes kept for this "
+            "conversation and past conversations with this person or group) by meaning and "
+            "keywords. Returns the best passages with a citation path#Lx-Ly. Use before "
+            "answering about past events, decisions, dates, people, preferences or todos."
         ),
         input_schema={
             "type": "object",
@@ -87,9 +117,9 @@ def memory_tools(index: MemoryIndex) -> list[Tool]:
     get = Tool(
         name=MEMORY_GET_TOOL,
         description=(
-            "Read lines of a memory file (MEMORY.md, memory/**/*.md or a configured extra "
-            "path), e.g. around a memory_search citation. 'from' is 1-based; 'lines' is a "
-            "count."
+            "Read lines of a memory file (MEMORY.md, memory/**/*.md, a configured extra "
+            "path, or a notes/ path a memory_search result cited), e.g. around a citation. "
+            "'from' is 1-based; 'lines' is a count."
         ),
         input_schema={
             "type": "object",
@@ -103,4 +133,21 @@ def memory_tools(index: MemoryIndex) -> list[Tool]:
         },
         handler=memory_get,
     )
-    return [search, get]
+    keep = Tool(
+        name=REMEMBER_TOOL,
+        description=(
+            "Store a durable note in this conversation's own long-term memory (this person's "
+            "in a direct chat, this group's in a group; never anyone else's). Use when asked "
+            "to remember something, or for a fact, preference or decision worth keeping."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "text": {"type": "string", "minLength": 1, "maxLength": MAX_REMEMBER_CHARS},
+            },
+            "required": ["text"],
+            "additionalProperties": False,
+        },
+        handler=remember,
+    )
+    return [search, get, keep]

@@ -229,6 +229,7 @@ class MemoryHit(_Out):
     snippet: str
     source: str
     scope: str
+    audience: str = Field(description='who may read it: "agent-wide", "person …", "conversation …"')
     ts: str | None
 
 

@@ -27,6 +27,7 @@ from core.compaction import CompactionOutcome
 from core.compaction_stats import CompactionStats, utilisation
 from core.context_report import ContextReport
 from core.errors import ContextError, CoreError, TranscriptError
+from core.memory.audience import Viewer, audience_label
 from core.prompt import SECTION_PROJECT_CONTEXT
 from core.transcript import ENTRY_COMPACTION
 from core.transcript_store import SessionTranscript
@@ -271,9 +272,9 @@ class AdminService:
             raise ApiError(409, "conflict", "long-term memory is turned off ([memory] enabled)")
         if query.scope:
             scopes = [query.scope]
-        else:  # every scope the index holds, once it has caught up with the transcripts
+        else:  # every audience (the operator's view), once caught up with the transcripts
             await self._memory_call(memory.catch_up())
-            scopes = await self._memory_call(memory.scopes())
+            scopes = list(await self._memory_call(memory.visible_scopes(Viewer.for_operator())))
         result = await self._memory_call(
             memory.search(query.q, scopes=scopes, max_results=query.limit)
         )
@@ -292,6 +293,7 @@ class AdminService:
                     snippet=h.snippet,
                     source=h.source,
                     scope=h.scope,
+                    audience=audience_label(h.scope),
                     ts=h.ts,
                 )
                 for h in result.hits

@@ -30,7 +30,7 @@ from tests.core.memory.helpers import Layout, make_layout, open_index, quiet_set
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.scripted_provider import ScriptedProvider
 
-SCOPES = ("agent", "dm:alice")
+SCOPES = ("agent", "person:alice")
 CONTEXT = "<turn-context>time: now</turn-context>"
 
 

@@ -172,7 +172,7 @@ def test_session_scopes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bassoon = ["memory", "search", "bassoon reed", "--json"]
     assert "bassoon" in snippets(run_json(capsys, *bassoon, "--session", BOB_KEY))
     assert "bassoon" not in snippets(run_json(capsys, *bassoon, "--session", ALICE_KEY))
-    explicit = run_json(capsys, *bassoon, "--scope", "dm:test:direct:bob")
+    explicit = run_json(capsys, *bassoon, "--scope", "person:test:direct:bob")
     assert "bassoon" in snippets(explicit)
 
 

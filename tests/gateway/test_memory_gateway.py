@@ -42,7 +42,7 @@ from tests.gateway.memory_helpers import (
 
 ALICE_KEY = "agent:main:test:direct:alice"
 BOB_KEY = "agent:main:test:direct:bob"
-ALICE_SCOPE = "dm:test:direct:alice"
+ALICE_SCOPE = "person:test:direct:alice"
 ALICE_FACT = "Remember this: my locker combination is 7491 and my ferret is named Pumpernickel."
 BOB_FACT = "Please remember that I practise the bassoon every Thursday evening."
 MEMORY_MD = "# Memory\n\n- The household wifi router lives behind the bookshelf in the study.\n"
@@ -87,12 +87,12 @@ def transcript_path(gateway: Gateway, record: SessionRecord) -> Path:
 @pytest.mark.parametrize(
     ("key", "peer", "agent"),
     [
-        (ALICE_KEY, "dm:test:direct:alice", AGENT_SCOPE),
-        (f"{ALICE_KEY}:thread:t1", "dm:test:direct:alice", AGENT_SCOPE),
-        ("agent:main:main", "dm:main", AGENT_SCOPE),
-        ("agent:main:direct:bob", "dm:direct:bob", AGENT_SCOPE),
-        ("agent:main:test:group:g1", "group:test:group:g1", "group:test:group:g1"),
-        ("agent:main:test:group:g1:thread:t9", "group:test:group:g1", "group:test:group:g1"),
+        (ALICE_KEY, "person:test:direct:alice", AGENT_SCOPE),
+        (f"{ALICE_KEY}:thread:t1", "person:test:direct:alice", AGENT_SCOPE),
+        ("agent:main:main", "person:main", AGENT_SCOPE),
+        ("agent:main:direct:bob", "person:direct:bob", AGENT_SCOPE),
+        ("agent:main:test:group:g1", "conversation:test:group:g1", "conversation:test:group:g1"),
+        ("agent:main:test:group:g1:thread:t9", "conversation:test:group:g1", "conversation:test:group:g1"),
         ("key:s-1", UNSCOPED, UNSCOPED),
         ("", UNSCOPED, UNSCOPED),
     ],
@@ -108,12 +108,12 @@ def test_search_scopes_are_the_agent_plus_the_conversations_own() -> None:
     shared = MemorySettings(transcript_scope="agent")
     assert search_scopes(route, shared) == (AGENT_SCOPE,)
     group = SessionRoute("agent:main:test:group:g1", None, "group", "g1")
-    assert search_scopes(group, shared) == (AGENT_SCOPE, "group:test:group:g1")
+    assert search_scopes(group, shared) == (AGENT_SCOPE, "conversation:test:group:g1")
 
 
 def test_scope_resolver_prefers_the_recorded_scope() -> None:
     resolve = scope_resolver(MemorySettings())
-    assert resolve({"key": ALICE_KEY, "meta": {"memory_scope": "dm:other"}}) == "dm:other"
+    assert resolve({"key": ALICE_KEY, "meta": {"memory_scope": "person:other"}}) == "person:other"
     # Written before memory existed: derived from the key.
     assert resolve({"key": ALICE_KEY, "meta": {}}) == ALICE_SCOPE
     assert resolve({"key": ALICE_KEY}) == ALICE_SCOPE
@@ -218,7 +218,7 @@ async def test_transcript_header_records_scope_and_agent_name(
     assert headers[0]["key"] == ALICE_KEY
     assert headers[0]["meta"]["memory_scope"] == ALICE_SCOPE
     assert headers[0]["meta"]["agent_name"] == "Marlowe"
-    assert headers[1]["meta"]["memory_scope"] == "group:test:group:g1"
+    assert headers[1]["meta"]["memory_scope"] == "conversation:test:group:g1"
     assert headers[1]["meta"]["agent_name"] == "Marlowe"
 
 

@@ -31,7 +31,7 @@ def keep_logging() -> Iterator[None]:
 def write_transcript(home: Path, session_id: str, text: str, when: datetime) -> None:
     sessions = home / "sessions"
     sessions.mkdir(parents=True, exist_ok=True)
-    meta = {"agent": "main", "memory_scope": "dm:test:alice"}
+    meta = {"agent": "main", "memory_scope": "person:test:alice"}
     key = "agent:main:test:direct:alice"
     with Transcript.create(sessions / f"{session_id}.jsonl", session_id, key, meta) as t:
         t.append_message(Message.user(text), ts=when)
@@ -93,7 +93,7 @@ def test_dry_run_then_prune_then_pruned(home: Path, capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, "memory", "pruned", "--json")
     (row,) = json.loads(out)
     assert (row["scope"], row["path"], row["lines"]) == (
-        "dm:test:alice",
+        "person:test:alice",
         "sessions/s-old.jsonl",
         [2, 2],
     )
@@ -106,7 +106,7 @@ def test_prune_json_and_forgetting_turned_off(
     assert code == 0
     payload = json.loads(out)
     assert payload["dry_run"] is True and payload["evicted"] == 0
-    assert payload["by_policy"] == [{"policy": "age", "scope": "dm:test:alice", "chunks": 1}]
+    assert payload["by_policy"] == [{"policy": "age", "scope": "person:test:alice", "chunks": 1}]
     monkeypatch.setenv("PARLEY_MEMORY__FORGETTING__ENABLED", "false")
     code, out, err = run(capsys, "memory", "prune")
     assert code == 1 and out == "" and "forgetting is turned off" in err
@@ -118,7 +118,7 @@ def test_stats(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = TaskLog(home / "memory" / "main" / "tasks")
     for outcome, errors in (("ok", ()), ("error", ("exit code 2",)), ("error", ("exit code 1",))):
         log.append(
-            TaskRecord("build it", {"shell": 1}, outcome, errors, RECENT, 1.0, "dm:test:alice")
+            TaskRecord("build it", {"shell": 1}, outcome, errors, RECENT, 1.0, "person:test:alice")
         )
     code, out, _ = run(capsys, "memory", "stats", "--json")
     assert code == 0

@@ -67,7 +67,7 @@ def fixed_ids(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
 
 def fill(store: TranscriptStore, session_id: str, key: str) -> None:
-    with store.create(session_id, key, {"agent": "main", "memory_scope": "dm:x"}) as t:
+    with store.create(session_id, key, {"agent": "main", "memory_scope": "person:x"}) as t:
         _appends(t)
 
 

@@ -42,7 +42,7 @@ def fchunk(
     text: str,
     *,
     when: datetime = RECENT,
-    scope: str = "dm:alice",
+    scope: str = "person:alice",
     source: str = "sessions",
     path: str | None = None,
 ) -> ForgettableChunk:
@@ -65,19 +65,19 @@ def test_scope_overrides_take_only_the_keys_they_set() -> None:
         min_importance=0.2,
         max_chunks_per_scope=100,
         scopes={
-            "group:*": ScopeForgetting(max_chunks_per_scope=10),
-            "group:team*": ScopeForgetting(max_age_days=None),
-            "dm:vip": ScopeForgetting(max_age_days=365, min_importance=None),
+            "conversation:*": ScopeForgetting(max_chunks_per_scope=10),
+            "conversation:team*": ScopeForgetting(max_age_days=None),
+            "person:vip": ScopeForgetting(max_age_days=365, min_importance=None),
         },
     )
-    base = policy_for(settings, "dm:alice")
+    base = policy_for(settings, "person:alice")
     assert (base.max_age_days, base.min_importance, base.max_chunks) == (30, 0.2, 100)
-    group = policy_for(settings, "group:book-club")
+    group = policy_for(settings, "conversation:book-club")
     assert (group.max_age_days, group.min_importance, group.max_chunks) == (30, 0.2, 10)
     # The longer pattern wins, and its explicit None turns age off; the rest inherit.
-    team = policy_for(settings, "group:team-a")
+    team = policy_for(settings, "conversation:team-a")
     assert (team.max_age_days, team.min_importance, team.max_chunks) == (None, 0.2, 100)
-    vip = policy_for(settings, "dm:vip")
+    vip = policy_for(settings, "person:vip")
     assert (vip.max_age_days, vip.min_importance, vip.max_chunks) == (365, None, 100)
 
 
@@ -98,7 +98,7 @@ def test_age_evicts_old_derived_chunks_only() -> None:
 
 def test_age_falls_back_to_the_file_mtime() -> None:
     undated = ForgettableChunk(
-        7, "sessions/s7.jsonl", "sessions", "dm:alice", 1, 1, "h", DECISION, None,
+        7, "sessions/s7.jsonl", "sessions", "person:alice", 1, 1, "h", DECISION, None,
         OLD.timestamp(),
     )  # fmt: skip
     assert evicted([undated], OFF.model_copy(update={"max_age_days": 30})) == [(7, "age")]
@@ -122,7 +122,7 @@ def test_capacity_evicts_least_important_then_oldest() -> None:
         fchunk(2, CHATTER, when=RECENT),
         fchunk(3, CHATTER, when=OLD),
         fchunk(4, "The spare key is under the third flowerpot", when=RECENT),
-        fchunk(5, CHATTER, when=OLD, scope="dm:bob"),  # another scope: its own budget
+        fchunk(5, CHATTER, when=OLD, scope="person:bob"),  # another scope: its own budget
     ]
     capped = OFF.model_copy(update={"max_chunks_per_scope": 3})
     assert evicted(chunks, capped) == [(3, "capacity")]
@@ -180,7 +180,7 @@ def write_memory(layout: Layout) -> None:
 
 
 async def texts(index: MemoryIndex, query: str) -> list[str]:
-    result = await index.search(query, scopes=["agent", "dm:alice"], min_score=0)
+    result = await index.search(query, scopes=["agent", "person:alice"], min_score=0)
     return sorted(f"{h.path}" for h in result.hits)
 
 
@@ -190,10 +190,10 @@ async def test_age_spares_user_files_and_the_eviction_sticks(
     layout = make_layout(tmp_path)
     write_memory(layout)
     layout.transcript(
-        "old", [("user", "The walrus escaped from the old zoo")], scope="dm:alice", ts=OLD
+        "old", [("user", "The walrus escaped from the old zoo")], scope="person:alice", ts=OLD
     )
     layout.transcript(
-        "new", [("user", "The walrus sings at the new zoo")], scope="dm:alice", ts=RECENT
+        "new", [("user", "The walrus sings at the new zoo")], scope="person:alice", ts=RECENT
     )
     index = make_index(layout, backend, OFF.model_copy(update={"max_age_days": 30}), Clock(NOW))
     await index.open()
@@ -213,11 +213,11 @@ async def test_age_spares_user_files_and_the_eviction_sticks(
 
         with caplog.at_level(logging.INFO, logger="parley.core.memory"):
             report = await index.forget()
-        assert report.evicted == 1 and report.counts() == {("age", "dm:alice"): 1}
-        assert "memory forgot sessions/old.jsonl#L2-L2 (scope dm:alice, age)" in caplog.text
+        assert report.evicted == 1 and report.counts() == {("age", "person:alice"): 1}
+        assert "memory forgot sessions/old.jsonl#L2-L2 (scope person:alice, age)" in caplog.text
         assert await texts(index, "walrus") == sorted([*every, "sessions/new.jsonl"])
         (tombstone,) = await index.forgotten()
-        assert (tombstone.path, tombstone.scope) == ("sessions/old.jsonl", "dm:alice")
+        assert (tombstone.path, tombstone.scope) == ("sessions/old.jsonl", "person:alice")
         assert tombstone.reason.startswith("age: 90 days old")
         assert "walrus escaped" in tombstone.preview
         assert "sessions/old.jsonl#L2" in format_tombstones([tombstone])
@@ -232,14 +232,14 @@ async def test_age_spares_user_files_and_the_eviction_sticks(
         layout.append("old", [("assistant", "A keeper found the walrus by the penguins")])
         report_sync = await index.sync(reason="test")
         assert report_sync.files_indexed == 1
-        result = await index.search("walrus", scopes=["dm:alice"], min_score=0)
+        result = await index.search("walrus", scopes=["person:alice"], min_score=0)
         assert sorted(h.snippet.split("] ", 1)[-1] for h in result.hits) == [
             "Assistant: A keeper found the walrus by the penguins",
             "User: The walrus sings at the new zoo",
         ]
         # A full rebuild (new store or shadow) keeps what was forgotten forgotten.
         assert (await index.sync(reason="test", force=True)).reindexed
-        after = await index.search("escaped zoo", scopes=["dm:alice"], min_score=0)
+        after = await index.search("escaped zoo", scopes=["person:alice"], min_score=0)
         assert all("escaped" not in h.snippet for h in after.hits)
         assert len(await index.forgotten()) == 1
         assert (await index.status()).forgetting_last_run == NOW.isoformat()
@@ -252,10 +252,10 @@ async def test_importance_and_capacity_through_the_index(
 ) -> None:
     layout = make_layout(tmp_path)
     write_memory(layout)
-    layout.transcript("a", [("user", CHATTER)], scope="dm:alice", ts=OLD)
-    layout.transcript("b", [("user", DECISION)], scope="dm:alice", ts=OLD)
-    layout.transcript("c", [("user", "The walrus sings at the zoo")], scope="dm:alice", ts=RECENT)
-    layout.transcript("d", [("user", "The walrus hums at the zoo")], scope="dm:alice", ts=OLD)
+    layout.transcript("a", [("user", CHATTER)], scope="person:alice", ts=OLD)
+    layout.transcript("b", [("user", DECISION)], scope="person:alice", ts=OLD)
+    layout.transcript("c", [("user", "The walrus sings at the zoo")], scope="person:alice", ts=RECENT)
+    layout.transcript("d", [("user", "The walrus hums at the zoo")], scope="person:alice", ts=OLD)
     forgetting = OFF.model_copy(update={"min_importance": 0.3, "max_chunks_per_scope": 2})
     index = make_index(layout, backend, forgetting, Clock(NOW))
     await index.open()
@@ -278,7 +278,7 @@ async def test_the_schedule_runs_after_a_sync_once_due(
     tmp_path: Path, backend: StoreBackend
 ) -> None:
     layout = make_layout(tmp_path)
-    layout.transcript("a", [("user", "The walrus escaped")], scope="dm:alice", ts=OLD)
+    layout.transcript("a", [("user", "The walrus escaped")], scope="person:alice", ts=OLD)
     clock = Clock(NOW)
     forgetting = OFF.model_copy(update={"max_age_days": 30, "schedule_hours": 24})
     index = make_index(layout, backend, forgetting, clock)
@@ -286,7 +286,7 @@ async def test_the_schedule_runs_after_a_sync_once_due(
     try:
         assert (await index.sync(reason="test")).forgotten == 1
         assert await index._w(index._store().state, LAST_RUN_KEY) == NOW.isoformat()
-        layout.transcript("b", [("user", "The heron escaped")], scope="dm:alice", ts=OLD)
+        layout.transcript("b", [("user", "The heron escaped")], scope="person:alice", ts=OLD)
         clock.now = NOW + timedelta(hours=23)
         assert (await index.sync(reason="test")).forgotten == 0  # not due yet
         clock.now = NOW + timedelta(hours=25)

@@ -335,16 +335,16 @@ async def test_transcript_scope_agent_keeps_groups_apart(
     layout: Layout, fake: HashingEmbedder
 ) -> None:
     layout.transcript(
-        "s-team", [("user", "Team secret: the offsite is in Porto.")], scope="group:team"
+        "s-team", [("user", "Team secret: the offsite is in Porto.")], scope="conversation:team"
     )
     settings = quiet_settings(transcript_scope="agent")
     async with open_index(layout, settings, resilient(fake)) as index:
         await index.sync()
         agent = await index.search("offsite Porto", scopes=[AGENT_SCOPE], min_score=0)
-        group = await index.search("offsite Porto", scopes=[AGENT_SCOPE, "group:team"])
+        group = await index.search("offsite Porto", scopes=[AGENT_SCOPE, "conversation:team"])
 
     assert agent.hits == []
-    assert [h.scope for h in group.hits] == ["group:team"]
+    assert [h.scope for h in group.hits] == ["conversation:team"]
 
 
 async def test_a_custom_scope_resolver(layout: Layout, fake: HashingEmbedder) -> None:
@@ -355,15 +355,15 @@ async def test_a_custom_scope_resolver(layout: Layout, fake: HashingEmbedder) ->
         workspace=layout.workspace,
         sessions_dir=layout.sessions,
         embedder=resilient(fake),
-        scope_for=lambda header: f"group:{header['id']}",
+        scope_for=lambda header: f"conversation:{header['id']}",
     )
     await index.start()
     try:
-        result = await index.search("picnic", scopes=["group:s-group"])
+        result = await index.search("picnic", scopes=["conversation:s-group"])
     finally:
         await index.close()
 
-    assert [h.scope for h in result.hits] == ["group:s-group"]
+    assert [h.scope for h in result.hits] == ["conversation:s-group"]
 
 
 # -- triggers ---------------------------------------------------------------------------------

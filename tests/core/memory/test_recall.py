@@ -31,8 +31,8 @@ from core.transcript import Transcript
 from tests.core.memory.helpers import Layout, make_layout, open_index, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 
-ALICE = ("agent", "dm:alice")
-BOB = ("agent", "dm:bob")
+ALICE = ("agent", "person:alice")
+BOB = ("agent", "person:bob")
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ async def test_a_peers_memory_in_another_scope_is_never_recalled(
     layout.transcript(
         "bob-session",
         [("user", "my alarm code is zebra-4471, keep it secret"), ("assistant", "Noted.")],
-        scope="dm:bob",
+        scope="person:bob",
     )
     async with synced_index(layout) as index:
         for_alice = await recaller(index, counter, mode="always").recall(
@@ -168,7 +168,7 @@ async def test_this_conversations_live_turns_are_not_recalled_to_it(
     path = layout.transcript(
         "alice-now",
         [("user", "the walrus festival is in Tromsø"), ("assistant", "Lovely.")],
-        scope="dm:alice",
+        scope="person:alice",
     )
     async with synced_index(layout) as index:
         with Transcript.open(path) as transcript:

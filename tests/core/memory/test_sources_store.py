@@ -33,7 +33,7 @@ SID_B = "b" * 32
 def layout(tmp_path: Path) -> Layout:
     layout = make_layout(tmp_path)
     layout.transcript(SID_B, [("user", "the shed key is under the mat"), ("assistant", "ok")])
-    layout.transcript(SID_A, [("user", "my ferret is called Pumpernickel")], scope="dm:a")
+    layout.transcript(SID_A, [("user", "my ferret is called Pumpernickel")], scope="person:a")
     return layout
 
 
@@ -119,7 +119,7 @@ async def test_an_index_over_a_store_finds_and_follows_its_transcripts(
     try:
         first = await index.sync()
         assert (first.files_seen, first.files_indexed, first.errors) == (2, 2, [])
-        result = await index.search("ferret Pumpernickel", scopes=["dm:a"])
+        result = await index.search("ferret Pumpernickel", scopes=["person:a"])
         assert [h.path for h in result.hits] == [f"sessions/{SID_A}.jsonl"]
         assert (await index.status()).dirty_files == []
 
@@ -134,7 +134,7 @@ async def test_an_index_over_a_store_finds_and_follows_its_transcripts(
         grown = await index.sync()
         assert (grown.files_indexed, grown.files_unchanged) == (1, 1)
         assert store.opened == [SID_A]
-        result = await index.search("basket", scopes=["dm:a"])
+        result = await index.search("basket", scopes=["person:a"])
         assert any("basket" in h.snippet for h in result.hits)
     finally:
         await index.close()

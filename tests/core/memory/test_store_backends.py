@@ -169,21 +169,21 @@ async def test_scopes_filter_every_search(store: MemoryStoreProtocol) -> None:
         store,
         "sessions/p.jsonl",
         ["otter secrets"],
-        scope="dm:peer",
+        scope="person:peer",
         source="sessions",
         vectors=np.stack([unit(1, 0.1, 0, 0)]),
     )
-    assert await call(store.scopes) == ["agent", "dm:peer"]
+    assert await call(store.scopes) == ["agent", "person:peer"]
     assert await keyword(store, "otter", ["agent"]) == ["otter facts"]
-    assert set(await keyword(store, "otter", ["agent", "dm:peer"])) == {
+    assert set(await keyword(store, "otter", ["agent", "person:peer"])) == {
         "otter facts",
         "otter secrets",
     }
     near = await call(store.vector_hits, unit(1, 0.1, 0, 0), ["agent"], 5)
     assert len(near) == 1
-    near = await call(store.vector_hits, unit(1, 0.1, 0, 0), ["dm:peer", "agent"], 5)
+    near = await call(store.vector_hits, unit(1, 0.1, 0, 0), ["person:peer", "agent"], 5)
     assert len(near) == 2
-    assert await call(store.vector_hits, unit(1, 0, 0, 0), ["group:x"], 5) == []
+    assert await call(store.vector_hits, unit(1, 0, 0, 0), ["conversation:x"], 5) == []
 
 
 async def test_vector_hits_are_cosine_distances_nearest_first(store: MemoryStoreProtocol) -> None:
@@ -234,7 +234,7 @@ async def test_embedding_cache_by_hash_width_and_age(store: MemoryStoreProtocol)
 async def test_counts_by_source_and_integrity(store: MemoryStoreProtocol) -> None:
     await call(store.ensure_vectors, DIMS)
     await put(store, "memory/a.md", ["one", "two"], vectors=np.stack([unit(1, 0, 0, 0)] * 2))
-    await put(store, "sessions/s.jsonl", ["three"], source="sessions", scope="dm:x")
+    await put(store, "sessions/s.jsonl", ["three"], source="sessions", scope="person:x")
     counts = await call(store.counts)
     assert (counts.files, counts.chunks, counts.vectors) == (2, 3, 2)
     assert [(s.source, s.files, s.chunks) for s in counts.by_source] == [
@@ -326,13 +326,13 @@ async def test_evicted_chunks_are_gone_and_leave_tombstones(store: MemoryStorePr
         "sessions/s1.jsonl",
         ["walrus small talk", "walrus decision", "heron plans"],
         source="sessions",
-        scope="dm:alice",
+        scope="person:alice",
     )
     listed = await call(store.forgettable_chunks, ["sessions", "tasks"])
     # The user's file is not even offered to the policies.
     assert [c.text for c in listed] == ["walrus small talk", "walrus decision", "heron plans"]
     assert {(c.path, c.scope, c.source, c.file_mtime) for c in listed} == {
-        ("sessions/s1.jsonl", "dm:alice", "sessions", 1.0)
+        ("sessions/s1.jsonl", "person:alice", "sessions", 1.0)
     }
     small_talk, decision, _ = listed
     evicted = [
@@ -340,8 +340,8 @@ async def test_evicted_chunks_are_gone_and_leave_tombstones(store: MemoryStorePr
         (decision.id, Tombstone.of(decision, "age: old", 200.0)),
     ]
     assert await call(store.evict_chunks, evicted) == 2
-    assert await keyword(store, "walrus", ["agent", "dm:alice"]) == ["the user's own walrus note"]
-    assert await keyword(store, "heron", ["dm:alice"]) == ["heron plans"]
+    assert await keyword(store, "walrus", ["agent", "person:alice"]) == ["the user's own walrus note"]
+    assert await keyword(store, "heron", ["person:alice"]) == ["heron plans"]
     assert (await call(store.files))["sessions/s1.jsonl"].chunks == 1
     assert await call(store.forgotten_hashes, "sessions/s1.jsonl") == {
         "h-walrus small talk",
@@ -375,11 +375,11 @@ async def test_an_evicted_chunk_takes_its_vector_with_it(store: MemoryStoreProto
         ["east", "north"],
         vectors=vectors,
         source="sessions",
-        scope="dm:x",
+        scope="person:x",
     )
     east, north = await call(store.forgettable_chunks, ["sessions"])
     await call(store.evict_chunks, [(east.id, Tombstone.of(east, "age: old", 1.0))])
-    hits = await call(store.vector_hits, unit(1, 0, 0, 0), ["dm:x"], 5)
+    hits = await call(store.vector_hits, unit(1, 0, 0, 0), ["person:x"], 5)
     assert [chunk_id for chunk_id, _ in hits] == [north.id]
     assert (await call(store.counts)).vectors == 1
     assert await call(store.integrity_check) == []

@@ -73,11 +73,11 @@ def test_ok_counts_tools_in_order_of_first_use() -> None:
             results(("deployed", False)),
             reply("Done."),
         ],
-        scope="dm:alice",
+        scope="person:alice",
     )
     assert made.outcome == "ok" and made.errors == ()
     assert list(made.tools.items()) == [("shell", 2), ("read_file", 1)]
-    assert (made.started_at, made.duration_seconds, made.scope) == (START, 12.5, "dm:alice")
+    assert (made.started_at, made.duration_seconds, made.scope) == (START, 12.5, "person:alice")
     assert made.request == "deploy the staging site"
 
 
@@ -128,17 +128,17 @@ def test_record_round_trips_and_reads_as_a_chunk() -> None:
 
 def test_log_appends_per_scope_private_files(tmp_path: Path) -> None:
     log = TaskLog(tmp_path / "tasks")
-    first = log.append(record([tool_call("shell"), results(("ok", False))], scope="dm:alice"))
-    log.append(record([tool_call("grep"), results(("ok", False))], scope="dm:alice"))
-    other = log.append(record([tool_call("shell"), results(("no", True))], scope="group:ops"))
-    assert first != other and first.name == scope_file_name("dm:alice")
+    first = log.append(record([tool_call("shell"), results(("ok", False))], scope="person:alice"))
+    log.append(record([tool_call("grep"), results(("ok", False))], scope="person:alice"))
+    other = log.append(record([tool_call("shell"), results(("no", True))], scope="conversation:ops"))
+    assert first != other and first.name == scope_file_name("person:alice")
     assert "alice" not in first.name  # scopes are data, never file names
     assert stat.S_IMODE(first.stat().st_mode) == 0o600
     with first.open("a", encoding="utf-8") as handle:
         handle.write('{"request": "torn')  # a crash mid-line
-    assert [r.tools for r in log.records(["dm:alice"])] == [{"shell": 1}, {"grep": 1}]
+    assert [r.tools for r in log.records(["person:alice"])] == [{"shell": 1}, {"grep": 1}]
     assert len(log.records()) == 3
-    assert log.records(["dm:nobody"]) == []
+    assert log.records(["person:nobody"]) == []
 
 
 def test_errors_are_normalised_for_counting() -> None:
@@ -195,35 +195,35 @@ async def test_records_are_searchable_in_their_scope_and_forgettable(layout: Any
     await index.open()
     try:
         task = record(
-            [tool_call("shell"), results(("nginx: permission denied", True))], scope="dm:alice"
+            [tool_call("shell"), results(("nginx: permission denied", True))], scope="person:alice"
         )
         await index.record_task(task)
-        await index.record_task(record([tool_call("grep"), results(("ok", False))], scope="dm:bob"))
+        await index.record_task(record([tool_call("grep"), results(("ok", False))], scope="person:bob"))
         await index.sync(reason="test")
-        found = await index.search("staging nginx permission", scopes=["agent", "dm:alice"])
+        found = await index.search("staging nginx permission", scopes=["agent", "person:alice"])
         (hit,) = found.hits
         assert hit.path == f"tasks/{scope_file_name('dm:alice')}" and hit.start_line == 1
-        assert hit.source == "tasks" and hit.scope == "dm:alice"
+        assert hit.source == "tasks" and hit.scope == "person:alice"
         assert "Outcome: error" in hit.snippet and "Tools: shell ×1" in hit.snippet
-        assert [h.scope for h in (await index.search("staging", scopes=["dm:bob"])).hits] == [
-            "dm:bob"
+        assert [h.scope for h in (await index.search("staging", scopes=["person:bob"])).hits] == [
+            "person:bob"
         ]
-        stats = await index.task_stats(["dm:alice"])
+        stats = await index.task_stats(["person:alice"])
         assert stats.by_outcome == {"ok": 0, "partial": 0, "error": 1}
         # A new record marks the index dirty: the next search catches up first.
         later = task_record_from_turn(
             "rotate the zeppelin keys", [tool_call("vault"), results(("ok", False))], START, END,
-            scope="dm:alice",
+            scope="person:alice",
         )  # fmt: skip
         assert later is not None
         await index.record_task(later)
-        rotated = await index.search("zeppelin keys", scopes=["dm:alice"])
+        rotated = await index.search("zeppelin keys", scopes=["person:alice"])
         assert [h.start_line for h in rotated.hits] == [2]
 
         clock["now"] = START + timedelta(days=60)
         report = await index.forget()
-        assert sorted(e.chunk.scope for e in report.evictions) == ["dm:alice", "dm:alice", "dm:bob"]
-        assert (await index.search("staging nginx", scopes=["dm:alice"])).hits == []
+        assert sorted(e.chunk.scope for e in report.evictions) == ["person:alice", "person:alice", "person:bob"]
+        assert (await index.search("staging nginx", scopes=["person:alice"])).hits == []
         # The log itself is kept (stats still count it); only the index forgot.
         assert (await index.task_stats()).total == 3
     finally:

@@ -15,8 +15,8 @@ async def test_memory_stats(admin_server: AdminWorld, client: aiohttp.ClientSess
     assert stats["enabled"] is True and stats["scopes"] is None
     assert stats["total"] == 1 and stats["tools"] == {"list_files": 1}
     assert sum(stats["by_outcome"].values()) == 1
-    async with client.get("/api/memory/stats", params={"scope": "dm:nobody"}) as response:
+    async with client.get("/api/memory/stats", params={"scope": "person:nobody"}) as response:
         nobody = await response.json()
-    assert (nobody["scopes"], nobody["total"]) == (["dm:nobody"], 0)
+    assert (nobody["scopes"], nobody["total"]) == (["person:nobody"], 0)
     async with client.get("/api/memory/stats", params={"scope": ""}) as response:
         assert response.status == 400
