@@ -52,7 +52,7 @@ from core.errors import (
 from core.flush import FlushTarget
 from core.memory.audience import Audience, Viewer
 from core.memory.index import MemoryIndex
-from core.memory.notes import NoteStore
+from core.memory.notes import NoteError, NoteStore
 from core.memory.recall import Recaller, last_recall
 from core.memory.tasks import format_task_stats
 from core.prompt import SILENT_REPLY, SystemPromptBuilder, render_turn_context
@@ -72,8 +72,10 @@ from gateway.audiences import (
     viewer_for,
 )
 from gateway.commands import (
+    FORGET_USAGE,
     HELP_TEXT,
     MEMORY_USAGE,
+    REMEMBER_USAGE,
     format_status,
     parse_compact_command,
     parse_info_command,
@@ -473,6 +475,8 @@ class Gateway:
                 text = await self._context_text(route, info.argument)
             elif info.name == "memory":
                 text = await self._memory_text(route, message, info.argument)
+            elif info.name in ("remember", "forget"):
+                text = await self._note_text(route, message, info.name, info.argument)
             else:
                 text = await self._status_text(route.key)
             await self._deliver([item_id], message, None, text)
@@ -658,6 +662,31 @@ class Gateway:
         except CoreError as exc:
             return f"Memory is unavailable: {exc}"
         return MEMORY_USAGE
+
+    async def _note_text(
+        self, route: SessionRoute, message: InboundMessage, name: str, argument: str
+    ) -> str:
+        """``/remember <text>`` and ``/forget <text or citation>``: the notes of this
+        conversation's own audience (the person's, or the group's), nobody else's."""
+        if self.memory is None:
+            return "Long-term memory is turned off ([memory] enabled = false)."
+        if not argument:
+            return REMEMBER_USAGE if name == "remember" else FORGET_USAGE
+        audience = self.audience(route, message)
+        where = "your memory" if audience.kind == "person" else "this group's memory"
+        try:
+            if name == "remember":
+                citation = await self.memory.remember(audience, argument)
+                return f"Remembered in {where} ({citation})."
+            removed = await self.memory.forget_note(audience, argument)
+        except (NoteError, OSError) as exc:
+            return f"Could not change {where}: {exc}"
+        if not removed:
+            return f"Nothing in {where} matches that."
+        lines = sum(len(f.lines) for f in removed)
+        return f"Forgot {lines} line(s) from {where}: " + "; ".join(
+            f"{f.path} ({len(f.lines)})" for f in removed
+        )
 
     async def _recover(self) -> None:
         if self.replicas is not None:

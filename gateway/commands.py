@@ -32,16 +32,22 @@ HELP_TEXT = """Commands:
               what memory_search finds for this conversation
 /memory stats
               this conversation's task records: outcomes, most frequent errors
+/remember <text>
+              keep a note in your own memory (in a group: the group's memory)
+/forget <text or citation>
+              remove your notes that contain the text (or the cited lines)
 /help         this list"""
 
 CONTEXT_MODES = ("list", "detail", "json")
 MEMORY_USAGE = "Usage: /memory status | /memory search <query> | /memory stats"
+REMEMBER_USAGE = "Usage: /remember <text to keep>"
+FORGET_USAGE = "Usage: /forget <text the note contains, or its citation notes/…#Lx>"
 
 
 @dataclass(frozen=True, slots=True)
 class InfoCommand:
-    name: str  # "status" | "help" | "context" | "memory"
-    argument: str = ""  # /context's mode, /memory's action and query
+    name: str  # "status" | "help" | "context" | "memory" | "remember" | "forget"
+    argument: str = ""  # /context's mode, /memory's action and query, a note's text
 
 
 def _command_word(text: str) -> tuple[str, str] | None:
@@ -66,6 +72,8 @@ def parse_info_command(text: str) -> InfoCommand | None:
     if name == "memory":
         action, _, query = rest.partition(" ")
         return InfoCommand(name, f"{action.lower()} {query.strip()}".strip())
+    if name in ("remember", "forget"):
+        return InfoCommand(name, rest.strip())  # the note's own words, case kept
     return None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.settings import MemorySettings
+from core.memory.audience import Audience, visible_scopes
 from core.memory.sources import AGENT_SCOPE
 from core.messages import TextBlock, Usage
 from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
@@ -21,10 +21,18 @@ from core.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.tokens import default_counter
 from core.transcript import Transcript
 from gateway.app import Gateway
+from gateway.audiences import (
+    UNSCOPED,
+    PersonLinks,
+    audience_for,
+    scope_for_key,
+    scope_resolver,
+    viewer_for,
+)
 from gateway.commands import MEMORY_USAGE
-from gateway.memory import UNSCOPED, scope_for_key, scope_resolver, search_scopes
 from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute
+from gateway.session_config import SessionConfig
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 from tests.gateway.memory_helpers import (
@@ -42,7 +50,8 @@ from tests.gateway.memory_helpers import (
 
 ALICE_KEY = "agent:main:test:direct:alice"
 BOB_KEY = "agent:main:test:direct:bob"
-ALICE_SCOPE = "person:test:direct:alice"
+ALICE_SCOPE = "person:test:alice"
+GROUP_KEY = "agent:main:test:group:g1"
 ALICE_FACT = "Remember this: my locker combination is 7491 and my ferret is named Pumpernickel."
 BOB_FACT = "Please remember that I practise the bassoon every Thursday evening."
 MEMORY_MD = "# Memory\n\n- The household wifi router lives behind the bookshelf in the study.\n"
@@ -81,40 +90,69 @@ def transcript_path(gateway: Gateway, record: SessionRecord) -> Path:
     return gateway.loaded.sessions_dir / f"{record.session_id}.jsonl"
 
 
-# -- scopes, as pure functions -----------------------------------------------------------
+# -- audiences, as pure functions --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("key", "peer", "agent"),
+    ("key", "scope"),
     [
-        (ALICE_KEY, "person:test:direct:alice", AGENT_SCOPE),
-        (f"{ALICE_KEY}:thread:t1", "person:test:direct:alice", AGENT_SCOPE),
-        ("agent:main:main", "person:main", AGENT_SCOPE),
-        ("agent:main:direct:bob", "person:direct:bob", AGENT_SCOPE),
-        ("agent:main:test:group:g1", "conversation:test:group:g1", "conversation:test:group:g1"),
-        ("agent:main:test:group:g1:thread:t9", "conversation:test:group:g1", "conversation:test:group:g1"),
-        ("key:s-1", UNSCOPED, UNSCOPED),
-        ("", UNSCOPED, UNSCOPED),
+        (ALICE_KEY, ALICE_SCOPE),
+        (f"{ALICE_KEY}:thread:t1", ALICE_SCOPE),
+        ("agent:main:test:acct:direct:alice", ALICE_SCOPE),  # accounts are one person
+        ("agent:main:main", "person:~main"),
+        ("agent:main:direct:bob", "person:bob"),
+        ("agent:main:test:group:g1", "conversation:test:g1"),
+        ("agent:main:test:group:g1:thread:t9", "conversation:test:g1"),  # a thread: its group
+        ("key:s-1", UNSCOPED),
+        ("", UNSCOPED),
     ],
 )
-def test_scope_for_key(key: str, peer: str, agent: str) -> None:
-    assert scope_for_key(key, MemorySettings()) == peer
-    assert scope_for_key(key, MemorySettings(transcript_scope="agent")) == agent
+def test_scope_for_key(key: str, scope: str) -> None:
+    assert scope_for_key(key) == scope
 
 
-def test_search_scopes_are_the_agent_plus_the_conversations_own() -> None:
-    route = SessionRoute(ALICE_KEY, None, "direct", "alice")
-    assert search_scopes(route, MemorySettings()) == (AGENT_SCOPE, ALICE_SCOPE)
-    shared = MemorySettings(transcript_scope="agent")
-    assert search_scopes(route, shared) == (AGENT_SCOPE,)
-    group = SessionRoute("agent:main:test:group:g1", None, "group", "g1")
-    assert search_scopes(group, shared) == (AGENT_SCOPE, "conversation:test:group:g1")
+def test_a_direct_chat_reads_its_person_and_a_group_itself() -> None:
+    config = SessionConfig()
+    links = PersonLinks(config)
+    alice = audience_for(
+        SessionRoute(ALICE_KEY, None, "direct", "alice"),
+        channel="test", sender_id="Alice", chat_id="Alice", config=config,
+    )  # fmt: skip
+    assert alice.scope == ALICE_SCOPE
+    viewer = viewer_for(alice, config, links)
+    assert visible_scopes(viewer, ["person:test:bob", "conversation:test:g1"]) == (
+        AGENT_SCOPE,
+        ALICE_SCOPE,
+    )
+    group = audience_for(
+        SessionRoute(f"{GROUP_KEY}:thread:t1", GROUP_KEY, "thread", "g1"),
+        channel="test", sender_id="alice", chat_id="g1", config=config,
+    )  # fmt: skip
+    assert group.scope == "conversation:test:g1"
+    seen = visible_scopes(viewer_for(group, config, links), [ALICE_SCOPE, "conversation:test:g2"])
+    assert seen == (AGENT_SCOPE, "conversation:test:g1")
 
 
-def test_scope_resolver_prefers_the_recorded_scope() -> None:
-    resolve = scope_resolver(MemorySettings())
+def test_linked_ids_read_each_others_memory_and_unlinking_splits_them() -> None:
+    linked = SessionConfig(identity_links={"alice": ["test:alice", "discord:99"]})
+    viewer = viewer_for(Audience.person("test:alice"), linked, PersonLinks(linked))
+    known = ["person:discord:99", "person:discord:100", "person:alice"]
+    assert visible_scopes(viewer, known) == (
+        AGENT_SCOPE, "person:alice", "person:discord:99", ALICE_SCOPE,
+    )  # fmt: skip
+    apart = SessionConfig()
+    viewer = viewer_for(Audience.person("test:alice"), apart, PersonLinks(apart))
+    assert visible_scopes(viewer, known) == (AGENT_SCOPE, ALICE_SCOPE)
+
+
+def test_scope_resolver_prefers_the_recorded_audience() -> None:
+    resolve = scope_resolver()
     assert resolve({"key": ALICE_KEY, "meta": {"memory_scope": "person:other"}}) == "person:other"
-    # Written before memory existed: derived from the key.
+    # Written before audiences (a dm: scope, or agent-wide): derived from the key.
+    assert resolve({"key": ALICE_KEY, "meta": {"memory_scope": "dm:test:direct:alice"}}) == (
+        ALICE_SCOPE
+    )
+    assert resolve({"key": ALICE_KEY, "meta": {"memory_scope": "agent"}}) == ALICE_SCOPE
     assert resolve({"key": ALICE_KEY, "meta": {}}) == ALICE_SCOPE
     assert resolve({"key": ALICE_KEY}) == ALICE_SCOPE
     assert resolve({"key": "not a key"}) == UNSCOPED
@@ -218,7 +256,7 @@ async def test_transcript_header_records_scope_and_agent_name(
     assert headers[0]["key"] == ALICE_KEY
     assert headers[0]["meta"]["memory_scope"] == ALICE_SCOPE
     assert headers[0]["meta"]["agent_name"] == "Marlowe"
-    assert headers[1]["meta"]["memory_scope"] == "conversation:test:group:g1"
+    assert headers[1]["meta"]["memory_scope"] == "conversation:test:g1"
     assert headers[1]["meta"]["agent_name"] == "Marlowe"
 
 
