@@ -91,6 +91,7 @@ from gateway.memory import (
     format_memory_status,
     format_search,
     notes_dir,
+    private_roots,
     record_turn_task,
 )
 from gateway.providers import build_provider
@@ -260,7 +261,9 @@ class Gateway:
             await warm_up()
         agent = self.config.agent
         context = self.config.context
-        tools = default_registry(agent.tool_result_max_chars)
+        tools = default_registry(
+            agent.tool_result_max_chars, private_roots=private_roots(self.loaded)
+        )
         offer_tools = getattr(self._provider, "supports_tools", True)
         if self.config.memory.enabled:
             # On PostgreSQL the index shares the state's pool (None: memory.db).

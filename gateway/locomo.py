@@ -1,6 +1,10 @@
 """``parley bench locomo``: memory retrieval under a context budget, on LoCoMo.
 
-For each conversation, in its own scope: every LoCoMo session is written as a parley
+For each conversation, in its own audience: a LoCoMo conversation is one person's direct
+chat with the agent (``speaker_a`` is the person, ``person:locomo:<sample_id>``), so
+each question is searched with the scopes that person's direct chat may read
+(``core.memory.audience``: theirs plus the agent's, never another conversation's).
+Every LoCoMo session is written as a parley
 transcript through the real transcript store (``speaker_a`` as the user, with the
 gateway's turn-context block naming them; ``speaker_b`` as the assistant, named in the
 header; entry times from the session date), the transcripts are indexed through the
@@ -41,15 +45,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from core.memory.audience import Audience, Viewer
 from core.memory.backend import StoreBackend
 from core.memory.embedders import EmbedderSettings, build_embedder
 from core.memory.index import MemoryIndex
 from core.memory.query import quote_fts
 from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock
-from core.prompt import render_turn_context
+from core.prompt import render_turn_context, turn_context_block
 from core.tokens import default_counter
 from core.transcript_store import FileTranscriptStore, TranscriptStore
+from gateway.routing import normalise_peer_id
 
 Backend = Literal["sqlite", "postgres"]
 BUDGETS = (250, 500, 1000, 2000)
@@ -157,7 +163,7 @@ def write_transcripts(conv: Conversation, sessions: Path | TranscriptStore, scop
                         now=when, channel="locomo", chat_type="direct",
                         sender_name=conv.speaker_a, sender_id=conv.sample_id,
                     )  # fmt: skip
-                    message = Message("user", (TextBlock(turn.text), TextBlock(context)))
+                    message = Message("user", (TextBlock(turn.text), turn_context_block(context)))
                 else:
                     message = Message.assistant(turn.text)
                 t.append_message(message, ts=when)
@@ -337,6 +343,11 @@ async def run_locomo(
             return await _run(conversations, data, out, memory, home, store, described)
 
 
+def locomo_person(conv: Conversation) -> Audience:
+    """The person whose direct chat a LoCoMo conversation stands for."""
+    return Audience.person(f"locomo:{normalise_peer_id(conv.sample_id)}")
+
+
 async def _run(
     conversations: list[Conversation],
     data: Path,
@@ -353,7 +364,7 @@ async def _run(
     transcripts = FileTranscriptStore(sessions_dir)
     messages = await asyncio.to_thread(
         lambda: sum(
-            write_transcripts(c, transcripts, f"locomo:{c.sample_id}") for c in conversations
+            write_transcripts(c, transcripts, locomo_person(c).scope) for c in conversations
         )
     )
     index = MemoryIndex(
@@ -377,7 +388,7 @@ async def _run(
             for conv in conversations:
                 turns = {t.dia_id: _collapse(t.text) for t in conv.turns}
                 bm25 = Bm25Baseline(conv)
-                scopes = ["agent", f"locomo:{conv.sample_id}"]
+                scopes = await index.visible_scopes(Viewer.only(locomo_person(conv)))
                 for q in conv.questions:
                     t0 = time.perf_counter()
                     result = await index.search(q.question, scopes=scopes)

@@ -62,6 +62,24 @@ def private_dir(loaded: LoadedConfig) -> Path:
     return memory_db_path(loaded).parent
 
 
+def private_roots(loaded: LoadedConfig) -> tuple[Path, ...]:
+    """What the file tools must never reach, should the workspace contain it (an
+    operator may set the workspace to the home): transcripts, checkpoints, memory.db,
+    notes and task records, state, logs, backups and the admin token."""
+    home = loaded.home
+    return (
+        loaded.sessions_dir,
+        loaded.checkpoints_dir,
+        memory_db_path(loaded).parent,
+        private_dir(loaded),
+        loaded.state_db,
+        home / "memory",
+        home / "logs",
+        home / "backups",
+        loaded.admin_token_file,
+    )
+
+
 def notes_dir(loaded: LoadedConfig) -> Path:
     return private_dir(loaded) / "notes"
 
@@ -96,6 +114,12 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
         # Replicas share the index, so they must share the task logs it reads (the
         # private directory on a shared volume), each replica appending to its own folder.
         writer = replica_writer(loaded.config.http.port)
+        if settings.private_dir is None:
+            log.warning(
+                "[memory] private_dir is not set: notes and task records stay in %s; with "
+                "several replicas set it to a volume they all share (docs/deploy.md)",
+                private_dir(loaded),
+            )
     return MemoryIndex(
         settings,
         db_path=memory_db_path(loaded),

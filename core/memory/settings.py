@@ -101,7 +101,7 @@ class ForgettingSettings(_Strict):
     max_chunks_per_scope: int | None = Field(20_000, ge=1)
     # How often the index applies the policies after a sync (0: only on demand).
     schedule_hours: float = Field(24.0, ge=0)
-    # Keys are scopes or fnmatch patterns ("dm:*", "group:*"); the most specific
+    # Keys are scopes or fnmatch patterns ("person:*", "conversation:*"); the most specific
     # (longest) matching pattern wins.
     scopes: dict[str, ScopeForgetting] = Field(default_factory=dict)
 

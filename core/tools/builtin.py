@@ -1,9 +1,12 @@
 """The built-in tools: ``current_time``, ``read_file`` and ``list_files``.
 
-The file tools see only the agent's workspace. A path is taken relative to it and
-resolved (symlinks followed, ``..`` collapsed) before use; anything that lands
-outside, or any absolute path, is refused with a message that says so. All
-file-system work runs in a worker thread. Their output is bounded here (lines,
+The file tools see only the agent's workspace, minus its *private roots*: where the
+gateway keeps transcripts, notes, task records and state. They never live in the
+default workspace, but an operator may point the workspace at the home itself; a
+private root is then neither readable nor listed, whatever the path. A path is taken
+relative to the workspace and resolved (symlinks followed, ``..`` collapsed) before
+use; anything that lands outside, or any absolute path, is refused with a message
+that says so. All file-system work runs in a worker thread. Their output is bounded here (lines,
 bytes, entries) and capped again by the registry.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC
 from itertools import islice
 from pathlib import Path
@@ -56,6 +59,15 @@ def resolve_in_workspace(workspace: Path, relative: str) -> Path:
     if not target.is_relative_to(root):
         raise ToolError(f"{relative} is outside the workspace; only the workspace is accessible")
     return target
+
+
+def _refuse_private(target: Path, private: Sequence[Path], relative: str) -> None:
+    if _is_private(target, private):
+        raise ToolError(f"{relative} is private to the gateway; it cannot be read or listed")
+
+
+def _is_private(target: Path, private: Sequence[Path]) -> bool:
+    return any(target == root or target.is_relative_to(root) for root in private)
 
 
 def _display(root: Path, path: Path) -> str:
@@ -109,8 +121,16 @@ CURRENT_TIME = Tool(
 # -- read_file ---------------------------------------------------------------------------
 
 
-def _read_lines(workspace: Path, relative: str, offset: int, limit: int, max_bytes: int) -> str:
+def _read_lines(
+    workspace: Path,
+    relative: str,
+    offset: int,
+    limit: int,
+    max_bytes: int,
+    private: Sequence[Path] = (),
+) -> str:
     try:
+        _refuse_private(resolve_in_workspace(workspace, relative), private, relative)
         return _read_lines_unguarded(workspace, relative, offset, limit, max_bytes)
     except OSError as exc:  # the reason, without the absolute path the OS puts in
         raise ToolError(f"cannot read {relative}: {exc.strerror or type(exc).__name__}") from exc
@@ -156,7 +176,7 @@ def _read_lines_unguarded(
     return text
 
 
-def _read_file_tool(max_bytes: int) -> Tool:
+def _read_file_tool(max_bytes: int, private: Sequence[Path]) -> Tool:
     async def read_file(arguments: dict[str, Any], context: ToolContext) -> str:
         return await asyncio.to_thread(
             _read_lines,
@@ -165,6 +185,7 @@ def _read_file_tool(max_bytes: int) -> Tool:
             arguments.get("offset", 1),
             arguments.get("limit", DEFAULT_READ_MAX_LINES),
             max_bytes,
+            private,
         )
 
     return Tool(
@@ -190,11 +211,12 @@ def _read_file_tool(max_bytes: int) -> Tool:
 # -- list_files --------------------------------------------------------------------------
 
 
-def _entry(root: Path, path: Path) -> tuple[str, str] | None:
-    """(name, listing line), or None for an entry that is gone or leads out of the workspace."""
+def _entry(root: Path, path: Path, private: Sequence[Path] = ()) -> tuple[str, str] | None:
+    """(name, listing line), or None for an entry that is gone, leads out of the
+    workspace or is private."""
     try:
         resolved = path.resolve()
-        if not resolved.is_relative_to(root):
+        if not resolved.is_relative_to(root) or _is_private(resolved, private):
             return None
         info = resolved.stat()
     except (OSError, RuntimeError):  # gone, unreadable, or a symlink loop
@@ -209,15 +231,28 @@ def _entry(root: Path, path: Path) -> tuple[str, str] | None:
     return name, f"other {'-':>10}  {name}"
 
 
-def _list(workspace: Path, directory: str, pattern: str | None, max_entries: int) -> str:
+def _list(
+    workspace: Path,
+    directory: str,
+    pattern: str | None,
+    max_entries: int,
+    private: Sequence[Path] = (),
+) -> str:
     try:
-        return _list_unguarded(workspace, directory, pattern, max_entries)
+        return _list_unguarded(workspace, directory, pattern, max_entries, private)
     except OSError as exc:
         raise ToolError(f"cannot list {directory}: {exc.strerror or type(exc).__name__}") from exc
 
 
-def _list_unguarded(workspace: Path, directory: str, pattern: str | None, max_entries: int) -> str:
+def _list_unguarded(
+    workspace: Path,
+    directory: str,
+    pattern: str | None,
+    max_entries: int,
+    private: Sequence[Path],
+) -> str:
     base = resolve_in_workspace(workspace, directory)
+    _refuse_private(base, private, directory)
     root = workspace.resolve()
     if not base.is_dir():
         raise ToolError(f"{directory} is not a directory")
@@ -233,7 +268,7 @@ def _list_unguarded(workspace: Path, directory: str, pattern: str | None, max_en
     except (ValueError, NotImplementedError) as exc:  # pathlib's verdict on a bad pattern
         raise ToolError(f"invalid pattern {pattern!r}: {exc}") from exc
     capped = len(scanned) > DEFAULT_LIST_SCAN_LIMIT
-    entries = (_entry(root, p) for p in scanned[:DEFAULT_LIST_SCAN_LIMIT])
+    entries = (_entry(root, p, private) for p in scanned[:DEFAULT_LIST_SCAN_LIMIT])
     # By name, so a directory and its files sit together.
     lines = [line for _, line in sorted(e for e in entries if e is not None)]
     where = _display(root, base)
@@ -246,7 +281,7 @@ def _list_unguarded(workspace: Path, directory: str, pattern: str | None, max_en
     return "\n".join(shown)
 
 
-def _list_files_tool(max_entries: int) -> Tool:
+def _list_files_tool(max_entries: int, private: Sequence[Path]) -> Tool:
     async def list_files(arguments: dict[str, Any], context: ToolContext) -> str:
         return await asyncio.to_thread(
             _list,
@@ -254,6 +289,7 @@ def _list_files_tool(max_entries: int) -> Tool:
             arguments.get("path", "."),
             arguments.get("pattern"),
             max_entries,
+            private,
         )
 
     return Tool(
@@ -280,10 +316,13 @@ def default_registry(
     *,
     read_max_bytes: int = DEFAULT_READ_MAX_BYTES,
     list_max_entries: int = DEFAULT_LIST_MAX_ENTRIES,
+    private_roots: Sequence[Path] = (),
 ) -> ToolRegistry:
-    """A registry holding the three built-in tools."""
+    """A registry holding the three built-in tools. ``private_roots``: paths the file
+    tools refuse and never list (resolved here, once)."""
+    private = tuple(Path(os.path.realpath(p)) for p in private_roots)
     registry = ToolRegistry(max_result_chars=max_result_chars)
     registry.register(CURRENT_TIME)
-    registry.register(_read_file_tool(read_max_bytes))
-    registry.register(_list_files_tool(list_max_entries))
+    registry.register(_read_file_tool(read_max_bytes, private))
+    registry.register(_list_files_tool(list_max_entries, private))
     return registry
