@@ -112,6 +112,39 @@ class HttpConfig(_Strict):
     host: str = Field("127.0.0.1", min_length=1, description="listen address")
     port: int = Field(8787, ge=0, le=65535, description="0 picks a free port")
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20, description="larger is refused")
+    # Silent or slow sockets must not hold descriptors (gateway.http_limits): each
+    # phase of a connection has a deadline, and past the cap the oldest idle or
+    # unfinished connection is closed to let a new one in.
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="a request line and headers must arrive within this long of the "
+        "connection opening (or of their first byte on a kept-alive connection); else 408",
+    )
+    body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="a request body must arrive in full within this long of its headers; else 408",
+    )
+    keepalive_timeout_seconds: float = Field(
+        75.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="an idle connection between requests is closed after this long (keep "
+        "it above a load balancer's idle timeout); open websockets are exempt",
+    )
+    max_connections: int = Field(
+        512,
+        ge=1,
+        le=1_000_000,
+        description="open connections at most, lowered to fit the descriptor limit "
+        "(ulimit -n); past it the oldest idle or unfinished one is closed, else 503",
+    )
     token: SecretStr | None = Field(
         None,
         description="bearer token for every route but /health; unset on a loopback address: "
