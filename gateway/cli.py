@@ -17,6 +17,8 @@ from core.errors import CoreError, TranscriptError
 from gateway.config import LoadedConfig, effective_config_toml, load_config
 from gateway.db_cli import add_db_commands, db_command
 from gateway.errors import ConfigFileError, GatewayError
+from gateway.file_modes import owner_only_umask, secure_home
+from gateway.memory import memory_db_path
 from gateway.memory_cli import add_memory_commands, bench_command, memory_command
 from gateway.migrate_cli import add_migrate_commands, migrate_command
 
@@ -132,9 +134,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
     command = args.command
+    umask: int | None = None
     try:
         if command == "config":
             return _config(loaded, args.config_command)
+        # Every other command touches the home: owner-only from here on, the files that
+        # libraries create included (gateway/file_modes.py). The doctor only reports
+        # modes (its --fix narrows them), so it leaves the home as it finds it.
+        if command == "doctor":
+            umask = owner_only_umask()
+        else:
+            umask = secure_home(loaded.home, (loaded.state_db, memory_db_path(loaded)))
         _logging(loaded, args, chat=command in ("run", "chat"))
         if command in ("run", "chat"):
             return asyncio.run(_serve(loaded, terminal_only=command == "chat"))
@@ -157,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEM
     except KeyboardInterrupt:
         return 130
+    finally:
+        if umask is not None:
+            os.umask(umask)  # process-wide: tests run main() in their own process
     raise AssertionError(command)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.errors import SchemaTooNewError, StateError
+from gateway.file_modes import owner_only_sqlite
 
 log = logging.getLogger("parley.gateway.db")
 
@@ -153,12 +154,15 @@ class Database:
     def _open_sync(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            created = not self.path.exists()
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(f"cannot open {self.path}: {exc}") from exc
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("PRAGMA journal_mode=WAL")
+            if created:  # owner-only whatever the umask; its -wal and -shm follow its mode
+                owner_only_sqlite(self.path)
             # NORMAL in WAL mode survives a killed process; FULL also survives power loss.
             conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys=ON")

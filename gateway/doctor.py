@@ -9,6 +9,9 @@ and the session files, or the shared PostgreSQL (opened without migrating it: a 
 changes nothing). State written by an earlier parley is reported by the ``migration``
 check, and the checks that would upgrade it by opening it are skipped; ``fix=True``
 (``parley doctor --fix``) backs the home up and migrates it first (gateway/state_migration.py).
+
+The ``file modes`` check lists what under the home is open to group or others (every
+message is in there); ``--fix`` narrows it to owner-only (gateway/file_modes.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gateway.admin.auth import check_setup
 from gateway.config import LoadedConfig
 from gateway.db import Database
 from gateway.errors import AdminServerError, GatewayError, StateError
+from gateway.file_modes import find_wide_modes, narrow_modes
 from gateway.providers import choose_provider
 from gateway.state_migration import StateMigrationError, Survey, migrate, survey
 
@@ -40,6 +44,8 @@ Severity = Literal["ok", "warning", "error"]
 PROBE_TIMEOUT_SECONDS = 5.0
 # Transcripts named in one finding; the rest are counted.
 LISTED_TRANSCRIPTS = 10
+# Paths with too wide a mode named in the file modes finding.
+WIDE_MODES_LISTED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,8 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
         findings.append(await _fix(loaded))
     found = await asyncio.to_thread(survey, loaded)
     findings += _migration_findings(found, fixing=fix)
+    # Before the checks below open state.db (after --fix's backup, which it narrows too).
+    findings.append(await asyncio.to_thread(_check_file_modes, loaded.home, fix))
     if loaded.config.storage.backend == "postgres":
         async with _postgres(loaded) as (db, state):
             findings.append(state)
@@ -173,6 +181,37 @@ def _pg_transcripts(db: PgDatabase) -> TranscriptStore:
     return PgTranscriptStore(db)
 
 
+def _check_file_modes(home: Path, fix: bool) -> Finding:
+    """Is everything under the home owner-only; with ``fix``, make it so. An error when
+    the home itself lets others in, a warning when only entries inside it would."""
+    check = "file modes"
+    if not home.exists():
+        return Finding(check, "ok", f"{home} not created yet (first run creates it 0700)")
+    wide = find_wide_modes(home)
+    narrowed = 0
+    if fix and wide:
+        narrowed, failures = narrow_modes(wide)
+        wide = find_wide_modes(home)
+        if failures:
+            return Finding(check, "error", "cannot narrow " + _listed(failures))
+    if not wide:
+        done = f"narrowed {narrowed} to owner-only" if narrowed else "owner-only"
+        return Finding(check, "ok", f"{done} ({home})")
+    listed = [f"{_relative(path, home)} ({mode:04o})" for path, mode in wide]
+    home_open = wide[0][0] == home
+    return Finding(
+        check,
+        "error" if home_open else "warning",
+        f"{len(wide)} open to group or others under {home}: "
+        + _listed(listed, WIDE_MODES_LISTED)
+        + "; `parley doctor --fix` narrows them to owner-only (0755 to 0700, 0644 to 0600)",
+    )
+
+
+def _relative(path: Path, home: Path) -> str:
+    return "." if path == home else str(path.relative_to(home))
+
+
 def _check_http(loaded: LoadedConfig) -> Finding:
     """Would the admin server start: a token wherever the address is not loopback."""
     http = loaded.config.http
@@ -240,9 +279,9 @@ def _transcript_name(store: TranscriptStore, session_id: str) -> str:
     return f"{session_id}.jsonl" if isinstance(store, FileTranscriptStore) else session_id
 
 
-def _listed(items: list[str]) -> str:
-    more = len(items) - LISTED_TRANSCRIPTS
-    return "; ".join(items[:LISTED_TRANSCRIPTS]) + (f" (+{more} more)" if more > 0 else "")
+def _listed(items: list[str], shown: int = LISTED_TRANSCRIPTS) -> str:
+    more = len(items) - shown
+    return "; ".join(items[:shown]) + (f" (+{more} more)" if more > 0 else "")
 
 
 async def _check_memory(loaded: LoadedConfig, db: PgDatabase | None = None) -> Finding:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,8 +53,9 @@ def setup_logging(
     stream.setLevel(stderr_level or level)
     root.addHandler(stream)
     if file is not None:
-        file.parent.mkdir(parents=True, exist_ok=True)
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         handler = logging.FileHandler(file, encoding="utf-8")
+        os.chmod(file, 0o600)  # every message passes through it: owner-only, whatever the umask
         handler.setFormatter(formatter)
         handler.setLevel(level)
         root.addHandler(handler)
