@@ -180,7 +180,9 @@ def search_viewer(args: argparse.Namespace, loaded: LoadedConfig) -> Viewer:
 def describe_viewer(viewer: Viewer, scopes: tuple[str, ...]) -> str:
     if viewer.operator:
         return f"every audience ({len(scopes)} scopes)"
-    return f"as {viewer.audience.label}: " + ", ".join(scopes)
+    if viewer.audience.kind == "agent":
+        return "the agent-wide memory only (see --person, --conversation, --all)"
+    return f"as {viewer.audience.label} would: " + ", ".join(scopes)
 
 
 async def _lifecycle_command(index: MemoryIndex, args: argparse.Namespace) -> int:

@@ -59,7 +59,7 @@ async def _seed(loaded: LoadedConfig) -> None:
 
     def write(store: TranscriptStore) -> None:
         for sid in (SID_A, SID_B):
-            with store.create(sid, KEY, {"memory_scope": "person:test:direct:alice"}) as t:
+            with store.create(sid, KEY, {"memory_scope": "person:test:alice"}) as t:
                 t.append_message(Message.user("the shed key is under the mat"))
                 t.append_message(Message.assistant("Noted."))
 

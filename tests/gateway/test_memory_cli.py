@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock
 from core.prompt import render_turn_context
 from core.transcript import Transcript
+from gateway.audiences import scope_for_key
 from gateway.cli import main
-from gateway.memory import scope_for_key
 from tests.gateway.memory_helpers import restored_logging
 
 ALICE_KEY = "agent:main:test:direct:alice"
@@ -46,7 +45,7 @@ def write_dm(
     sessions.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"agent": "main", "agent_name": "Parley"}
     if not legacy:
-        meta["memory_scope"] = scope_for_key(key, MemorySettings())
+        meta["memory_scope"] = scope_for_key(key)
     context = render_turn_context(
         now=datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
         channel="test",
@@ -137,12 +136,16 @@ def test_search_text_and_json(home: Path, capsys: pytest.CaptureFixture[str]) ->
     # No index run first: the search syncs the empty index before it answers.
     code, text, err = run(capsys, "memory", "search", "where is the spare house key")
     assert code == 0, err
-    head, first, snippet, *_ = text.splitlines()
+    searched, head, first, snippet, *_ = text.splitlines()
+    assert searched.startswith("Searched the agent-wide memory only")  # the default
     assert head.startswith('1 result(s) for "where is the spare house key" (hybrid, ')
     assert first.startswith("1. MEMORY.md#L1-L3 · ") and first.endswith(" · memory")
     assert "blue watering can" in snippet
     payload = run_json(capsys, "memory", "search", "spare house key", "--json")
-    assert set(payload) == {"results", "mode", "provider", "model", "fallback", "search_ms"}
+    assert set(payload) == {
+        "results", "mode", "provider", "model", "fallback", "search_ms", "searched",
+    }  # fmt: skip
+    assert payload["searched"]["scopes"] == ["agent"]
     assert payload["mode"] == "hybrid" and payload["provider"] == "e5"
     [hit] = payload["results"]
     assert hit["citation"] == "MEMORY.md#L1-L3" and hit["source"] == "memory"
@@ -172,8 +175,13 @@ def test_session_scopes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bassoon = ["memory", "search", "bassoon reed", "--json"]
     assert "bassoon" in snippets(run_json(capsys, *bassoon, "--session", BOB_KEY))
     assert "bassoon" not in snippets(run_json(capsys, *bassoon, "--session", ALICE_KEY))
-    explicit = run_json(capsys, *bassoon, "--scope", "person:test:direct:bob")
+    explicit = run_json(capsys, *bassoon, "--person", "test:bob")
     assert "bassoon" in snippets(explicit)
+    assert explicit["searched"]["scopes"] == ["agent", "person:test:bob"]
+    assert "bassoon" not in snippets(run_json(capsys, *bassoon, "--person", "test:alice"))
+    group = run_json(capsys, *bassoon, "--conversation", "test:g1")
+    assert "bassoon" not in snippets(group)  # a group never sees a person's memory
+    assert group["searched"]["scopes"] == ["agent", "conversation:test:g1"]
 
 
 def test_all_scopes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

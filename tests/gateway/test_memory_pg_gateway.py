@@ -36,7 +36,7 @@ from tests.gateway.memory_helpers import Clock, memory_config
 
 SID = "0123456789abcdef0123456789abcdef"
 ALICE_KEY = "agent:main:test:direct:alice"
-ALICE_SCOPE = "person:test:direct:alice"
+ALICE_SCOPE = "person:test:alice"
 FACT = "Remember this: my locker combination is 7491 and my ferret is named Pumpernickel."
 DIMS = 8  # well under the 16 at which this machine's pgvector crashes
 
@@ -168,7 +168,7 @@ async def test_a_turn_through_the_gateway_is_indexed_and_found(loaded: LoadedCon
         assert f"sessions/{record.session_id}.jsonl" in paths
         assert result.mode == "hybrid"
         # Another person's search does not see Alice's conversation.
-        other = await memory.search("ferret Pumpernickel", scopes=["person:test:direct:bob"])
+        other = await memory.search("ferret Pumpernickel", scopes=["person:test:bob"])
         assert other.hits == []
         assert await gateway.state.pg.run(_hnsw_indexes) == []  # type: ignore[union-attr]
         assert not list(loaded.sessions_dir.glob("*.jsonl"))

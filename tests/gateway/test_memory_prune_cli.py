@@ -69,8 +69,10 @@ def test_dry_run_then_prune_then_pruned(home: Path, capsys: pytest.CaptureFixtur
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "would evict 1 chunk(s):"
-    assert "  age        dm:test:alice: 1" in lines
-    assert any(line.startswith("  - [age] dm:test:alice sessions/s-old.jsonl#L2") for line in lines)
+    assert "  age        person:test:alice: 1" in lines
+    assert any(
+        line.startswith("  - [age] person:test:alice sessions/s-old.jsonl#L2") for line in lines
+    )
     assert indexed_chunks(capsys) == {"memory": 1, "sessions": 2}  # nothing changed
     code, out, _ = run(capsys, "memory", "pruned")
     assert code == 0 and out.strip() == "Nothing has been forgotten."
@@ -88,7 +90,7 @@ def test_dry_run_then_prune_then_pruned(home: Path, capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, "memory", "pruned", "--limit", "5")
     assert code == 0
     head, preview = out.splitlines()
-    assert "  dm:test:alice  sessions/s-old.jsonl#L2  age: 100 days old > 30" in head
+    assert "  person:test:alice  sessions/s-old.jsonl#L2  age: 100 days old > 30" in head
     assert "walrus escaped through the garden gate" in preview
     code, out, _ = run(capsys, "memory", "pruned", "--json")
     (row,) = json.loads(out)

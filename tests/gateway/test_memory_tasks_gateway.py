@@ -13,7 +13,7 @@ import pytest
 
 from core.memory.tasks import TaskRecord
 from gateway.app import Gateway
-from gateway.memory import scope_for_key
+from gateway.audiences import scope_for_key
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import (
@@ -55,7 +55,7 @@ async def test_a_tool_turn_leaves_a_searchable_record_in_its_scope(stack: Stack)
     provider.push(tool_call("c1", "memory_search", query="zeppelin"), final("Nothing yet."))
     await say(gateway, channel, "find my zeppelin notes", sender="alice")
     (record,) = await records(gateway)
-    alice = scope_for_key(ALICE_KEY, gateway.config.memory)
+    alice = scope_for_key(ALICE_KEY)
     assert (record.request, record.tools, record.outcome, record.scope) == (
         "find my zeppelin notes", {"memory_search": 1}, "ok", alice,
     )  # fmt: skip

@@ -22,11 +22,12 @@ from core.memory.index import MemoryIndex
 from core.memory.store import MemoryStore, Tombstone
 from core.messages import Message, Usage
 from core.transcript_store import FileTranscriptStore, write_jsonl
+from gateway.audiences import scope_resolver
 from gateway.config import LoadedConfig, load_config
 from gateway.db import Database
 from gateway.errors import StateError
 from gateway.inbox import Inbox
-from gateway.memory import memory_db_path, scope_resolver
+from gateway.memory import memory_db_path
 from gateway.migrate_cli import add_migrate_commands, migrate_command
 from gateway.pairing import PairingStore
 from gateway.pg.database import Connection, PgDatabase
@@ -86,7 +87,7 @@ def memory_index(loaded: LoadedConfig, backend: Any = None) -> MemoryIndex:
         workspace=loaded.workspace,
         sessions_dir=loaded.sessions_dir,
         embedder=resilient(HashingEmbedder(dimensions=DIMS)),
-        scope_for=scope_resolver(settings),
+        scope_for=scope_resolver(),
         backend=backend,
     )
 

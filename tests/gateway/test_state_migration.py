@@ -225,7 +225,7 @@ async def test_a_kill_after_the_backup_is_finished_by_the_next_fix(
 
     (first,) = (home / BACKUPS_DIR).iterdir()
     assert snapshot(first) == original
-    assert [s.kind for s in survey(loaded).steps] == ["memory-store"]
+    assert [s.kind for s in survey(loaded).steps] == ["memory-store", "memory-schema"]
     report = await migrate(loaded)
     assert report.done and not survey(loaded).steps
 

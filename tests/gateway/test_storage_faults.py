@@ -33,9 +33,9 @@ from channels.base import InboundNotStored
 from core.memory.sources import AGENT_SCOPE
 from core.transcript import Transcript
 from gateway.app import Gateway
+from gateway.audiences import scope_for_key
 from gateway.config import load_config
 from gateway.db import Database
-from gateway.memory import scope_for_key
 from gateway.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -394,7 +394,7 @@ async def test_memory_index_refusing_writes(
 ) -> None:
     memory = world.gateway.memory
     assert memory is not None
-    scopes = [scope_for_key(ALICE, world.gateway.config.memory), AGENT_SCOPE]
+    scopes = [scope_for_key(ALICE), AGENT_SCOPE]
     await world.say("The spare key is under the red doormat.")
     await memory.sync(reason="test")
     world.faults.memory = error

@@ -272,7 +272,9 @@ async def test_memory_status_and_search(
     assert status["enabled"] is True and status["chunks"] > 0  # the search synced first
     assert any("teapot" in hit["snippet"] for hit in found["items"])
     scope = found["items"][0]["scope"]
-    async with client.get("/api/memory/search", params={"q": "teapot", "scope": "person:nobody"}) as r:
+    async with client.get(
+        "/api/memory/search", params={"q": "teapot", "scope": "person:nobody"}
+    ) as r:
         assert (await r.json())["items"] == []
     async with client.get("/api/memory/search", params={"q": "teapot", "scope": scope}) as r:
         assert (await r.json())["items"]
