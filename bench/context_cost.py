@@ -45,7 +45,9 @@ from core.config import AgentConfig, RetryConfig
 from core.context_config import ContextConfig
 from core.context_engine import ContextEngine
 from core.errors import ToolError
-from core.flush import FLUSH_PROMPT
+from core.flush import FLUSH_PROMPT, FlushTarget
+from core.memory.audience import Audience
+from core.memory.notes import NoteStore
 from core.messages import ToolUseBlock
 from core.prompt import SystemPromptBuilder, render_turn_context
 from core.providers.anthropic import AnthropicProvider
@@ -249,7 +251,10 @@ async def run_parley(conversation: list[Turn], home: Path) -> RunStats:
             provider=provider,
             retry=retry,
             max_output=MAX_OUTPUT,
-            workspace=workspace,
+            # Flushes write to Ada's private notes (the bench's one direct chat).
+            flush_target=FlushTarget(
+                NoteStore(home / "notes"), lambda _header: Audience.person("ada")
+            ),
             checkpoints_dir=home / "checkpoints",
             now=clock.now,
         )

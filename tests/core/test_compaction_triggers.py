@@ -57,7 +57,6 @@ def engine(provider: SummaryProvider, tmp_path: Path, **settings: object) -> Con
         provider=provider,
         retry=RetryConfig(max_attempts=1, base_delay_seconds=0, max_delay_seconds=0),
         max_output=1_000,
-        workspace=tmp_path,
     )
 
 
@@ -346,7 +345,6 @@ def test_summary_retries_are_retries_with_backoff(tmp_path: Path) -> None:
         provider=SummaryProvider(lambda _r: reply("x")),
         retry=RetryConfig(),
         max_output=1_000,
-        workspace=tmp_path,
     )
     policy = eng.compactor.summarizer._retry
     assert policy.max_attempts == CompactionConfig().summary_retries + 1

@@ -8,6 +8,7 @@ how the summariser behaves: well, badly, or not at all.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,8 +24,10 @@ from core.errors import (
     InvalidRequestError,
     WindowTooSmallError,
 )
-from core.flush import FLUSH_CUSTOM_TYPE, FLUSH_PROMPT
+from core.flush import FLUSH_CUSTOM_TYPE, FLUSH_PROMPT, FlushTarget
 from core.history import COMPACTION_SUMMARY_PREFIX
+from core.memory.audience import AGENT, Audience
+from core.memory.notes import NoteStore
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.prompt import SILENT_REPLY, SystemPromptBuilder
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
@@ -33,7 +36,7 @@ from core.runner import Runner, TurnRequest
 from core.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.tokens import default_counter
 from core.tools.builtin import default_registry
-from core.transcript import ENTRY_COMPACTION, Transcript
+from core.transcript import ENTRY_COMPACTION, Transcript, TranscriptHeader
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 
 MODEL = "scripted-model"
@@ -47,6 +50,17 @@ IDS = (
 FILLER = "The weather report and other chatter that nobody needs to keep verbatim. " * 12
 
 Responder = Callable[[ProviderRequest], ProviderResponse]
+AudienceOf = Callable[[TranscriptHeader], Audience | None]
+ALICE = Audience.person("alice")
+
+
+def alice(_: TranscriptHeader) -> Audience:
+    return ALICE
+
+
+def notes_of(tmp_path: Path) -> NoteStore:
+    """The private notes ``make`` hands the flush (outside the workspace)."""
+    return NoteStore(tmp_path / "private" / "notes")
 
 
 def reply(text: str, usage: Usage | None = None) -> ProviderResponse:
@@ -118,7 +132,10 @@ def make(
     config: ContextConfig,
     *,
     now: Callable[[], datetime] | None = None,
+    audience_of: AudienceOf | None = alice,
 ) -> tuple[Runner, ScriptedProvider]:
+    """A runner over the engine; its flushes write to ``notes_of(tmp_path)`` in the
+    audience ``audience_of`` names (``audience_of=None``: no flush target at all)."""
     provider = ScriptedProvider(MODEL)
     provider.responder = router
     tools = default_registry(10_000)
@@ -130,7 +147,7 @@ def make(
         provider=provider,
         retry=RetryConfig(max_attempts=2, base_delay_seconds=0, max_delay_seconds=0),
         max_output=1_000,
-        workspace=workspace,
+        flush_target=None if audience_of is None else FlushTarget(notes_of(tmp_path), audience_of),
         checkpoints_dir=tmp_path / "checkpoints",
         now=clock,
     )
@@ -190,11 +207,19 @@ async def test_threshold_flushes_then_compacts_and_keeps_identifiers(
     assert sent.messages[0].text.startswith(COMPACTION_SUMMARY_PREFIX)
     for identifier in IDS:
         assert identifier in sent.messages[0].text
-    # The flush wrote its note to today's memory file and recorded the outcome.
-    notes = list((tmp_path / "ws" / "memory").glob("*.md"))
+    # The flush wrote its note to today's file in the audience's private notes (never
+    # the workspace), under a header that names no session, and recorded the outcome.
+    folder = notes_of(tmp_path).folder(ALICE)
+    notes = list(folder.glob("*.md"))
     assert len(notes) == 1 and "the user likes tea" in notes[0].read_text()
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}\.md", notes[0].name)
+    text = notes[0].read_text()
+    assert re.search(r"^## \d{2}:\d{2} — saved before compaction$", text, re.MULTILINE)
+    assert "agent:main:x" not in text
+    assert not (tmp_path / "ws" / "memory").exists()
     flushes = [e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE]
     assert [f.payload["data"]["status"] for f in flushes] == ["written"]
+    assert flushes[0].payload["data"]["path"] == f"notes/person/alice/{notes[0].name}"
     # A checkpoint of the pre-compaction transcript was kept.
     assert len(list((tmp_path / "checkpoints" / "sid").glob("*.jsonl"))) == 1
     # The request sent fits the window with its output.
@@ -212,8 +237,47 @@ async def test_flush_runs_once_per_cycle_and_accepts_no_reply(
         await runner.run_turn(transcript, TurnRequest("k", f"again {n}"))
     assert router.calls["flush"] == 1
     assert not (tmp_path / "ws" / "memory").exists()
+    assert not notes_of(tmp_path).folder(ALICE).exists()
     flushes = [e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE]
     assert [f.payload["data"]["status"] for f in flushes] == ["nothing"]
+
+
+@pytest.mark.parametrize("audience", [None, AGENT], ids=["nobody", "agent"])
+async def test_a_session_of_no_audience_gets_no_note_and_a_failed_flush(
+    tmp_path: Path, transcript: Transcript, audience: Audience | None
+) -> None:
+    seed(transcript, 40)
+    asked: list[str] = []
+
+    def audience_of(header: TranscriptHeader) -> Audience | None:
+        asked.append(header.key)
+        return audience
+
+    router = Router()
+    runner, _ = make(tmp_path, router, small_window(), audience_of=audience_of)
+    result = await runner.run_turn(transcript, TurnRequest("k", "what did we agree?"))
+    assert result.compactions == 1  # the compaction still runs
+    assert asked == ["agent:main:x"]  # asked about this transcript's header
+    # Nothing the bot writes on its own is agent-wide or nobody's: no model call, no file.
+    assert router.calls["flush"] == 0
+    assert not (tmp_path / "private").exists()
+    assert not (tmp_path / "ws" / "memory").exists()
+    flushes = [e for e in transcript.entries() if e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE]
+    assert [f.payload["data"]["status"] for f in flushes] == ["failed"]
+    assert flushes[0].payload["data"]["reason"] == "the session has no audience"
+    assert flushes[0].payload["data"]["path"] is None
+
+
+async def test_without_a_flush_target_no_flush_runs(tmp_path: Path, transcript: Transcript) -> None:
+    seed(transcript, 40)
+    router = Router()
+    runner, _ = make(tmp_path, router, small_window(), audience_of=None)
+    result = await runner.run_turn(transcript, TurnRequest("k", "what did we agree?"))
+    assert result.compactions == 1
+    assert router.calls["flush"] == 0
+    assert not any(e.payload.get("custom_type") == FLUSH_CUSTOM_TYPE for e in transcript.entries())
+    assert not (tmp_path / "private").exists()
+    assert not (tmp_path / "ws" / "memory").exists()
 
 
 async def test_summariser_that_always_fails_falls_back_to_the_sliding_window(

@@ -25,8 +25,10 @@ from core.config import AgentConfig, RetryConfig
 from core.context_config import ContextConfig
 from core.context_engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
 from core.errors import ContextOverflowError
-from core.flush import FLUSH_CUSTOM_TYPE
+from core.flush import FLUSH_CUSTOM_TYPE, FlushTarget
 from core.history import COMPACTION_SUMMARY_PREFIX
+from core.memory.audience import Audience
+from core.memory.notes import NoteStore
 from core.messages import Message, Usage
 from core.prompt import SystemPrompt, SystemPromptBuilder
 from core.providers.anthropic import AnthropicProvider
@@ -43,6 +45,8 @@ MAX_OUTPUT = 1_000
 # Short enough that a broken stream fails fast, long enough for a loaded machine.
 TIMEOUT_SECONDS = 5.0
 FLUSH_MARK = "[memory flush]"
+# The audience every session's flushes write to (its private notes).
+ALICE = Audience.person("alice")
 IDS = (
     "ORD-88123",
     "3f2c9a1e-7b4d-4c2a-9e8f-1a2b3c4d5e6f",
@@ -160,6 +164,7 @@ class Stack:
     runner: Runner
     provider: AnthropicProvider
     workspace: Path
+    notes: NoteStore
 
     @property
     def engine(self) -> ContextEngine:
@@ -207,13 +212,14 @@ async def stack_factory(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[Ca
         tools = default_registry(10_000)
         workspace = tmp_path / "ws"
         workspace.mkdir(exist_ok=True)
+        notes = NoteStore(tmp_path / "private" / "notes")
         fixed = datetime(2025, 3, 14, 9, 30, tzinfo=UTC)
         engine = ContextEngine(
             config=config,
             provider=provider,
             retry=RetryConfig(max_attempts=2, base_delay_seconds=0, max_delay_seconds=0),
             max_output=MAX_OUTPUT,
-            workspace=workspace,
+            flush_target=FlushTarget(notes, lambda _header: ALICE),
             checkpoints_dir=tmp_path / "checkpoints",
             now=lambda: fixed,
         )
@@ -227,7 +233,7 @@ async def stack_factory(fake: FakeAnthropic, tmp_path: Path) -> AsyncIterator[Ca
             now=lambda: fixed,
             engine=engine,
         )
-        return Stack(fake, router, runner, provider, workspace)
+        return Stack(fake, router, runner, provider, workspace, notes)
 
     yield build
     for provider in providers:
@@ -370,6 +376,9 @@ async def test_restored_session_overflow_is_parsed_compacted_and_retried(
     # the flush saved its notes and the summariser's chunks fit.
     assert_all_fit(stack.bodies(1), 20_000)
     assert {f.payload["data"]["status"] for f in flushes(restored)} == {"written"}
+    note = stack.notes.folder(ALICE) / "2025-03-14.md"
+    assert "## 09:30 — saved before compaction\n" in note.read_text()
+    assert not (stack.workspace / "memory").exists()
     # One refused main call; the retry that answered starts with the summary.
     mains = stack.main_bodies()
     assert len(mains) == 2

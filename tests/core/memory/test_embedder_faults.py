@@ -27,7 +27,7 @@ from core.memory.index import MemoryIndex
 from tests.core.memory.helpers import Layout, make_layout, open_index, quiet_settings
 from tests.fakes.embedder import HashingEmbedder
 
-SCOPES = ["agent", "peer:alice"]
+SCOPES = ["agent", "person:alice"]
 MEMORY_MD = "# Memory\n\nThe user's favourite tea is oolong, brewed at 90 degrees.\n"
 NEW_NOTE = "The narwhal figurine sits on the third shelf of the study.\n"
 TINY = CallTimeouts(query_seconds=0.02, batch_seconds=0.02)

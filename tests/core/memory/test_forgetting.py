@@ -254,7 +254,9 @@ async def test_importance_and_capacity_through_the_index(
     write_memory(layout)
     layout.transcript("a", [("user", CHATTER)], scope="person:alice", ts=OLD)
     layout.transcript("b", [("user", DECISION)], scope="person:alice", ts=OLD)
-    layout.transcript("c", [("user", "The walrus sings at the zoo")], scope="person:alice", ts=RECENT)
+    layout.transcript(
+        "c", [("user", "The walrus sings at the zoo")], scope="person:alice", ts=RECENT
+    )
     layout.transcript("d", [("user", "The walrus hums at the zoo")], scope="person:alice", ts=OLD)
     forgetting = OFF.model_copy(update={"min_importance": 0.3, "max_chunks_per_scope": 2})
     index = make_index(layout, backend, forgetting, Clock(NOW))

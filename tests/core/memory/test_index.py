@@ -9,6 +9,7 @@ import itertools
 import json
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,17 @@ import pytest
 
 import core.memory.index as index_module
 from core.errors import MemoryIndexError
+from core.memory.audience import Audience, Viewer
+from core.memory.driver import open_connection
 from core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
-from core.memory.index import SHADOW_SUFFIX, MemoryIndex, SearchResult, SyncReport
+from core.memory.index import (
+    SHADOW_SUFFIX,
+    UNSCOPED,
+    MemoryIndex,
+    SearchResult,
+    SyncReport,
+    default_scope_resolver,
+)
 from core.memory.redact import REDACTED
 from core.memory.settings import ChunkingSettings, SyncSettings
 from core.memory.sources import AGENT_SCOPE, SourceFile
@@ -33,7 +43,8 @@ from tests.core.memory.helpers import (
 )
 from tests.fakes.embedder import HashingEmbedder, resilient
 
-ALICE_SCOPES = ["agent", "peer:alice"]
+ALICE_SCOPES = ["agent", "person:alice"]
+ALICE_VIEWER = Viewer(Audience.person("alice"), frozenset({"alice"}))
 MEMORY_MD = "# Memory\n\nThe user's favourite tea is oolong, brewed at 90 degrees.\n"
 NOTES = {
     "memory/2026-01-05.md": "Deployed the kubernetes cluster upgrade on Monday.\n",
@@ -63,8 +74,8 @@ def corpus(layout: Layout) -> Layout:
     layout.write("MEMORY.md", MEMORY_MD)
     for path, text in NOTES.items():
         layout.write(path, text)
-    layout.transcript("s-alice", ALICE, scope="peer:alice")
-    layout.transcript("s-bob", BOB, scope="peer:bob")
+    layout.transcript("s-alice", ALICE, scope="person:alice")
+    layout.transcript("s-bob", BOB, scope="person:bob")
     return layout
 
 
@@ -123,7 +134,7 @@ async def test_first_sync_indexes_memory_files_and_transcripts(
         "sessions/s-bob.jsonl",
     }
     scopes = {facts.chunk_scopes[i] for i in facts.chunk_ids}
-    assert scopes == {"agent", "peer:alice", "peer:bob"}
+    assert scopes == {"agent", "person:alice", "person:bob"}
 
 
 async def test_unchanged_files_are_skipped(corpus: Layout, fake: HashingEmbedder) -> None:
@@ -220,7 +231,7 @@ async def test_an_appended_transcript_embeds_only_the_new_chunks(
     turns = [
         ("user" if i % 2 == 0 else "assistant", f"Message {i} about gardening.") for i in range(12)
     ]
-    layout.transcript("s-1", turns, scope="peer:alice")
+    layout.transcript("s-1", turns, scope="person:alice")
     settings = quiet_settings(chunking=ChunkingSettings(transcript_tokens=40))
     async with open_index(layout, settings, resilient(fake)) as index:
         first = await index.sync()
@@ -281,7 +292,7 @@ async def test_a_peer_never_sees_another_peers_transcript(
                 assert all(h.scope in ALICE_SCOPES for h in result.hits), query
                 assert "sessions/s-bob.jsonl" not in paths_of(result), query
                 assert not any("Mittens" in h.snippet for h in result.hits), query
-        own = await index.search("Mittens salmon lighthouse", scopes=["agent", "peer:bob"])
+        own = await index.search("Mittens salmon lighthouse", scopes=["agent", "person:bob"])
 
     # The same words do find Bob's transcript in Bob's own scope: the filter, not the
     # query, kept it from Alice.
@@ -297,24 +308,69 @@ async def test_a_peer_never_sees_another_peers_transcript_e5(
             result = await index.search(query, scopes=ALICE_SCOPES, max_results=50, min_score=0)
             assert result.mode in ("hybrid", "vector")  # vectors were used
             assert all(h.scope in ALICE_SCOPES for h in result.hits), query
-        own = await index.search("where does my sister live?", scopes=["agent", "peer:bob"])
+        own = await index.search("where does my sister live?", scopes=["agent", "person:bob"])
 
     assert own.hits[0].path == "sessions/s-bob.jsonl"
 
 
-async def test_transcript_scope_agent_shares_transcripts(
+async def test_transcript_scope_agent_no_longer_shares_transcripts(
     corpus: Layout, fake: HashingEmbedder
 ) -> None:
+    # The option still loads (older configs) but is not honoured: a direct chat's
+    # transcripts belong to its person, never to everyone who talks to the agent.
     async with open_index(
         corpus, quiet_settings(transcript_scope="agent"), resilient(fake)
     ) as index:
         await index.sync()
-        result = await index.search("Mittens salmon", scopes=[AGENT_SCOPE])
+        agent = await index.search("Mittens salmon", scopes=[AGENT_SCOPE], min_score=0)
+        own = await index.search("Mittens salmon", scopes=[AGENT_SCOPE, "person:bob"])
 
-    assert result.hits[0].path == "sessions/s-bob.jsonl"
-    assert result.hits[0].scope == AGENT_SCOPE
+    assert "sessions/s-bob.jsonl" not in paths_of(agent)
+    assert all(h.scope == AGENT_SCOPE for h in agent.hits)
+    assert own.hits[0].path == "sessions/s-bob.jsonl"
+    assert own.hits[0].scope == "person:bob"
     facts = assert_consistent(corpus.db)
-    assert set(facts.chunk_scopes.values()) == {AGENT_SCOPE}
+    assert set(facts.chunk_scopes.values()) == {AGENT_SCOPE, "person:alice", "person:bob"}
+
+
+@pytest.mark.parametrize(
+    "scope",
+    [AGENT_SCOPE, "dm:alice", "group:team", "peer:alice", "person:", "person:Alice", ""],
+)
+def test_default_scope_resolver_files_what_names_no_audience_as_unscoped(scope: str) -> None:
+    # Agent-wide (nothing the bot records is everyone's), legacy dm:/group: scopes and
+    # ids that are not audience ids belong to nobody.
+    assert default_scope_resolver({"meta": {"memory_scope": scope}}) == UNSCOPED
+
+
+def test_default_scope_resolver_keeps_a_person_or_a_conversation() -> None:
+    for scope in ("person:alice", "person:telegram:42", "conversation:telegram:-100"):
+        assert default_scope_resolver({"meta": {"memory_scope": scope}}) == scope
+    assert default_scope_resolver({"meta": {}}) == UNSCOPED
+    assert default_scope_resolver({}) == UNSCOPED
+    assert default_scope_resolver({"meta": "person:alice"}) == UNSCOPED
+    assert default_scope_resolver({"meta": {"memory_scope": ["person:alice"]}}) == UNSCOPED
+
+
+@pytest.mark.parametrize("recorded", [AGENT_SCOPE, "dm:alice"])
+async def test_a_transcript_recording_agent_or_a_legacy_scope_is_unscoped(
+    layout: Layout, fake: HashingEmbedder, recorded: str
+) -> None:
+    layout.transcript(
+        "s-old", [("user", "The boathouse key is under the blue pot.")], scope=recorded
+    )
+    # Even with the old option set: it shares nothing any more.
+    settings = quiet_settings(transcript_scope="agent")
+    async with open_index(layout, settings, resilient(fake)) as index:
+        await index.sync()
+        agent = await index.search("boathouse key blue pot", scopes=[AGENT_SCOPE], min_score=0)
+        alice = await index.search("boathouse key blue pot", scopes=ALICE_SCOPES, min_score=0)
+        unscoped = await index.search("boathouse key blue pot", scopes=[UNSCOPED])
+
+    assert agent.hits == [] and alice.hits == []
+    assert [h.path for h in unscoped.hits] == ["sessions/s-old.jsonl"]
+    assert {h.scope for h in unscoped.hits} == {UNSCOPED}
+    assert set(assert_consistent(layout.db).chunk_scopes.values()) == {UNSCOPED}
 
 
 async def test_a_transcript_without_a_scope_is_unscoped(
@@ -851,7 +907,7 @@ async def test_status_e5_end_to_end(corpus: Layout, e5: ResilientEmbedder) -> No
     assert status["embedder"]["failures"] == 0
     assert status["fallback"] is None
     assert status["last_sync"]["files_indexed"] == ALL_FILES
-    assert status["sources"] == ["memory", "sessions", "tasks"]
+    assert status["sources"] == ["memory", "sessions", "tasks", "notes"]
     json.dumps(status)  # status output is plain JSON
 
 
@@ -863,7 +919,7 @@ def readable(layout: Layout, tmp_path: Path) -> Layout:
     layout.write("MEMORY.md", "".join(f"line {i}\n" for i in range(1, 11)))
     layout.write("AGENTS.md", "agent instructions\n")
     layout.write("memory/a.md", "alpha\nbeta\n")
-    layout.transcript("s-1", [("user", "hello")], scope="peer:alice")
+    layout.transcript("s-1", [("user", "hello")], scope="person:alice")
     (tmp_path / "outside.md").write_text("outside note\n", encoding="utf-8")
     (layout.workspace / "memory" / "link.md").symlink_to(layout.workspace / "AGENTS.md")
     return layout
@@ -884,16 +940,16 @@ def readable(layout: Layout, tmp_path: Path) -> Layout:
 async def test_read_refuses_what_is_not_a_memory_file(readable: Layout, path: str) -> None:
     async with open_index(readable, quiet_settings(), None) as index:
         with pytest.raises(MemoryIndexError, match="not a memory file"):
-            await index.read(path)
+            await index.read(path, viewer=ALICE_VIEWER)
 
 
 async def test_read_slices_lines(readable: Layout) -> None:
     async with open_index(readable, quiet_settings(), None) as index:
-        whole = await index.read("MEMORY.md")
-        middle = await index.read("MEMORY.md", from_line=3, lines=2)
-        tail = await index.read("MEMORY.md", from_line=9)
-        past = await index.read("MEMORY.md", from_line=50)
-        note = await index.read("memory/a.md", lines=1)
+        whole = await index.read("MEMORY.md", viewer=ALICE_VIEWER)
+        middle = await index.read("MEMORY.md", from_line=3, lines=2, viewer=ALICE_VIEWER)
+        tail = await index.read("MEMORY.md", from_line=9, viewer=ALICE_VIEWER)
+        past = await index.read("MEMORY.md", from_line=50, viewer=ALICE_VIEWER)
+        note = await index.read("memory/a.md", lines=1, viewer=ALICE_VIEWER)
 
     assert whole == "".join(f"line {i}\n" for i in range(1, 11))
     assert middle == "line 3\nline 4\n"
@@ -906,14 +962,163 @@ async def test_read_an_extra_path(readable: Layout, tmp_path: Path) -> None:
     outside = tmp_path / "outside.md"
     settings = quiet_settings(extra_paths=(outside,))
     async with open_index(readable, settings, None) as index:
-        assert await index.read(outside.as_posix()) == "outside note\n"
+        assert await index.read(outside.as_posix(), viewer=ALICE_VIEWER) == "outside note\n"
 
 
 @pytest.mark.parametrize("path", ["memory/2099-01-01.md", "extra/missing.md"])
 async def test_read_a_missing_memory_file_is_empty(layout: Layout, path: str) -> None:
     settings = quiet_settings(extra_paths=(Path("extra/missing.md"),))
     async with open_index(layout, settings, None) as index:
-        assert await index.read(path) == ""
+        assert await index.read(path, viewer=ALICE_VIEWER) == ""
+
+
+# -- private notes ----------------------------------------------------------------------------
+
+BOB_VIEWER = Viewer(Audience.person("bob"), frozenset({"bob"}))
+GROUP_VIEWER = Viewer(Audience.conversation("telegram:-100"))
+ALICE_NOTE = "notes/person/alice/remembered.md"
+WHEN_NOTED = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
+
+
+def _refusal(path: str) -> str:
+    """The whole message memory_get refuses ``path`` with (the path is all that varies)."""
+    return (
+        f"{path!r} is not a memory file you can read (MEMORY.md, memory/**/*.md, "
+        "an extra path, or a notes/ path a search of this conversation cited)"
+    )
+
+
+async def _refused(index: MemoryIndex, path: str, viewer: Viewer) -> str:
+    with pytest.raises(MemoryIndexError) as caught:
+        await index.read(path, viewer=viewer)
+    return str(caught.value)
+
+
+def _scopes_of(db: Path, path: str) -> set[str]:
+    """The scopes memory.db files ``path``'s chunks under (its own connection)."""
+    conn, _ = open_connection(db)
+    try:
+        rows = conn.execute("SELECT DISTINCT scope FROM chunks WHERE path = ?", (path,))
+        return {str(scope) for (scope,) in rows}
+    finally:
+        conn.close()
+
+
+async def test_a_persons_note_is_indexed_in_that_persons_scope_only(
+    corpus: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
+        # Private notes live beside memory.db, never in the workspace.
+        assert index.notes.root == corpus.db.parent / "notes"
+        citation = await index.remember(Audience.person("alice"), "My heron is named Osprey.")
+        assert citation == f"{ALICE_NOTE}#L1"
+        await index.sync()
+        alice_scopes = await index.visible_scopes(ALICE_VIEWER)
+        bob_scopes = await index.visible_scopes(BOB_VIEWER)
+        group_scopes = await index.visible_scopes(GROUP_VIEWER)
+        alice = await index.search("heron named Osprey", scopes=list(alice_scopes))
+        others = [
+            await index.search("heron named Osprey", scopes=list(scopes), min_score=0)
+            for scopes in (bob_scopes, group_scopes)
+        ]
+
+    assert alice_scopes == ("agent", "person:alice")
+    assert bob_scopes == ("agent", "person:bob")
+    assert group_scopes == ("agent", "conversation:telegram:-100")
+    assert ALICE_NOTE in assert_consistent(corpus.db).files
+    assert _scopes_of(corpus.db, ALICE_NOTE) == {"person:alice"}
+    hit = alice.hits[0]
+    assert (hit.path, hit.source, hit.scope) == (ALICE_NOTE, "notes", "person:alice")
+    assert "Osprey" in hit.snippet and hit.start_line == 1
+    for result in others:
+        assert ALICE_NOTE not in paths_of(result)
+        assert not any("Osprey" in h.snippet for h in result.hits)
+        assert all(h.scope != "person:alice" for h in result.hits)
+
+
+async def test_a_linked_ids_note_is_found_by_the_person(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    links = {"telegram:42": "alice"}
+    viewer = Viewer(Audience.person("discord:7"), frozenset({"alice"}), lambda i: links.get(i, i))
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.remember(Audience.person("telegram:42"), "The spare key is in the shed.")
+        await index.sync()
+        scopes = await index.visible_scopes(viewer)
+        found = await index.search("spare key shed", scopes=list(scopes))
+        path = "notes/person/telegram%3A42/remembered.md"
+        read = await index.read(path, viewer=viewer)
+        refused = await _refused(index, path, BOB_VIEWER)
+
+    assert scopes == ("agent", "person:discord:7", "person:telegram:42")
+    assert [h.path for h in found.hits] == [path]
+    assert "spare key" in read
+    assert refused == _refusal(path)
+
+
+async def test_memory_get_of_another_audiences_note_is_refused_like_a_missing_path(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.remember(Audience.person("alice"), "The vault PIN hint is marigold.")
+        own = await index.read(ALICE_NOTE, viewer=ALICE_VIEWER)
+        operator = await index.read(ALICE_NOTE, viewer=Viewer.for_operator())
+        missing_note = "notes/person/alice/2001-01-01.md"
+        answers = {
+            "bob, existing": await _refused(index, ALICE_NOTE, BOB_VIEWER),
+            "bob, missing": await _refused(index, missing_note, BOB_VIEWER),
+            "group, existing": await _refused(index, ALICE_NOTE, GROUP_VIEWER),
+            "bob, not a note": await _refused(index, "notes/person/nobody.md", BOB_VIEWER),
+        }
+        # Within the own audience a missing note reads as empty, like a missing memory file.
+        own_missing = await index.read(missing_note, viewer=ALICE_VIEWER)
+
+    assert "marigold" in own and own == operator
+    assert own_missing == ""
+    assert answers["bob, existing"] == _refusal(ALICE_NOTE)
+    assert answers["bob, missing"] == _refusal(missing_note)
+    assert answers["group, existing"] == _refusal(ALICE_NOTE)
+    assert answers["bob, not a note"] == _refusal("notes/person/nobody.md")
+    # Nothing tells the existing note from the missing one but the path Bob asked for.
+    assert answers["bob, existing"].replace(ALICE_NOTE, "?") == answers["bob, missing"].replace(
+        missing_note, "?"
+    )
+    assert all("marigold" not in text for text in answers.values())
+
+
+async def test_a_forgotten_note_leaves_the_index(layout: Layout, fake: HashingEmbedder) -> None:
+    alice = Audience.person("alice")
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.remember(alice, "The dentist is on Thursday.")
+        await index.remember(alice, "The plumber comes on Friday.")
+        await index.sync()
+        before = await index.search("dentist Thursday", scopes=["agent", "person:alice"])
+        assert await index.forget_note(Audience.person("bob"), "dentist") == []
+        [gone] = await index.forget_note(alice, "DENTIST")
+        await index.sync()
+        after = await index.search("dentist Thursday", scopes=["agent", "person:alice"])
+        plumber = await index.search("plumber Friday", scopes=["agent", "person:alice"])
+
+    assert any("dentist" in h.snippet for h in before.hits)
+    assert gone.path == ALICE_NOTE and "dentist" in gone.lines[0]
+    assert not any("dentist" in h.snippet for h in after.hits)
+    assert [h.path for h in plumber.hits] == [ALICE_NOTE]
+
+
+async def test_status_lists_only_the_viewers_own_pending_notes(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        index.notes.remember(Audience.person("alice"), WHEN_NOTED, "alice's")
+        index.notes.remember(Audience.person("bob"), WHEN_NOTED, "bob's")
+        alice = await index.status(ALICE_VIEWER)
+        group = await index.status(GROUP_VIEWER)
+        operator = await index.status()
+
+    assert alice.to_dict()["dirty_files"] == [ALICE_NOTE]
+    assert group.to_dict()["dirty_files"] == []
+    assert operator.to_dict()["dirty_files"] == [ALICE_NOTE, "notes/person/bob/remembered.md"]
 
 
 # -- redaction --------------------------------------------------------------------------------
@@ -932,7 +1137,7 @@ async def test_secrets_in_transcripts_are_redacted_in_the_index(
             ("assistant", "Thanks, I configured the staging bot."),
             ("user", f"And the GitHub token is {GITHUB_TOKEN}"),
         ],
-        scope="peer:alice",
+        scope="person:alice",
     )
     async with open_index(layout, quiet_settings(), resilient(fake)) as index:
         await index.sync()

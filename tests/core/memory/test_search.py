@@ -28,7 +28,7 @@ from tests.core.memory.helpers import (
 )
 from tests.fakes.embedder import HashingEmbedder, resilient
 
-SCOPES = ["agent", "peer:alice"]
+SCOPES = ["agent", "person:alice"]
 CITATION = re.compile(r"^(?P<path>.+)#L(?P<start>\d+)-L(?P<end>\d+)$")
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -252,7 +252,7 @@ async def test_overlapping_transcript_chunks_are_returned_once(layout: Layout) -
         ("assistant", "Booked the morning ferry for two people."),
         ("user", "Thanks, and remind me to pack sunscreen."),
     ]
-    layout.transcript("s-trip", turns, scope="peer:alice")
+    layout.transcript("s-trip", turns, scope="person:alice")
     settings = quiet_settings(
         chunking=ChunkingSettings(transcript_tokens=40, transcript_overlap_turns=1)
     )

@@ -183,7 +183,7 @@ def test_transcripts_are_listed(tmp_path: Path) -> None:
 
 
 def test_read_header() -> None:
-    header = {"type": "session", "version": 1, "id": "s", "meta": {"memory_scope": "peer:a"}}
+    header = {"type": "session", "version": 1, "id": "s", "meta": {"memory_scope": "person:a"}}
     assert read_header(json.dumps(header).encode()) == header
     assert read_header(b'{"type": "message"}') is None
     assert read_header(b"[1, 2]") is None

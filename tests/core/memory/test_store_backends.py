@@ -340,7 +340,9 @@ async def test_evicted_chunks_are_gone_and_leave_tombstones(store: MemoryStorePr
         (decision.id, Tombstone.of(decision, "age: old", 200.0)),
     ]
     assert await call(store.evict_chunks, evicted) == 2
-    assert await keyword(store, "walrus", ["agent", "person:alice"]) == ["the user's own walrus note"]
+    assert await keyword(store, "walrus", ["agent", "person:alice"]) == [
+        "the user's own walrus note"
+    ]
     assert await keyword(store, "heron", ["person:alice"]) == ["heron plans"]
     assert (await call(store.files))["sessions/s1.jsonl"].chunks == 1
     assert await call(store.forgotten_hashes, "sessions/s1.jsonl") == {

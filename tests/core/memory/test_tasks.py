@@ -130,7 +130,9 @@ def test_log_appends_per_scope_private_files(tmp_path: Path) -> None:
     log = TaskLog(tmp_path / "tasks")
     first = log.append(record([tool_call("shell"), results(("ok", False))], scope="person:alice"))
     log.append(record([tool_call("grep"), results(("ok", False))], scope="person:alice"))
-    other = log.append(record([tool_call("shell"), results(("no", True))], scope="conversation:ops"))
+    other = log.append(
+        record([tool_call("shell"), results(("no", True))], scope="conversation:ops")
+    )
     assert first != other and first.name == scope_file_name("person:alice")
     assert "alice" not in first.name  # scopes are data, never file names
     assert stat.S_IMODE(first.stat().st_mode) == 0o600
@@ -198,11 +200,13 @@ async def test_records_are_searchable_in_their_scope_and_forgettable(layout: Any
             [tool_call("shell"), results(("nginx: permission denied", True))], scope="person:alice"
         )
         await index.record_task(task)
-        await index.record_task(record([tool_call("grep"), results(("ok", False))], scope="person:bob"))
+        await index.record_task(
+            record([tool_call("grep"), results(("ok", False))], scope="person:bob")
+        )
         await index.sync(reason="test")
         found = await index.search("staging nginx permission", scopes=["agent", "person:alice"])
         (hit,) = found.hits
-        assert hit.path == f"tasks/{scope_file_name('dm:alice')}" and hit.start_line == 1
+        assert hit.path == f"tasks/{scope_file_name('person:alice')}" and hit.start_line == 1
         assert hit.source == "tasks" and hit.scope == "person:alice"
         assert "Outcome: error" in hit.snippet and "Tools: shell ×1" in hit.snippet
         assert [h.scope for h in (await index.search("staging", scopes=["person:bob"])).hits] == [
@@ -222,7 +226,11 @@ async def test_records_are_searchable_in_their_scope_and_forgettable(layout: Any
 
         clock["now"] = START + timedelta(days=60)
         report = await index.forget()
-        assert sorted(e.chunk.scope for e in report.evictions) == ["person:alice", "person:alice", "person:bob"]
+        assert sorted(e.chunk.scope for e in report.evictions) == [
+            "person:alice",
+            "person:alice",
+            "person:bob",
+        ]
         assert (await index.search("staging nginx", scopes=["person:alice"])).hits == []
         # The log itself is kept (stats still count it); only the index forgot.
         assert (await index.task_stats()).total == 3

@@ -1,6 +1,8 @@
-"""memory_search and memory_get as the model meets them: registered in a real
+"""memory_search, memory_get and remember as the model meets them: registered in a real
 ToolRegistry and run through ``ToolRegistry.run`` (so every refusal comes back as an
-error result), over a real index of a seeded workspace with the deterministic embedder."""
+error result), over a real index of a seeded workspace with the deterministic embedder.
+Every call carries the turn's scopes and viewer in ``ToolContext.extra``, as the runner
+passes them."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from core.memory.audience import AGENT, Audience, Viewer
 from core.memory.index import MemoryIndex
 from core.memory.sources import AGENT_SCOPE
 from core.messages import ToolResultBlock, ToolUseBlock
 from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
-from core.tools.memory import SCOPES_KEY, memory_tools
+from core.tools.memory import REMEMBER_TOOL, SCOPES_KEY, VIEWER_KEY, memory_tools
 from core.tools.registry import ToolContext, ToolRegistry
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
@@ -36,8 +39,10 @@ BOB = [
     ("user", "My parrot is called Quetzal; my locker code hint is lighthouse."),
     ("assistant", "Quetzal and the lighthouse hint, noted."),
 ]
-ALICE_SCOPES = (AGENT_SCOPE, "peer:alice")
-BOB_SCOPES = (AGENT_SCOPE, "peer:bob")
+ALICE_SCOPES = (AGENT_SCOPE, "person:alice")
+BOB_SCOPES = (AGENT_SCOPE, "person:bob")
+ALICE_VIEWER = Viewer(Audience.person("alice"), frozenset({"alice"}))
+BOB_VIEWER = Viewer(Audience.person("bob"), frozenset({"bob"}))
 RESULT_FIELDS = {"path", "start_line", "end_line", "score", "snippet", "source", "citation"}
 
 
@@ -47,8 +52,8 @@ def layout(tmp_path: Path) -> Layout:
     layout.write("MEMORY.md", MEMORY_MD)
     layout.write("memory/2026-01-05.md", NOTE)
     layout.write("AGENTS.md", "# Agents\nThe operator's pager number is 555-0199.\n")
-    layout.transcript("s-alice", ALICE, scope="peer:alice")
-    layout.transcript("s-bob", BOB, scope="peer:bob")
+    layout.transcript("s-alice", ALICE, scope="person:alice")
+    layout.transcript("s-bob", BOB, scope="person:bob")
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.md").write_text("outside secret\n", encoding="utf-8")
@@ -87,9 +92,26 @@ def registry(index: MemoryIndex) -> ToolRegistry:
     return registry
 
 
-def context(layout: Layout, scopes: tuple[str, ...] | None = ALICE_SCOPES) -> ToolContext:
-    extra = {} if scopes is None else {SCOPES_KEY: scopes}
+def context(
+    layout: Layout,
+    scopes: tuple[str, ...] | None = ALICE_SCOPES,
+    viewer: Viewer | None = ALICE_VIEWER,
+) -> ToolContext:
+    """What the runner hands a turn's tools: its scopes and its viewer (None: left out)."""
+    extra: dict[str, Any] = {}
+    if scopes is not None:
+        extra[SCOPES_KEY] = scopes
+    if viewer is not None:
+        extra[VIEWER_KEY] = viewer
     return ToolContext(workspace=layout.workspace, session_key="s", extra=extra)
+
+
+def refused(path: str) -> str:
+    """memory_get's one refusal, for anything it will not read."""
+    return (
+        f"{path!r} is not a memory file you can read (MEMORY.md, memory/**/*.md, "
+        "an extra path, or a notes/ path a search of this conversation cited)"
+    )
 
 
 async def call(
@@ -110,11 +132,16 @@ async def search(
     return payload
 
 
-def test_both_tools_are_offered_with_their_schemas(registry: ToolRegistry) -> None:
+def test_the_three_tools_are_offered_with_their_schemas(registry: ToolRegistry) -> None:
     specs = {spec.name: spec for spec in registry.specs()}
-    assert set(specs) == {MEMORY_SEARCH_TOOL, MEMORY_GET_TOOL}
+    assert set(specs) == {MEMORY_SEARCH_TOOL, MEMORY_GET_TOOL, REMEMBER_TOOL}
     assert specs[MEMORY_SEARCH_TOOL].input_schema["required"] == ["query"]
     assert specs[MEMORY_GET_TOOL].input_schema["required"] == ["path"]
+    remember = specs[REMEMBER_TOOL].input_schema
+    assert remember["required"] == ["text"]
+    # Where a note goes is code's decision: the model cannot name an audience or a file.
+    assert set(remember["properties"]) == {"text"}
+    assert remember["additionalProperties"] is False
 
 
 # -- memory_search ------------------------------------------------------------------------
@@ -200,7 +227,7 @@ async def test_bad_arguments_come_back_as_errors(registry: ToolRegistry, layout:
     ctx = context(layout)
     result = await call(registry, ctx, MEMORY_SEARCH_TOOL, query="tea", max_results=0)
     assert result.is_error and "max_results" in result.content
-    result = await call(registry, ctx, MEMORY_SEARCH_TOOL, query="tea", scope="peer:bob")
+    result = await call(registry, ctx, MEMORY_SEARCH_TOOL, query="tea", scope="person:bob")
     assert result.is_error and "unknown argument 'scope'" in result.content
 
 
@@ -288,9 +315,7 @@ async def test_get_refuses_anything_but_memory_files(
 ) -> None:
     result = await call(registry, context(layout), MEMORY_GET_TOOL, path=path)
     assert result.is_error
-    assert result.content == (
-        f"{path!r} is not a memory file (MEMORY.md, memory/**/*.md or an extra path)"
-    )
+    assert result.content == refused(path)
 
 
 async def test_get_refuses_absolute_paths_outside_the_extra_paths(
@@ -352,3 +377,116 @@ async def test_get_reads_what_search_cites_for_a_relative_extra_path(
         assert result.content == "The boat is moored at pier seven.\n"
     finally:
         await index.close()
+
+
+async def test_get_needs_a_viewer(registry: ToolRegistry, layout: Layout) -> None:
+    result = await call(registry, context(layout, viewer=None), MEMORY_GET_TOOL, path="MEMORY.md")
+    assert result.is_error
+    assert result.content == "memory is not available in this conversation"
+
+
+# -- remember and the notes ---------------------------------------------------------------
+
+
+async def test_remember_stores_in_the_viewers_own_audience(
+    registry: ToolRegistry, layout: Layout, index: MemoryIndex
+) -> None:
+    result = await call(
+        registry, context(layout), REMEMBER_TOOL, text="  Alice's  boat is the Kittiwake. "
+    )
+    assert not result.is_error, result.content
+    citation = "notes/person/alice/remembered.md#L1"
+    assert result.content == f"remembered ({citation})"
+    stored = index.notes.folder(Audience.person("alice")) / "remembered.md"
+    [line] = stored.read_text(encoding="utf-8").splitlines()
+    assert line.startswith("- Alice's boat is the Kittiwake. (")
+    # Private notes, outside the workspace (no file tool reaches them), nobody else's.
+    assert not stored.is_relative_to(layout.workspace)
+    assert [n.path for n in index.notes.files()] == ["notes/person/alice/remembered.md"]
+
+    # Alice's search finds it (the note made the index dirty: the search syncs first),
+    # and memory_get reads the line it cites.
+    found = await search(registry, context(layout), "what is the boat called", min_score=0)
+    hit = next(r for r in found["results"] if "Kittiwake" in r["snippet"])
+    assert hit["path"] == "notes/person/alice/remembered.md" and hit["source"] == "notes"
+    read = await call(registry, context(layout), MEMORY_GET_TOOL, path=hit["path"])
+    assert not read.is_error and "Kittiwake" in read.content
+
+
+async def test_another_audiences_note_is_unreachable(
+    registry: ToolRegistry, layout: Layout
+) -> None:
+    await call(registry, context(layout), REMEMBER_TOOL, text="Alice's safe word is heliotrope.")
+    bob = context(layout, BOB_SCOPES, BOB_VIEWER)
+    for min_score in (None, 0):
+        extra = {} if min_score is None else {"min_score": min_score}
+        found = await call(registry, bob, MEMORY_SEARCH_TOOL, query="safe word heliotrope", **extra)
+        assert not found.is_error and "heliotrope" not in found.content
+        assert "notes/person/alice" not in found.content
+    # memory_get of Alice's note from Bob's chat: the refusal a missing note gets, word
+    # for word, so the answer does not even say the note exists.
+    existing = "notes/person/alice/remembered.md"
+    missing = "notes/person/alice/2001-01-01.md"
+    denied = await call(registry, bob, MEMORY_GET_TOOL, path=existing)
+    absent = await call(registry, bob, MEMORY_GET_TOOL, path=missing)
+    assert denied.is_error and absent.is_error
+    assert denied.content == refused(existing)
+    assert absent.content == refused(missing)
+    assert "heliotrope" not in denied.content
+    # The words are there, for the person they belong to: the audience, not the query,
+    # kept them from Bob.
+    alice = await search(registry, context(layout), "safe word heliotrope")
+    assert any("heliotrope" in r["snippet"] for r in alice["results"])
+
+
+async def test_remember_in_a_group_goes_to_the_group(
+    registry: ToolRegistry, layout: Layout, index: MemoryIndex
+) -> None:
+    group = Audience.conversation("telegram:-100")
+    ctx = context(layout, (AGENT_SCOPE, group.scope), Viewer(group))
+    result = await call(registry, ctx, REMEMBER_TOOL, text="The team offsite is in Porto.")
+    assert result.content == "remembered (notes/conversation/telegram%3A-100/remembered.md#L1)"
+    assert (index.notes.folder(group) / "remembered.md").is_file()
+    # Alice's direct chat does not see what the group keeps.
+    read = await call(
+        registry,
+        context(layout),
+        MEMORY_GET_TOOL,
+        path="notes/conversation/telegram%3A-100/remembered.md",
+    )
+    assert read.is_error and "Porto" not in read.content
+
+
+@pytest.mark.parametrize(
+    ("viewer", "message"),
+    [
+        (None, "memory is not available in this conversation"),
+        (
+            Viewer(AGENT),
+            "could not remember it: nothing the bot writes on its own is agent-wide",
+        ),
+        (
+            Viewer.for_operator(),
+            "could not remember it: nothing the bot writes on its own is agent-wide",
+        ),
+    ],
+    ids=["no-viewer", "agent", "operator"],
+)
+async def test_remember_is_refused_without_an_audience(
+    registry: ToolRegistry, layout: Layout, index: MemoryIndex, viewer: Viewer | None, message: str
+) -> None:
+    ctx = context(layout, viewer=viewer)
+    result = await call(registry, ctx, REMEMBER_TOOL, text="Remember this for everyone.")
+    assert result.is_error and result.content == message
+    assert index.notes.files() == []
+    assert not index.notes.root.exists()
+
+
+async def test_remember_refuses_blank_text(
+    registry: ToolRegistry, layout: Layout, index: MemoryIndex
+) -> None:
+    result = await call(registry, context(layout), REMEMBER_TOOL, text="   ")
+    assert result.is_error and result.content == "text is empty"
+    result = await call(registry, context(layout), REMEMBER_TOOL, text="x", where="agent")
+    assert result.is_error and "unknown argument 'where'" in result.content
+    assert index.notes.files() == []
