@@ -3,16 +3,22 @@
 For each of Telegram and Discord: a protocol fake on 127.0.0.1 (the ones the tests
 use), the real adapter (python-telegram-bot / discord.py), the whole gateway path
 (access, inbox, lanes, transcripts, registry, delivery) and a zero-latency provider
-that echoes what it was sent. 100 direct chats each send 20 numbered messages, all
+that answers what it was sent. 100 direct chats each send 20 numbered messages, all
 at once. A reply may answer several messages (the lanes fold what queued up during a
-turn), so each reply is parsed for the messages it echoes:
+turn), so the provider starts each reply with a tag naming them all,
+``reply-to: c3 m4, c3 m5``, taken from the user's own words only (``bench/reply_tags.py``:
+the last text block of the newest user message that holds a marker, never a block the
+gateway put before it), and each reply is scored by that tag alone:
 
-- lost: messages no reply echoed; duplicated: messages echoed more than once;
-- out_of_order: within a chat, a reply echoing an earlier message than a previous
+- lost: messages no reply named; duplicated: messages named more than once;
+- out_of_order: within a chat, a reply naming an earlier message than a previous
   reply did;
 - msgs_per_s: messages answered / (last reply received - first message pushed);
 - added_latency_ms: per message, push → the reply reaching the fake (the provider
   takes no time, so all of it is parley plus the client libraries).
+
+The baseline bots (the same libraries, no parley) answer each message with the same
+tag, so both are scored alike.
 
 Prints one JSON object per channel.
 """
@@ -27,7 +33,6 @@ import json
 import logging
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -40,6 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
+from bench.reply_tags import answered_markers, replied_to, reply_text, tag  # noqa: E402
+from core.messages import TextBlock, Usage  # noqa: E402
+from core.providers.base import STOP_END, ProviderRequest, ProviderResponse  # noqa: E402
 from gateway.app import Gateway  # noqa: E402
 from gateway.channel_factory import build_channels  # noqa: E402
 from gateway.config import load_config  # noqa: E402
@@ -50,7 +58,6 @@ from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 TELEGRAM_TOKEN = "700001:bench-token-telegram"
 DISCORD_TOKEN = "bench.discord.token"
 DISCORD_BOT_ID = 900_000_000_000_000_001
-MESSAGE_RE = re.compile(r"c(\d+) m(\d+)")
 DEADLINE_SECONDS = 60.0
 
 Push = Callable[[int, int], object]  # (chat, n): send message n of chat (maybe async)
@@ -85,8 +92,7 @@ def score(
     out_of_order = 0
     last_in_chat: dict[int, int] = defaultdict(lambda: -1)
     for received_at, text in replies:
-        for chat_s, n_s in MESSAGE_RE.findall(text):
-            key = (int(chat_s), int(n_s))
+        for key in replied_to(text):
             if key not in pushed_at:
                 continue
             if key in seen:
@@ -136,7 +142,7 @@ async def drive(
 
 
 class Coverage:
-    """Which messages the replies received so far echo; reads only the new replies."""
+    """Which messages the replies received so far name; reads only the new replies."""
 
     def __init__(self, texts: Callable[[], list[str]]) -> None:
         self._texts = texts
@@ -146,9 +152,27 @@ class Coverage:
     def __call__(self) -> set[tuple[int, int]]:
         texts = self._texts()
         for text in texts[self._read :]:
-            self.seen.update((int(c), int(n)) for c, n in MESSAGE_RE.findall(text))
+            self.seen.update(replied_to(text))
         self._read = len(texts)
         return self.seen
+
+
+def tagged_reply(request: ProviderRequest) -> ProviderResponse | None:
+    """The scripted provider's answer: ``reply-to:`` naming every message folded into
+    the user's words (in ``queue`` mode that is one), then an echo of those words."""
+    last = request.messages[-1] if request.messages else None
+    if last is None or last.role != "user":
+        return None
+    texts = [b.text for b in last.content if isinstance(b, TextBlock)]
+    text = reply_text(texts, collect=True)
+    if text is None:
+        return None  # no marker: the provider's own echo (it names nothing)
+    return ProviderResponse((TextBlock(text),), STOP_END, Usage(10, 5), "bench-echo")
+
+
+def baseline_reply(text: str) -> str:
+    """What a baseline bot (no parley, no model) answers: the tag of its message."""
+    return tag(answered_markers([text], collect=True))
 
 
 async def with_gateway(
@@ -157,7 +181,9 @@ async def with_gateway(
     lanes = {k: v for k, v in os.environ.items() if k.startswith("PARLEY_LANES__")}
     loaded = load_config(env={**gateway_env(home), **lanes, **extra_env})
     channels = build_channels(loaded.config.channels)
-    gateway = Gateway(loaded, channels=channels, provider=ScriptedProvider("bench-echo"))
+    provider = ScriptedProvider("bench-echo")
+    provider.responder = tagged_reply
+    gateway = Gateway(loaded, channels=channels, provider=provider)
     async with gateway:
         result = await body()
         await gateway.wait_idle()
@@ -212,7 +238,7 @@ async def baseline_telegram(chats: int, per_chat: int) -> dict[str, Any]:
             while True:
                 updates = await bot.get_updates(offset=offset, timeout=1)
                 sends = [
-                    bot.send_message(u.message.chat.id, f"echo: {u.message.text}")
+                    bot.send_message(u.message.chat.id, baseline_reply(u.message.text or ""))
                     for u in updates
                     if u.message is not None
                 ]
@@ -307,7 +333,7 @@ async def baseline_discord(chats: int, per_chat: int) -> dict[str, Any]:
         @client.event
         async def on_message(message: discord.Message) -> None:
             if client.user is not None and message.author.id != client.user.id:
-                await message.channel.send(f"echo: {message.content}")
+                await message.channel.send(baseline_reply(message.content))
 
         task = asyncio.create_task(client.start(DISCORD_TOKEN))
         try:

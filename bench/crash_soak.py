@@ -2,9 +2,12 @@
 
 The driver runs the protocol fakes on 127.0.0.1 (the Telegram Bot API and the
 Anthropic API the tests use) and starts `parley run` as a child process pointed at
-them: polling Telegram, lanes in ``queue`` mode (one reply per message, so every
-reply names the message it answers), a small context window so sessions compact,
-and long-term memory on (keyword index by default; ``--embedder e5`` adds vectors).
+them: polling Telegram, lanes in ``queue`` mode (one reply per message), a small
+context window so sessions compact, and long-term memory on (keyword index by default;
+``--embedder e5`` adds vectors), so automatic recall puts earlier messages at the head
+of each new one. The fake model starts each reply with ``reply-to: c<chat> m<n>``,
+the last marker of the user's own words (``bench/reply_tags.py``), and only that tag
+counts: a reply is not matched by whatever marker comes first in it.
 
 It pushes ``--messages`` messages over ``--sessions`` private chats, in waves, and
 after each wave kills the process with SIGKILL at a random moment (``--kills`` in
@@ -13,7 +16,9 @@ to a transcript, compacting, indexing memory, updating the registry, sending. Af
 the last restart it waits until every message is answered (or nothing moves for
 ``--settle`` seconds), stops the process with SIGTERM, and checks:
 
-- answered / lost / answered_twice: replies per message, at the fake;
+- answered / lost / answered_twice: replies naming each message, at the fake;
+  out_of_order: a reply naming an earlier message of its chat than a reply before it;
+  untagged_replies: messages the bot sent that name none (error or "busy" notices);
 - corrupt_transcripts: a transcript that does not open, or has a corrupt line (a
   torn tail from a kill is repaired on load and is not counted);
 - registry_mismatches: a session row whose entry count or last entry id disagrees
@@ -33,13 +38,11 @@ import json
 import os
 import platform
 import random
-import re
 import signal
 import sqlite3
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,17 +50,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
+from bench.reply_tags import (  # noqa: E402
+    Tally,
+    anthropic_reply,
+    anthropic_texts,
+    is_flush,
+    names_others,
+    tally,
+)
 from core.memory.store import MemoryStore  # noqa: E402
 from core.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
 from core.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
 from core.transcript import Transcript  # noqa: E402
-from tests.fakes.anthropic_api import FakeAnthropic, echo_text  # noqa: E402
+from tests.fakes.anthropic_api import FakeAnthropic  # noqa: E402
 from tests.fakes.llm_common import Reply  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 
 TOKEN = "700002:soak-token"
 MODEL = "claude-soak-model"
-MESSAGE_RE = re.compile(r"c(\d+) m(\d+)\b")
 FILLER = (
     "the quarterly report mentions the harbour crane, the blue teapot and the north gate "
     "while the team discusses budgets, invoices, deadlines and the spare key "
@@ -102,13 +112,19 @@ level = "WARNING"
 """
 
 
+def is_summary(body: dict[str, Any]) -> bool:
+    return SUMMARY_SYSTEM_PROMPT in json.dumps(body.get("system", ""))
+
+
 def respond(body: dict[str, Any]) -> Reply:
-    """Turns are echoed (so a reply names its message); a summary request gets a short
-    well-formed summary, as a real model would write, so compaction shrinks the view."""
-    if SUMMARY_SYSTEM_PROMPT in json.dumps(body.get("system", "")):
+    """A turn's reply starts ``reply-to: c<chat> m<n>``, naming the message it answers
+    (``bench/reply_tags.py``), then echoes the user's words; a summary request gets a
+    short well-formed summary, as a real model would write, so compaction shrinks the
+    view."""
+    if is_summary(body):
         sections = "\n".join(f"{heading}\n- the user sent numbered notes" for heading in HEADINGS)
         return Reply(text=sections)
-    return Reply(text=echo_text(body))
+    return anthropic_reply(body)
 
 
 def child_env(
@@ -174,13 +190,10 @@ class Child:
             return None
 
 
-def replies_per_message(fake: FakeTelegram) -> Counter[tuple[int, int]]:
-    counts: Counter[tuple[int, int]] = Counter()
-    for sent in fake.sent:
-        match = MESSAGE_RE.search(sent.visible_text)
-        if match:
-            counts[(int(match.group(1)), int(match.group(2)))] += 1
-    return counts
+def replies(fake: FakeTelegram) -> Tally:
+    """Replies naming each (chat, message) in their ``reply-to:`` tag. Only the tag
+    counts: the echo after it, recalled earlier messages included, names nothing."""
+    return tally(sent.visible_text for sent in fake.sent)
 
 
 def check_transcripts(home: Path) -> tuple[int, int, int, dict[str, tuple[int, str | None]]]:
@@ -267,7 +280,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             wanted = set(plan)
             last_progress, answered = time.monotonic(), 0
             while time.monotonic() - last_progress < args.settle:
-                counts = replies_per_message(fake)
+                counts = replies(fake).counts
                 now_answered = len(wanted & set(counts))
                 if now_answered == len(wanted):
                     break
@@ -275,8 +288,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     answered, last_progress = now_answered, time.monotonic()
                 await asyncio.sleep(0.5)
             exit_code = await child.stop()
-            counts = replies_per_message(fake)
+            sent = replies(fake)
+            counts = sent.counts
             pending = len(fake.pending_updates(TOKEN))
+            # Turns whose user message also held other messages' markers (recalled at
+            # its head): each would have fooled a match by the first marker in a reply.
+            recalling = sum(
+                names_others(anthropic_texts(body))
+                for body in llm.requests_bodies
+                if not is_summary(body) and not is_flush(anthropic_texts(body))
+            )
         corrupt, torn, compactions, transcripts = check_transcripts(home)
         mismatches = check_registry(home, transcripts)
         indexes, index_errors = check_index(home)
@@ -290,6 +311,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "answered": len(answered_set),
         "lost": len(plan) - len(answered_set),
         "answered_twice": sum(1 for key in plan if counts[key] > 1),
+        "out_of_order": sent.out_of_order,
+        "untagged_replies": sent.untagged,
+        "turns_naming_other_messages": recalling,
         "corrupt_transcripts": corrupt,
         "registry_mismatches": mismatches,
         "index_errors": len(index_errors),
@@ -306,6 +330,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if index_errors:
         result["index_error_samples"] = index_errors[:3]
     result["busy_replies"] = inbox.get("rejected", 0)
+    # Which ones, to find them in the log and the transcripts.
+    lost = [f"c{c} m{n}" for c, n in plan if not counts[(c, n)]]
+    twice = [f"c{c} m{n}" for c, n in plan if counts[(c, n)] > 1]
+    if lost:
+        result["lost_messages"] = lost[:20]
+    if twice:
+        result["answered_twice_messages"] = twice[:20]
     if result["lost"]:
         result["inbox"] = inbox
         result["updates_pending_at_telegram"] = pending

@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -47,13 +46,12 @@ from crash_soak import Child, child_env
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
-from tests.fakes.anthropic_api import FakeAnthropic, echo_text  # noqa: E402
-from tests.fakes.llm_common import Reply  # noqa: E402
+from bench.reply_tags import anthropic_reply, replied_to  # noqa: E402
+from tests.fakes.anthropic_api import FakeAnthropic  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 
 TOKEN = "700003:load-token"
 MODEL = "claude-load-model"
-MESSAGE_RE = re.compile(r"c(\d+) r(\d+)\b")
 ROUND_TIMEOUT_SECONDS = 120.0
 BARE_BOT = Path(__file__).resolve().with_name("bare_bot.py")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -162,7 +160,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         # Fresh fakes per target: neither inherits the other's sent list or updates.
         async with FakeTelegram(length_unit="utf16") as fake, SlowAnthropic(delay_s) as llm:
             fake.add_bot(TOKEN, "load_bot", bot_id=int(TOKEN.split(":")[0]))
-            llm.responder = lambda body: Reply(text=echo_text(body), chunk_chars=24)
+            # Each reply starts "reply-to: c<chat> r<round>" (bench/reply_tags.py): only
+            # that tag says which message it answers, not the first marker in an echo.
+            llm.responder = lambda body: anthropic_reply(body, chunk_chars=24)
             log = Path(tmp) / f"{target.name}.log"
             child = Child(child_env(home, TOKEN, fake, llm), log, target.argv)
             await child.start()
@@ -192,10 +192,10 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
                     fds.append((time.perf_counter() - started, sample(pid)[1]))
                 matched = 0
                 for sent in fake.sent[seen_sent:]:
-                    match = MESSAGE_RE.search(sent.visible_text)
-                    if match is None:
+                    named = replied_to(sent.visible_text)
+                    if not named:
                         continue  # an error or "busy" reply: its message counts as an error
-                    key = (int(match.group(1)), int(match.group(2)))
+                    key = named[0]
                     if key[1] <= last_round[key[0]]:
                         violations += 1
                     last_round[key[0]] = key[1]

@@ -9,10 +9,13 @@ that when a replica does not answer, as a balancer's health check would).
 
 Load: ``--chats`` private chats × ``--per-chat`` messages, all queued at the fake at
 once, so each chat's messages land on different replicas and contend for the same
-session. Lanes are in ``queue`` mode, so every reply names the one message it
-answers. When half the messages are answered, one replica is killed with SIGKILL and
-started again. Then the same load runs against one replica on SQLite (the
-embedded default), in the same run, as the baseline.
+session. Lanes are in ``queue`` mode (one reply per message); the fake model starts
+each reply with ``reply-to: c<chat> m<n>``, the last marker of the user's own words
+(``bench/reply_tags.py``), and only that tag names the message a reply answers, not
+whatever marker comes first in it (a recalled earlier message, say). When half the
+messages are answered, one replica is killed with SIGKILL and started again. Then the
+same load runs against one replica on SQLite (the embedded default), in the same run,
+as the baseline.
 
 Counted at the fake: ``lost`` (never answered), ``duplicated`` (answered more than
 once), ``out_of_order`` (a reply for message n of a chat sent after the reply for a
@@ -28,13 +31,12 @@ import itertools
 import json
 import os
 import platform
-import re
 import socket
 import sys
 import tempfile
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -47,12 +49,13 @@ sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
 from bench.crash_soak import Child, child_env  # noqa: E402
 from bench.load import SlowAnthropic  # noqa: E402
+from bench.reply_tags import anthropic_reply  # noqa: E402
+from bench.reply_tags import tally as tally_texts  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 
 TOKEN = "700003:replicas-token"
 SECRET = "replicas-bench-secret"
 MODEL = "claude-replicas-model"
-MESSAGE_RE = re.compile(r"c(\d+) m(\d+)\b")
 
 
 def free_port() -> int:
@@ -171,20 +174,9 @@ def hooks_set(fake: FakeTelegram) -> int:
 
 
 def tally(fake: FakeTelegram) -> tuple[Counter[tuple[int, int]], int]:
-    """(replies per (chat, message), replies sent out of order)."""
-    counts: Counter[tuple[int, int]] = Counter()
-    last: dict[int, int] = defaultdict(lambda: -1)
-    out_of_order = 0
-    for sent in fake.sent:
-        match = MESSAGE_RE.search(sent.visible_text)
-        if not match:
-            continue
-        chat, n = int(match.group(1)), int(match.group(2))
-        counts[(chat, n)] += 1
-        if n < last[chat]:
-            out_of_order += 1
-        last[chat] = max(last[chat], n)
-    return counts, out_of_order
+    """(replies naming each (chat, message) in their tag, replies sent out of order)."""
+    counted = tally_texts(sent.visible_text for sent in fake.sent)
+    return counted.counts, counted.out_of_order
 
 
 async def measure(
@@ -197,6 +189,7 @@ async def measure(
             Balancer() as balancer,
         ):
             fake.add_bot(TOKEN, "replicas_bot", bot_id=int(TOKEN.split(":")[0]))
+            llm.responder = anthropic_reply
             children: list[Child] = []
             for n in range(replicas):
                 home = Path(tmp) / f"replica-{n}"
