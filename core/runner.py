@@ -118,7 +118,6 @@ class Runner:
             provider=provider,
             retry=retry,
             max_output=agent.max_output_tokens,
-            workspace=workspace,
             now=now,
         )
 

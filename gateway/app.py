@@ -292,7 +292,7 @@ class Gateway:
             max_output=max_output,
             flush_target=FlushTarget(
                 self.memory.notes if self.memory is not None else NoteStore(notes_dir(self.loaded)),
-                lambda header: header_audience(header.to_dict()),
+                lambda header: header_audience(header.to_dict(), self.person_links.names),
             ),
             checkpoints_dir=self.loaded.checkpoints_dir,
             zone=lambda: self.zone,
@@ -993,7 +993,11 @@ class Gateway:
     ) -> SessionTranscript:
         # The audience is decided here, by code, once: the key's when the message that
         # opened the session is not at hand (a transcript lost to a kill).
-        scope = audience.scope if audience is not None else scope_for_key(record.key)
+        scope = (
+            audience.scope
+            if audience is not None
+            else scope_for_key(record.key, self.person_links.names)
+        )
         return await asyncio.to_thread(
             self.state.transcripts.create,
             record.session_id,

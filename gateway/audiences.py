@@ -61,8 +61,8 @@ class PersonLinks:
         channel, sep, peer = person_id.partition(":")
         if not sep:  # a canonical name, or a legacy per-peer id of any channel
             return person_id if person_id in self.names else self._bare.get(person_id, person_id)
-        if peer in self.names:  # a legacy key made while linked holds the name itself
-            return peer
+        # A raw id is the name's only through a link: a stranger whose id reads as a
+        # canonical name ("third:alice") is not that person.
         return self._qualified.get((channel, peer)) or self._bare.get(peer) or person_id
 
 
@@ -84,15 +84,18 @@ def viewer_for(audience: Audience, config: SessionConfig, links: PersonLinks) ->
     if audience.kind != "person":
         return Viewer(audience)
     keys = {links(audience.id)}
-    if config.dm_scope == "per-peer":
-        # Transcripts of per-peer sessions from before audiences name the bare peer.
-        keys.add(links(audience.id.partition(":")[2] or audience.id))
+    bare = audience.id.partition(":")[2]
+    if config.dm_scope == "per-peer" and bare and bare not in links.names:
+        # Transcripts of per-peer sessions from before audiences name the bare peer (a
+        # peer reading as a canonical name is that person's only through a link).
+        keys.add(links(bare))
     return Viewer(audience, frozenset(keys), links)
 
 
-def scope_for_key(key: str) -> str:
+def scope_for_key(key: str, names: frozenset[str] = frozenset()) -> str:
     """The audience of a session key's transcripts, for transcripts whose header does
-    not record one ("unscoped" when the key is not one of ours)."""
+    not record one ("unscoped" when the key is not one of ours). ``names``: the link
+    names; a key made while linked holds the name itself, and is that person's."""
     parsed = parse_session_key(key)
     if parsed is None:
         return UNSCOPED
@@ -102,8 +105,8 @@ def scope_for_key(key: str) -> str:
     rest = base.split(":", 2)[2].split(":")
     if len(rest) == 1:  # dm_scope "main"
         return Audience.person(MAIN_PERSON).scope
-    if len(rest) == 2:  # per-peer: direct:<peer>
-        return Audience.person(rest[1]).scope
+    if len(rest) == 2 or rest[-1] in names:  # per-peer direct:<peer>, or a linked name
+        return Audience.person(rest[-1]).scope
     # per-channel-peer <ch>:direct:<peer>, per-account-channel-peer <ch>:<acct>:direct:<peer>
     return Audience.person(f"{rest[0]}:{rest[-1]}").scope
 
@@ -113,9 +116,10 @@ def _conversation_from_key(base: str) -> Audience:
     return Audience.conversation(f"{rest[0]}:{rest[-1]}")
 
 
-def scope_resolver() -> Callable[[Mapping[str, Any]], str]:
+def scope_resolver(names: frozenset[str] = frozenset()) -> Callable[[Mapping[str, Any]], str]:
     """A transcript's scope: the person or conversation its header records, else the
-    one its key names (older headers record ``dm:…``/``group:…`` or nothing)."""
+    one its key names (older headers record ``dm:…``/``group:…`` or nothing; ``names``:
+    the link names, as ``scope_for_key`` takes them)."""
 
     def resolve(header: Mapping[str, Any]) -> str:
         meta = header.get("meta")
@@ -124,11 +128,13 @@ def scope_resolver() -> Callable[[Mapping[str, Any]], str]:
         if audience is not None and audience.kind != "agent":
             return audience.scope
         key = header.get("key")
-        return scope_for_key(key) if isinstance(key, str) else UNSCOPED
+        return scope_for_key(key, names) if isinstance(key, str) else UNSCOPED
 
     return resolve
 
 
-def header_audience(header: Mapping[str, Any]) -> Audience | None:
+def header_audience(
+    header: Mapping[str, Any], names: frozenset[str] = frozenset()
+) -> Audience | None:
     """The audience a transcript's words belong to (None: nobody's)."""
-    return parse_scope(scope_resolver()(header))
+    return parse_scope(scope_resolver(names)(header))

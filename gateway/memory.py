@@ -31,7 +31,7 @@ from core.memory.index import AsyncResource, MemoryIndex, MemoryStatus, SearchRe
 from core.memory.sources import StoreTranscriptSource
 from core.memory.tasks import task_record_from_turn
 from core.transcript import Entry
-from gateway.audiences import scope_resolver
+from gateway.audiences import PersonLinks, scope_resolver
 from gateway.config import LoadedConfig
 
 log = logging.getLogger("parley.gateway.memory")
@@ -126,7 +126,7 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
         workspace=loaded.workspace,
         sessions_dir=loaded.sessions_dir,
         embedder=build_embedder(settings.embedder),
-        scope_for=scope_resolver(),
+        scope_for=scope_resolver(PersonLinks(loaded.config.session).names),
         backend=backend,
         transcripts=transcripts,
         resource=resource,

@@ -38,7 +38,9 @@ Normalisation:
   An empty id becomes ``unknown``.
 - Identity links (not for dm_scope "main"): the candidates are the lowercased peer id
   and ``<channel>:<peer id>``; the first canonical name (in config order) listing one
-  of them replaces the peer. Canonical names share the namespace of raw peer ids.
+  of them replaces the peer. Canonical names share the namespace of raw peer ids, so an
+  unlinked id equal to a canonical name is always digest-tagged (``alice~<hex>``): a
+  stranger called "alice" never shares the linked Alice's session.
 """
 
 from __future__ import annotations
@@ -106,13 +108,14 @@ def normalise_channel(value: str) -> str:
     return _normalise_name(value, DEFAULT_CHANNEL_NAME)
 
 
-def normalise_peer_id(value: str) -> str:
-    """A peer, chat or thread id as a key segment; distinct ids give distinct segments."""
+def normalise_peer_id(value: str, *, tagged: bool = False) -> str:
+    """A peer, chat or thread id as a key segment; distinct ids give distinct segments.
+    ``tagged``: always the digest-tagged form, even for an id that could be kept."""
     if not value:
         return UNKNOWN_PEER
     lowered = value.lower()
     # isascii on the original: "\u212a" (Kelvin sign) lowercases to an ASCII "k".
-    if value.isascii() and _PEER_RE.fullmatch(lowered):
+    if not tagged and value.isascii() and _PEER_RE.fullmatch(lowered):
         return lowered
     digest = blake2b(
         lowered.encode("utf-8", "surrogatepass"), digest_size=DIGEST_HEX_CHARS // 2
@@ -132,6 +135,10 @@ def _linked_peer(config: SessionConfig, channel: str, peer: str) -> str | None:
     return None
 
 
+def _canonical_names(config: SessionConfig) -> frozenset[str]:
+    return frozenset(normalise_peer_id(name) for name in config.identity_links)
+
+
 def _direct_base(
     prefix: str,
     *,
@@ -144,7 +151,14 @@ def _direct_base(
     if config.dm_scope == "main" or not peer_raw:
         return main, normalise_peer_id(peer_raw)
     linked = _linked_peer(config, channel, peer_raw)
-    peer = normalise_peer_id(linked if linked is not None else peer_raw)
+    if linked is not None:
+        peer = normalise_peer_id(linked)
+    else:
+        # An unlinked id that reads as a canonical name ("alice" on a channel where
+        # nobody linked it) must not land in that person's session: it is tagged.
+        peer = normalise_peer_id(peer_raw)
+        if peer in _canonical_names(config):
+            peer = normalise_peer_id(peer_raw, tagged=True)
     if config.dm_scope == "per-peer":
         return f"{prefix}:direct:{peer}", peer
     if config.dm_scope == "per-channel-peer":

@@ -39,8 +39,9 @@ CONVERSATION_PREFIX = "conversation:"
 MAIN_PERSON = "~main"
 # Scope ids are key segments joined by ":" (lowercase ASCII, ``_ . @ + ~ -``).
 _ID_RE = re.compile(r"[a-z0-9_.@+~-]{1,64}(?::[a-z0-9_.@+~-]{1,64}){0,3}")
-# A folder name for an audience: the id with anything but these percent-encoded.
-_FOLDER_SAFE = "._@+~-"
+# A folder name for an audience: the id with anything but these percent-encoded. "." is
+# encoded too, so no id (not even "." or "..") names a folder that leaves its kind's.
+_FOLDER_SAFE = "_@+~-"
 
 
 class AudienceError(ValueError):
@@ -70,7 +71,8 @@ class Audience:
         """Where its files live under a private root: ``person/telegram%3A123``."""
         if self.kind == "agent":
             raise AudienceError("agent-wide memory lives in the workspace, not a private root")
-        return f"{self.kind}/{quote(self.id, safe=_FOLDER_SAFE)}"
+        # quote never encodes ".", so it is done by hand (unquote decodes it back).
+        return f"{self.kind}/{quote(self.id, safe=_FOLDER_SAFE).replace('.', '%2E')}"
 
     @classmethod
     def person(cls, person_id: str) -> Audience:

@@ -157,7 +157,11 @@ class NoteStore:
                 continue
             for folder in sorted(base.iterdir()):
                 audience = parse_folder(kind, folder.name)
-                if audience is None or folder.is_symlink() or not folder.is_dir():
+                # Only the folder the audience itself names: a hand-made twin that
+                # decodes to it would be cited by search and refused by resolve.
+                if audience is None or audience.folder != f"{kind}/{folder.name}":
+                    continue
+                if folder.is_symlink() or not folder.is_dir():
                     continue
                 for path in sorted(folder.glob("*.md")):
                     if path.is_file() and not path.is_symlink():

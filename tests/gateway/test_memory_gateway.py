@@ -111,6 +111,16 @@ def test_scope_for_key(key: str, scope: str) -> None:
     assert scope_for_key(key) == scope
 
 
+def test_a_key_made_while_linked_is_that_persons_and_only_then() -> None:
+    names = frozenset({"alice"})
+    assert scope_for_key(ALICE_KEY, names) == "person:alice"
+    assert scope_for_key(ALICE_KEY) == ALICE_SCOPE
+    links = PersonLinks(SessionConfig(identity_links={"alice": ["test:a1"]}))
+    # A raw id reading as the name is the person's only through a link.
+    assert links("test:a1") == "alice" and links("alice") == "alice"
+    assert links("third:alice") == "third:alice"
+
+
 def test_a_direct_chat_reads_its_person_and_a_group_itself() -> None:
     config = SessionConfig()
     links = PersonLinks(config)

@@ -122,6 +122,20 @@ def test_bare_link_matches_on_any_channel_and_ignores_case() -> None:
     assert route(config, channel="WEB", sender_id="carol-ID").key == "agent:main:web:direct:carol"
 
 
+@pytest.mark.parametrize("scope", ["per-peer", "per-channel-peer"])
+def test_a_stranger_whose_id_reads_as_a_linked_name_gets_a_session_of_their_own(
+    scope: str,
+) -> None:
+    config = SessionConfig(dm_scope=scope, identity_links={"alice": ["telegram:111"]})
+    linked = route(config, channel="telegram", sender_id="111")
+    stranger = route(config, channel="telegram", sender_id="Alice")
+    assert linked.peer == "alice"
+    assert stranger.key != linked.key
+    assert stranger.peer.startswith("alice~") and len(stranger.peer) == len("alice~") + 16
+    # Without the link nobody is "alice" but the stranger: the id is kept as it is.
+    assert route(SessionConfig(dm_scope=scope), sender_id="Alice").peer == "alice"
+
+
 def test_links_are_ignored_in_main_scope() -> None:
     config = SessionConfig(dm_scope="main", identity_links={"alice": ["111"]})
     result = route(config, sender_id="111")

@@ -143,17 +143,6 @@ DOOR = "CANARY-ALICE-wvtsrqpnmkjh"
 
 
 @pytest.mark.skipif(PRE_AUDIENCE, reason="identity links share memory only since audiences")
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "LEAK (issue 19): gateway/audiences.py PersonLinks.__call__ returns the canonical "
-        "name for any '<channel>:<peer>' whose peer IS a canonical link name (meant for "
-        "legacy keys made while linked), so an unlinked stranger whose raw id is 'alice' "
-        "on any channel is read as the linked Alice: her notes and both ids' transcripts "
-        "reach the stranger's model, replies and /memory search"
-    ),
-)
 async def test_a_stranger_whose_id_is_a_linked_name_reads_nothing_of_that_person(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
