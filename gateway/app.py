@@ -64,6 +64,7 @@ from core.transcript import ENTRY_COMPACTION
 from core.transcript_store import SessionTranscript
 from gateway.access import AccessGate
 from gateway.admin.metrics import GatewayMetrics
+from gateway.audience_migration import log_legacy_memory
 from gateway.audiences import (
     PersonLinks,
     audience_for,
@@ -251,6 +252,8 @@ class Gateway:
         self.zone = await asyncio.to_thread(resolve_timezone, self.config.session.timezone)
         workspace = self.loaded.workspace
         await asyncio.to_thread(ensure_workspace, workspace)
+        # Memory from before audiences, and settings they retired: a warning each.
+        await asyncio.to_thread(log_legacy_memory, self.loaded)
         await asyncio.to_thread(self.loaded.sessions_dir.mkdir, parents=True, exist_ok=True)
         await self.state.open()
         if self._provider is None:

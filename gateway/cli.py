@@ -21,6 +21,7 @@ from gateway.file_modes import owner_only_umask, secure_home
 from gateway.memory import memory_db_path
 from gateway.memory_cli import add_memory_commands, bench_command, memory_command
 from gateway.migrate_cli import add_migrate_commands, migrate_command
+from gateway.people_cli import add_people_commands, people_command
 
 if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
     from datetime import datetime
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_memory_commands(sub, common)
     add_db_commands(sub, common)
     add_migrate_commands(sub, common)
+    add_people_commands(sub, common)
     return parser
 
 
@@ -162,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(db_command(loaded, args))
         if command == "migrate":
             return asyncio.run(migrate_command(loaded, args))
+        if command == "people":
+            return asyncio.run(people_command(loaded, args))
     except (GatewayError, CoreError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return EXIT_PROBLEM

@@ -10,6 +10,10 @@ changes nothing). State written by an earlier parley is reported by the ``migrat
 check, and the checks that would upgrade it by opening it are skipped; ``fix=True``
 (``parley doctor --fix``) backs the home up and migrates it first (gateway/state_migration.py).
 
+The ``memory audiences`` check counts flush notes and task logs from before audiences
+that still sit where everyone can reach them; ``--fix`` moves them
+(gateway/audience_migration.py).
+
 The ``file modes`` check lists what under the home is open to group or others (every
 message is in there); ``--fix`` narrows it to owner-only (gateway/file_modes.py).
 """
@@ -29,6 +33,7 @@ import aiohttp
 from core.errors import TranscriptError
 from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.admin.auth import check_setup
+from gateway.audience_migration import audience_check
 from gateway.config import LoadedConfig
 from gateway.db import Database
 from gateway.errors import AdminServerError, GatewayError, StateError
@@ -61,6 +66,9 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
         findings.append(await _fix(loaded))
     found = await asyncio.to_thread(survey, loaded)
     findings += _migration_findings(found, fixing=fix)
+    # Memory from before audiences (gateway/audience_migration.py): --fix moves it.
+    moved = await audience_check(loaded, fix=fix, sync=not found.blocks("memory"))
+    findings += [Finding("memory audiences", severity, detail) for severity, detail in moved]
     # Before the checks below open state.db (after --fix's backup, which it narrows too).
     findings.append(await asyncio.to_thread(_check_file_modes, loaded.home, fix))
     if loaded.config.storage.backend == "postgres":

@@ -23,6 +23,7 @@ from typing import Any
 
 from channels.base import InboundMessage, SeenMark
 from gateway.db import Database
+from gateway.routing import normalise_channel, normalise_peer_id
 
 OPEN_STATES = ("received", "replied")
 
@@ -139,7 +140,44 @@ class Inbox:
     async def counts(self) -> dict[str, int]:
         return await self._db.run(self._counts_sync)
 
+    async def items_from(self, channel: str | None, sender_id: str) -> list[int]:
+        """The ids of every item ``sender_id`` sent on ``channel`` (None: any channel),
+        whatever its state: ids compared as session keys do (``sender_matches``)."""
+        return await self._db.run(self._items_from_sync, channel, sender_id)
+
+    async def delete_items(self, item_ids: Sequence[int]) -> int:
+        """Delete these items (``parley people erase``); how many there were."""
+        return await self._db.run(self._delete_sync, list(item_ids))
+
     # -- on the database thread -------------------------------------------------------
+
+    def _items_from_sync(self, channel: str | None, sender_id: str) -> list[int]:
+        if channel is None:
+            rows = self._db.conn.execute("SELECT id, channel, payload FROM inbox ORDER BY id")
+        else:
+            rows = self._db.conn.execute(
+                "SELECT id, channel, payload FROM inbox WHERE channel = ? ORDER BY id", (channel,)
+            )
+        return [
+            int(item_id)
+            for item_id, row_channel, payload in rows
+            if sender_matches(row_channel, payload, channel, sender_id)
+        ]
+
+    def _delete_sync(self, item_ids: list[int]) -> int:
+        conn = self._db.conn
+        deleted = 0
+        conn.execute("BEGIN")
+        try:
+            for start in range(0, len(item_ids), DELETE_BATCH):
+                batch = item_ids[start : start + DELETE_BATCH]
+                marks = ", ".join("?" * len(batch))
+                deleted += conn.execute(f"DELETE FROM inbox WHERE id IN ({marks})", batch).rowcount
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return deleted
 
     def _record_sync(self, message: InboundMessage) -> RecordResult:
         now = datetime.now(UTC).isoformat()
@@ -214,6 +252,26 @@ class Inbox:
     def _counts_sync(self) -> dict[str, int]:
         rows = self._db.conn.execute("SELECT status, count(*) FROM inbox GROUP BY status")
         return {status: n for status, n in rows}
+
+
+# Ids per DELETE statement (SQLite's default limit on parameters is far above it).
+DELETE_BATCH = 500
+
+
+def sender_matches(row_channel: str, payload: str, channel: str | None, sender_id: str) -> bool:
+    """Is a stored message (its channel and JSON payload) from ``sender_id`` of
+    ``channel`` (None: any)? Ids compare as session keys do (``normalise_peer_id``):
+    case-insensitive, and an id a key had to escape matches its escaped form."""
+    if channel is not None and normalise_channel(row_channel) != normalise_channel(channel):
+        return False
+    try:
+        sender = json.loads(payload).get("sender_id")
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(sender, str) or not sender:
+        return False
+    found = normalise_peer_id(sender)
+    return found in (sender_id.lower(), normalise_peer_id(sender_id))
 
 
 def newest_marks(rows: Iterable[Sequence[Any]], since: str, limit: int) -> list[SeenMark]:

@@ -2,7 +2,7 @@
 
 A session key (who/where) has at most one *active* session at a time; a reset
 archives it (the row and its transcript stay, listable and readable) and starts a
-new session id. Rows are never deleted here.
+new session id. Rows are deleted only by ``parley people erase`` (``delete``).
 """
 
 from __future__ import annotations
@@ -290,7 +290,28 @@ class SessionRegistry:
             self._list_sync, status, channel, agent_id, query, page_limit(limit), cursor
         )
 
+    async def delete(self, session_ids: Sequence[str]) -> int:
+        """Delete these sessions' rows, active or archived (``parley people erase``,
+        gateway stopped); how many there were."""
+        return await self._db.run(self._delete_sync, list(session_ids))
+
     # -- on the database thread -------------------------------------------------------
+
+    def _delete_sync(self, session_ids: list[str]) -> int:
+        conn = self._db.conn
+        deleted = 0
+        conn.execute("BEGIN")
+        try:
+            for start in range(0, len(session_ids), MAX_PAGE_SIZE):
+                batch = session_ids[start : start + MAX_PAGE_SIZE]
+                marks = ", ".join("?" * len(batch))
+                sql = f"DELETE FROM sessions WHERE session_id IN ({marks})"
+                deleted += conn.execute(sql, batch).rowcount
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return deleted
 
     def _get_sync(self, session_id: str) -> SessionRecord | None:
         row = self._db.conn.execute(

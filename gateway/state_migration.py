@@ -299,7 +299,8 @@ def backup(home: Path, extra: tuple[Path, ...] = (), now: datetime | None = None
             _copy(source, partial / source.relative_to(home))
         for source in extra:
             if source.exists():
-                _copy(source, partial / "external" / source.name)
+                # Under its absolute path: two files outside the home may share a name.
+                _copy(source, partial / "external" / source.absolute().relative_to("/"))
         for folder in sorted({p for p in partial.rglob("*") if p.is_dir()} | {partial}):
             _fsync_dir(folder)
         partial.rename(target)

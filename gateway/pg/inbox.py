@@ -26,6 +26,7 @@ from gateway.inbox import (
     item_from_row,
     message_to_json,
     newest_marks,
+    sender_matches,
 )
 from gateway.pg.database import Connection, PgDatabase
 from gateway.pg.session_locks import SessionLocks
@@ -98,6 +99,15 @@ class PgInbox:
     async def counts(self) -> dict[str, int]:
         return await self._db.run(_counts)
 
+    async def items_from(self, channel: str | None, sender_id: str) -> list[int]:
+        """The ids of every item ``sender_id`` sent on ``channel`` (None: any channel),
+        whatever its state (``gateway.inbox.sender_matches``)."""
+        return await self._db.run(_items_from, channel, sender_id)
+
+    async def delete_items(self, item_ids: Sequence[int]) -> int:
+        """Delete these items (``parley people erase``); how many there were."""
+        return await self._db.run(_delete, list(item_ids))
+
 
 # -- on a pool thread, inside the caller's transaction ------------------------------------
 
@@ -130,7 +140,7 @@ def _record(
         "SELECT * FROM inbox WHERE channel = %s AND account = %s AND platform_message_id = %s",
         (message.channel, message.account, message.message_id),
     ).fetchone()
-    assert existing is not None  # rows are never deleted
+    assert existing is not None  # rows are deleted only with the gateway stopped
     return RecordResult(item_from_row(existing), is_new=False)
 
 
@@ -220,3 +230,27 @@ def _conversation_rows(rows: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Any,
 def _counts(conn: Connection) -> dict[str, int]:
     rows = conn.execute("SELECT status, count(*) AS n FROM inbox GROUP BY status").fetchall()
     return {row["status"]: int(row["n"]) for row in rows}
+
+
+def _items_from(conn: Connection, channel: str | None, sender_id: str) -> list[int]:
+    # The sender is read from the payload in Python (see _newest), batch by batch.
+    with conn.cursor(name="parley_inbox_sender") as cursor:
+        cursor.itersize = NEWEST_BATCH
+        if channel is None:
+            cursor.execute("SELECT id, channel, payload FROM inbox ORDER BY id")
+        else:
+            cursor.execute(
+                "SELECT id, channel, payload FROM inbox WHERE channel = %s ORDER BY id", (channel,)
+            )
+        return [
+            int(row["id"])
+            for row in cursor
+            if sender_matches(row["channel"], row["payload"], channel, sender_id)
+        ]
+
+
+def _delete(conn: Connection, item_ids: list[int]) -> int:
+    if not item_ids:
+        return 0
+    cursor = conn.execute("DELETE FROM inbox WHERE id = ANY(%s)", (item_ids,))
+    return cursor.rowcount

@@ -163,12 +163,23 @@ class PgSessionRegistry:
             _list, status, channel, agent_id, query, page_limit(limit), cursor
         )
 
+    async def delete(self, session_ids: Sequence[str]) -> int:
+        """Delete these sessions' rows, active or archived (``parley people erase``,
+        gateway stopped); how many there were."""
+        return await self._db.run(_delete, list(session_ids))
+
 
 # -- on a pool thread, inside the caller's transaction ------------------------------------
 
 
 def _execute(conn: Connection, sql: str, params: Sequence[Any]) -> None:
     conn.execute(sql, params)
+
+
+def _delete(conn: Connection, session_ids: list[str]) -> int:
+    if not session_ids:
+        return 0
+    return conn.execute("DELETE FROM sessions WHERE session_id = ANY(%s)", (session_ids,)).rowcount
 
 
 def _one(conn: Connection, sql: str, params: Sequence[Any]) -> SessionRecord | None:
