@@ -21,9 +21,10 @@ reach them:
 - With PostgreSQL, task records lived under ``<workspace>/.parley/tasks/<writer>/``,
   where ``read_file`` could read them. They move to ``gateway.memory.tasks_dir`` with
   the same relative layout (a log already there for the same scope is merged, the older
-  records first), and the emptied folders go. Their records keep the scope they were
-  written with (``dm:…``/``group:…``), which names no audience: only the operator's
-  view finds them (``parley people erase`` reads those scopes as their person's).
+  records first), and the emptied folders go.
+- Task records everywhere (SQLite kept them beside memory.db already) were filed under
+  ``dm:…``/``group:…`` scopes, which name no audience: ``gateway.task_rescope`` files
+  them again under the person or group their session key names.
 
 ``survey_audiences`` reads and changes nothing (``parley doctor``, and the gateway's
 start, which logs a warning naming ``parley doctor --fix``). ``migrate_audiences``
@@ -58,6 +59,8 @@ from core.memory.notes import MAX_NOTE_CHARS, NoteStore
 from gateway.audiences import PersonLinks, scope_for_key
 from gateway.config import LoadedConfig
 from gateway.memory import LEGACY_SHARED_TASKS_DIR, notes_dir, tasks_dir
+from gateway.task_rescope import legacy_task_logs as scoped_before_audiences
+from gateway.task_rescope import rescope_task_logs
 
 log = logging.getLogger("parley.gateway.audience_migration")
 
@@ -73,7 +76,7 @@ DIR_MODE = 0o700
 Severity = Literal["ok", "warning", "error"]
 MOVES = (
     "moves them out: each flush block to the private notes of its person or conversation, "
-    "the task logs to the private task folder"
+    "the task logs to the private task folder, their records under their audience"
 )
 
 
@@ -107,10 +110,12 @@ class AudienceSurvey:
     blocks: tuple[FlushBlock, ...] = ()  # attributable: --fix moves them
     stranded: tuple[FlushBlock, ...] = ()  # no audience: they stay agent-wide
     task_logs: tuple[Path, ...] = ()  # under the workspace's .parley/tasks
+    # In the private task folder, holding records filed under pre-audience scopes.
+    rescopable: tuple[Path, ...] = ()
 
     @property
     def pending(self) -> bool:
-        return bool(self.blocks or self.task_logs)
+        return bool(self.blocks or self.task_logs or self.rescopable)
 
     def block_files(self) -> list[Path]:
         return sorted({block.path for block in self.blocks})
@@ -122,6 +127,7 @@ class AudienceMigrationReport:
     moved: list[FlushBlock] = field(default_factory=list)
     stranded: list[FlushBlock] = field(default_factory=list)
     task_logs: list[str] = field(default_factory=list)  # relative paths moved
+    records_rescoped: int = 0  # task records filed again under their audience
     files_removed: list[str] = field(default_factory=list)  # emptied workspace files
     synced: str | None = None  # what the index sync did, or why it did not run
     errors: list[str] = field(default_factory=list)
@@ -214,6 +220,9 @@ def survey_audiences(loaded: LoadedConfig) -> AudienceSurvey:
         tuple(b for b in blocks if b.audience is not None),
         tuple(b for b in blocks if b.audience is None),
         tuple(legacy_task_logs(loaded)),
+        tuple(
+            scoped_before_audiences(tasks_dir(loaded), loaded.config.agent.id, link_names(loaded))
+        ),
     )
 
 
@@ -234,6 +243,11 @@ def describe_pending(found: AudienceSurvey) -> str:
         parts.append(
             f"{len(found.task_logs)} task log(s) under {found.workspace / LEGACY_SHARED_TASKS_DIR}"
             " are in the workspace, where the file tools can read them"
+        )
+    if found.rescopable:
+        parts.append(
+            f"{len(found.rescopable)} task log(s) hold records filed before audiences, which "
+            "no conversation can find (not even their own)"
         )
     return "; ".join(parts)
 
@@ -311,6 +325,8 @@ def report_findings(report: AudienceMigrationReport) -> list[tuple[Severity, str
         done.append(f"removed emptied {', '.join(report.files_removed)}")
     if report.task_logs:
         done.append(f"moved {len(report.task_logs)} task log(s) out of the workspace")
+    if report.records_rescoped:
+        done.append(f"filed {report.records_rescoped} task record(s) under their audience")
     if done:
         where = f"backed up to {report.backup}; " if report.backup else ""
         synced = f"; index: {report.synced}" if report.synced else ""
@@ -339,7 +355,7 @@ async def migrate_audiences(
         return report
     outside = tuple(
         path
-        for path in (*found.block_files(), *found.task_logs)
+        for path in (*found.block_files(), *found.task_logs, *found.rescopable)
         if not path.absolute().is_relative_to(loaded.home.absolute())
     )
     try:
@@ -350,6 +366,9 @@ async def migrate_audiences(
     try:
         await asyncio.to_thread(_move_blocks, loaded, found, report)
         await asyncio.to_thread(_move_task_logs, loaded, found, report)
+        report.records_rescoped = await asyncio.to_thread(
+            rescope_task_logs, tasks_dir(loaded), loaded.config.agent.id, link_names(loaded)
+        )
     except OSError as exc:
         report.errors.append(f"moving failed part way ({exc}); the backup holds the old files")
     # Where the stranded blocks are now that the others are gone.

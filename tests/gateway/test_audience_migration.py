@@ -172,11 +172,14 @@ async def test_doctor_reports_then_fix_moves_each_block_to_its_audience(
         f"\n## 13:00 — saved before compaction\n\n{GROUP_NOTE}\n"
     )
 
-    # The task log moved out of the workspace, same layout, the folder gone.
+    # The task log moved out of the workspace, same layout, the folder gone, and its
+    # record filed under its person (Alice's own searches and /memory stats find it).
+    assert "filed 1 task record(s) under their audience" in done
     assert not (loaded.workspace / ".parley").exists()
-    moved = tasks_dir(loaded) / "host-8080" / scope_file_name("dm:test:direct:alice")
+    moved = tasks_dir(loaded) / "host-8080" / scope_file_name("person:test:alice")
     assert "rotate the backup keys" in moved.read_text(encoding="utf-8")
     assert moved.stat().st_mode & 0o777 == 0o600
+    assert not (tasks_dir(loaded) / "host-8080" / scope_file_name("dm:test:direct:alice")).exists()
 
     # Afterwards: Bob no longer finds Alice's notes; Alice does; each finds their own.
     bob_hits = await search_as(loaded, bob, "Pumpernickel ferret locker")
@@ -253,7 +256,12 @@ async def test_a_task_log_already_in_the_private_folder_is_merged_older_first(
     target.write_text('{"newer": true}\n', encoding="utf-8")
     legacy = (loaded.workspace / LEGACY_SHARED_TASKS_DIR / "host-8080" / name).read_text("utf-8")
     await doctor(loaded, monkeypatch, fix=True)
-    assert target.read_text(encoding="utf-8") == legacy + '{"newer": true}\n'
+    # Merged older first, then the record filed under its person; the line that is not
+    # a record stays where it was.
+    assert target.read_text(encoding="utf-8") == '{"newer": true}\n'
+    alice = target.parent / scope_file_name("person:test:alice")
+    [moved] = [json.loads(line) for line in alice.read_text(encoding="utf-8").splitlines()]
+    assert moved == {**json.loads(legacy), "scope": "person:test:alice"}
     assert not (loaded.workspace / ".parley").exists()
 
 
