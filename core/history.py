@@ -51,7 +51,8 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from core.messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
+from core.fences import SUMMARY_TAGS, fenced, neutralise
+from core.messages import FENCE_SUMMARY, Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 
 COMPACTION_SUMMARY_PREFIX = (
@@ -71,8 +72,13 @@ def summary_message(summary: str) -> Message:
 
     The preamble is fixed (never templated with dates or counts) so the message is
     byte-identical on every turn until the next compaction: it heads the cached prefix.
+    The block is fenced (``is_summary_block`` reads the fence, not the preamble, which
+    anyone can type), and the summary, a model's rewording of what people said, has its
+    markers neutralised so it cannot close the wrapper early (core.fences).
     """
-    return Message.user(f"{COMPACTION_SUMMARY_PREFIX}{summary}{COMPACTION_SUMMARY_SUFFIX}")
+    text = neutralise(summary, SUMMARY_TAGS)
+    block = fenced(f"{COMPACTION_SUMMARY_PREFIX}{text}{COMPACTION_SUMMARY_SUFFIX}", FENCE_SUMMARY)
+    return Message("user", (block,))
 
 
 def build_history(
@@ -150,8 +156,9 @@ def limit_history_turns(messages: Sequence[Message], max_turns: int) -> list[Mes
 
 
 def is_summary_block(block: Block) -> bool:
-    """Whether ``block`` is the text of a compaction summary message."""
-    return isinstance(block, TextBlock) and block.text.startswith(COMPACTION_SUMMARY_PREFIX)
+    """Whether ``block`` is the text of a compaction summary message (``summary_message``
+    made it: known by its fence, not by the preamble)."""
+    return isinstance(block, TextBlock) and block.fence == FENCE_SUMMARY
 
 
 def _leading_summary(message: Message) -> TextBlock | None:

@@ -15,13 +15,29 @@ from typing import Any, Literal, TypeAlias
 Role = Literal["user", "assistant", "tool_result"]
 ROLES: tuple[str, ...] = ("user", "assistant", "tool_result")
 
+# The gateway's own blocks (core.fences): a text block is one of them because its
+# ``fence`` says so, never because of how its text begins.
+FENCE_TURN_CONTEXT = "turn-context"
+FENCE_RECALLED_MEMORY = "recalled-memory"
+FENCE_SUMMARY = "summary"
+FENCES: frozenset[str] = frozenset({FENCE_TURN_CONTEXT, FENCE_RECALLED_MEMORY, FENCE_SUMMARY})
+
 
 @dataclass(frozen=True, slots=True)
 class TextBlock:
+    """Text; ``fence`` names the gateway block it is (None: anyone's words).
+
+    The fence is stored in the transcript (``"fence"``, only when set) and never sent to
+    a provider: the translators send ``text`` alone. Only the code that renders a
+    gateway block sets it; nothing a user types can."""
+
     text: str
+    fence: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "text", "text": self.text}
+        if self.fence is None:
+            return {"type": "text", "text": self.text}
+        return {"type": "text", "text": self.text, "fence": self.fence}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +86,9 @@ Block: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock
 def block_from_dict(raw: dict[str, Any]) -> Block:
     kind = raw.get("type")
     if kind == "text":
-        return TextBlock(str(raw.get("text", "")))
+        fence = raw.get("fence")
+        known = isinstance(fence, str) and fence in FENCES  # anything else: plain text
+        return TextBlock(str(raw.get("text", "")), fence if known else None)
     if kind == "tool_use":
         return ToolUseBlock(str(raw["id"]), str(raw["name"]), dict(raw.get("input") or {}))
     if kind == "tool_result":

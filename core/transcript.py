@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from core.errors import TranscriptError
+from core.fences import read_user_message
 from core.messages import Message, Usage
 
 log = logging.getLogger("parley.core.transcript")
@@ -99,7 +100,9 @@ def _encode(record: Mapping[str, Any]) -> bytes:
 @dataclass(frozen=True)
 class Entry:
     """One transcript line. ``payload`` holds every field but the envelope; treat it as
-    read-only. A message entry's ``Message`` is parsed once, at construction."""
+    read-only. A message entry's ``Message`` is parsed once, at construction, and read
+    through ``core.fences.read_user_message``: a user's words neutralised, the gateway's
+    blocks known by their fence (a legacy line's by the legacy rule)."""
 
     id: str
     parent_id: str | None
@@ -114,7 +117,7 @@ class Entry:
             if not isinstance(raw, dict):
                 raise TranscriptError("message entry without a message object")
             try:
-                message = Message.from_dict(raw)
+                message = read_user_message(Message.from_dict(raw))
             except (KeyError, TypeError, ValueError) as exc:
                 raise TranscriptError(f"unreadable message in entry {self.id}: {exc}") from exc
             object.__setattr__(self, "_message", message)

@@ -19,7 +19,7 @@ from core.history import (
     repair_history,
     summary_message,
 )
-from core.messages import Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
+from core.messages import FENCE_SUMMARY, Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
 from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
 
 _ids = itertools.count()
@@ -72,7 +72,7 @@ def test_summary_first_then_kept_entries_then_the_rest() -> None:
     )
     # The summary and the first kept user message are both user turns: merged.
     assert history == [
-        Message("user", (TextBlock(summary), TextBlock("keep me"))),
+        Message("user", (TextBlock(summary, FENCE_SUMMARY), TextBlock("keep me"))),
         Message.assistant("kept reply"),
         Message.user("new"),
     ]
@@ -355,12 +355,12 @@ def test_build_history_applies_the_turn_limit_after_the_summary() -> None:
     entries = [*kept, comp, *after]
     summary = f"{COMPACTION_SUMMARY_PREFIX}they said hi{COMPACTION_SUMMARY_SUFFIX}"
     history = build_history(entries, max_turns=2)
-    assert history[0] == Message("user", (TextBlock(summary), TextBlock("q1")))
+    assert history[0] == Message("user", (TextBlock(summary, FENCE_SUMMARY), TextBlock("q1")))
     assert history[1:] == turns(3)[5:]
     assert build_history(entries, max_turns=0) == build_history(entries)
     full = build_history(entries, max_turns=10)
     assert full == build_history(entries)
-    assert full[0].content == (TextBlock(summary), TextBlock("keep me"))
+    assert full[0].content == (TextBlock(summary, FENCE_SUMMARY), TextBlock("keep me"))
 
 
 def test_limit_without_a_compaction() -> None:

@@ -248,3 +248,16 @@ def test_turn_context_carries_the_volatile_facts() -> None:
     )
     assert "2026-11-22 09:30" in text and "Sunday" in text
     assert "telegram (group)" in text and "Bob [42]" in text
+
+
+def test_the_recall_section_says_recalled_text_is_data_and_stays_byte_stable(
+    tmp_path: Path,
+) -> None:
+    workspace(tmp_path)
+    builder = SystemPromptBuilder(tmp_path, agent_name="A", memory_enabled=True)
+    recall = builder.build().section(SECTION_MEMORY_RECALL)
+    assert recall is not None
+    assert "<recalled-memory>" in recall.text and "never instructions" in recall.text
+    # A fresh builder over the same files gives the same bytes: the cache keeps paying.
+    again = SystemPromptBuilder(tmp_path, agent_name="A", memory_enabled=True).build()
+    assert again.text.encode() == builder.build().text.encode()

@@ -91,11 +91,19 @@ def _sse(event: str, data: Mapping[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+_TEXT_BLOCK_FIELDS = frozenset({"type", "text", "cache_control", "citations"})
+
+
 def _check_block(block: Any, where: str) -> None:
     if not isinstance(block, dict) or "type" not in block:
         raise InvalidRequest(f"{where}: Input should be a valid dictionary or object")
     kind = block["type"]
     if kind == "text":
+        # The real API validates blocks strictly: a field it does not know (a runtime's
+        # own bookkeeping leaking onto the wire) is a 400, not ignored.
+        extra = sorted(set(block) - _TEXT_BLOCK_FIELDS)
+        if extra:
+            raise InvalidRequest(f"{where}.{extra[0]}: Extra inputs are not permitted")
         text = block.get("text")
         if not isinstance(text, str) or not text:
             raise InvalidRequest(f"{where}: text content blocks must be non-empty")
