@@ -1,4 +1,4 @@
-"""`parley people erase|list` (gateway/people.py) on SQLite and PostgreSQL: after a person
+"""`parley people erase|list` (the gateway/people package) on SQLite and PostgreSQL: after a person
 talked (in a direct chat and a group), had notes flushed and remembered, used tools,
 was paired, had a session compacted and reset, erasing them removes all of it, and a
 search in the operator's view finds none of it; another person's data and the group's
