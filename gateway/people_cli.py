@@ -1,4 +1,4 @@
-"""`parley people list|erase`: what the home keeps about each person (the gateway/people package)."""
+"""`parley people list|erase`: what the home keeps about each person (gateway/people/)."""
 
 from __future__ import annotations
 
