@@ -54,6 +54,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+from core.files import write_atomically
 from core.memory.audience import Audience, parse_scope
 from core.memory.notes import MAX_NOTE_CHARS, NoteStore
 from gateway.audiences import PersonLinks, scope_for_key
@@ -456,15 +457,7 @@ def _pieces(text: str, limit: int) -> list[str]:
 
 def rewrite_file(path: Path, text: str) -> None:
     """Replace a file's text atomically, keeping its mode."""
-    mode = path.stat().st_mode & 0o777
-    temp = path.with_name(f".{path.name}.parley-tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+    write_atomically(path, text.encode("utf-8"), path.stat().st_mode & 0o777)
 
 
 def _move_task_logs(
@@ -485,7 +478,7 @@ def _move_task_logs(
             if not current.startswith(old):  # else: merged before a kill, source left over
                 if old and not old.endswith(b"\n"):
                     old += b"\n"
-                _write_bytes(target, old + current)
+                write_atomically(target, old + current)
             source.unlink()
         report.task_logs.append(relative.as_posix())
     _remove_empty_dirs(root)
@@ -493,17 +486,6 @@ def _move_task_logs(
     with contextlib.suppress(OSError):
         if parley.is_dir() and not any(parley.iterdir()):
             parley.rmdir()
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.parley-tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
 
 
 def _remove_empty_dirs(root: Path) -> None:

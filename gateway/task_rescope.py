@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
+from core.files import write_atomically
 from core.memory.audience import parse_scope
 from core.memory.tasks import TaskLog, TaskRecord, parse_records, scope_file_name
 from gateway.audiences import UNSCOPED, scope_for_key
 from gateway.routing import normalise_agent_id
 
 LEGACY_KINDS = ("dm", "group")
-FILE_MODE = 0o600
 
 
 def new_scope(scope: str, agent_id: str, names: frozenset[str]) -> str | None:
@@ -71,7 +70,7 @@ def rescope_task_logs(tasks_dir: Path, agent_id: str, names: frozenset[str]) -> 
             _append_once(target, _lines(group))
             moved += len(group)
         if kept:
-            _replace(path, b"".join(kept))
+            write_atomically(path, b"".join(kept))
         else:
             path.unlink()
     return moved
@@ -89,16 +88,4 @@ def _append_once(target: Path, data: bytes) -> None:
         return  # copied before a kill
     if current and not current.endswith(b"\n"):
         current += b"\n"
-    _replace(target, current + data)
-
-
-def _replace(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.parley-tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(temp, flags, FILE_MODE)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+    write_atomically(target, current + data)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from core.files import write_atomically
 from core.memory.audience import Audience, parse_folder
 
 NOTES_SOURCE = "notes"
@@ -122,7 +123,7 @@ class NoteStore:
                     else:
                         keep.append(line)
                 if gone:
-                    _rewrite(note.abs_path, "".join(keep))
+                    write_atomically(note.abs_path, "".join(keep).encode("utf-8"))
                     removed.append(Forgotten(note.path, tuple(gone)))
         return removed
 
@@ -195,16 +196,3 @@ def _matches(line: str, number: int, needle: str, cited: re.Match[str] | None) -
         last = int(cited.group(3) or first)
         return first <= number <= last
     return needle.casefold() in line.casefold()
-
-
-def _rewrite(path: Path, text: str) -> None:
-    """Replace a note file's text atomically (a kill leaves the old or the new one)."""
-    temp = path.with_name(f".{path.name}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(temp, flags, FILE_MODE)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Literal
 
 from aiohttp import hdrs, web
 
+from core.files import write_atomically
 from gateway.errors import AdminServerError
 
 SUBPROTOCOL_PREFIX = "bearer."
@@ -123,11 +123,4 @@ def _check(token: str, where: str) -> None:
 def _write_private(path: Path, text: str) -> None:
     """Create ``path`` readable by its owner only, atomically (no window at 0644)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+    write_atomically(path, text.encode("utf-8"))
