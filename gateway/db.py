@@ -225,6 +225,27 @@ class Database:
         return problems
 
 
+def delete_rows_in(
+    conn: sqlite3.Connection, table: str, column: str, values: list[Any], batch: int
+) -> int:
+    """Delete the rows whose ``column`` is one of ``values``, in one transaction, ``batch``
+    at a time (SQLite bounds the parameters of one statement); how many went. ``table``
+    and ``column`` are the caller's constants, never input. On the database thread."""
+    deleted = 0
+    conn.execute("BEGIN")
+    try:
+        for start in range(0, len(values), batch):
+            chunk = values[start : start + batch]
+            marks = ", ".join("?" * len(chunk))
+            sql = f"DELETE FROM {table} WHERE {column} IN ({marks})"
+            deleted += conn.execute(sql, chunk).rowcount
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return deleted
+
+
 def _split_sql(script: str) -> list[str]:
     """Split a migration into statements (executescript would commit our transaction)."""
     return [s.strip() for s in script.split(";") if s.strip()]

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from channels.base import InboundMessage, SeenMark
-from gateway.db import Database
+from gateway.db import Database, delete_rows_in
 from gateway.routing import normalise_channel, normalise_peer_id
 
 OPEN_STATES = ("received", "replied")
@@ -165,19 +165,7 @@ class Inbox:
         ]
 
     def _delete_sync(self, item_ids: list[int]) -> int:
-        conn = self._db.conn
-        deleted = 0
-        conn.execute("BEGIN")
-        try:
-            for start in range(0, len(item_ids), DELETE_BATCH):
-                batch = item_ids[start : start + DELETE_BATCH]
-                marks = ", ".join("?" * len(batch))
-                deleted += conn.execute(f"DELETE FROM inbox WHERE id IN ({marks})", batch).rowcount
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return deleted
+        return delete_rows_in(self._db.conn, "inbox", "id", item_ids, DELETE_BATCH)
 
     def _record_sync(self, message: InboundMessage) -> RecordResult:
         now = datetime.now(UTC).isoformat()

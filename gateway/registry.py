@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.messages import Usage
-from gateway.db import Database
+from gateway.db import Database, delete_rows_in
 
 SESSION_COLUMNS = (
     "session_id, key, agent_id, channel, account, chat_type, peer, parent_key, display_name,"
@@ -298,20 +298,7 @@ class SessionRegistry:
     # -- on the database thread -------------------------------------------------------
 
     def _delete_sync(self, session_ids: list[str]) -> int:
-        conn = self._db.conn
-        deleted = 0
-        conn.execute("BEGIN")
-        try:
-            for start in range(0, len(session_ids), MAX_PAGE_SIZE):
-                batch = session_ids[start : start + MAX_PAGE_SIZE]
-                marks = ", ".join("?" * len(batch))
-                sql = f"DELETE FROM sessions WHERE session_id IN ({marks})"
-                deleted += conn.execute(sql, batch).rowcount
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return deleted
+        return delete_rows_in(self._db.conn, "sessions", "session_id", session_ids, MAX_PAGE_SIZE)
 
     def _get_sync(self, session_id: str) -> SessionRecord | None:
         row = self._db.conn.execute(
