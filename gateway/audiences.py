@@ -55,6 +55,10 @@ class PersonLinks:
                     self._qualified[(normalise_channel(channel), normalise_peer_id(peer))] = name
                 self._bare.setdefault(normalise_peer_id(link), name)
 
+    def __bool__(self) -> bool:
+        """Are any ids linked at all?"""
+        return bool(self.names)
+
     def __call__(self, person_id: str) -> str:
         if person_id == MAIN_PERSON:
             return person_id
@@ -89,7 +93,8 @@ def viewer_for(audience: Audience, config: SessionConfig, links: PersonLinks) ->
         # Transcripts of per-peer sessions from before audiences name the bare peer (a
         # peer reading as a canonical name is that person's only through a link).
         keys.add(links(bare))
-    return Viewer(audience, frozenset(keys), links)
+    linked = bool(links) or keys != {audience.id}
+    return Viewer(audience, frozenset(keys), links, linked=linked)
 
 
 def scope_for_key(key: str, names: frozenset[str] = frozenset()) -> str:

@@ -132,6 +132,9 @@ class Viewer:
     person_keys: frozenset[str] = frozenset()
     person_of: Callable[[str], str] = field(default=_same, compare=False)
     operator: bool = False
+    # True when scopes other than its own may be this viewer's person (identity links,
+    # legacy per-peer ids): only then must a search look at every scope the index holds.
+    linked: bool = False
 
     @classmethod
     def for_operator(cls) -> Viewer:
@@ -142,6 +145,11 @@ class Viewer:
         """A viewer of one audience plus the agent (the CLI's --person/--conversation)."""
         keys = frozenset({audience.id}) if audience.kind == "person" else frozenset()
         return cls(audience, keys)
+
+    @property
+    def needs_known_scopes(self) -> bool:
+        """Does ``visible_scopes`` need every scope the index holds for this viewer?"""
+        return self.operator or (self.audience.kind == "person" and self.linked)
 
 
 def may_read(viewer: Viewer, scope: str) -> bool:

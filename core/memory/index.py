@@ -943,9 +943,17 @@ class MemoryIndex:
     async def visible_scopes(self, viewer: Viewer) -> tuple[str, ...]:
         """The scopes ``viewer`` may search: ``core.memory.audience``'s rule over every
         scope the index holds (ids linked to one person are found there)."""
+        if not viewer.needs_known_scopes:
+            # Its own audience and the agent's: no need to ask the index (this runs
+            # before every turn, and the writer may be busy with a sync).
+            return visible_scopes(viewer)
         known = self._known_scopes
         if known is None:
-            known = self._known_scopes = tuple(await self.scopes())
+            async with self._reader_lock:
+                store = self._rstore
+                if store is None:
+                    raise MemoryIndexError("the memory index is not open")
+                known = self._known_scopes = tuple(await self._r(store.scopes))
         if viewer.operator:
             return tuple(sorted({AGENT_SCOPE, *known}))
         return visible_scopes(viewer, known)

@@ -58,6 +58,8 @@ from tests.gateway.test_telegram_e2e import telegram_settings
 ALICE, BOBBY, CAROL = 5001, 5002, 5003
 _TAG = re.compile(r"\bq[a-z]\d{2}\b")
 
+IDENTIFY_PAUSE = 5.0  # discord.py's wait before re-identifying (before_identify_hook)
+
 
 def tags(texts: Iterable[str]) -> list[str]:
     """Every message tag in ``texts``, in order (e.g. ``qa01``)."""
@@ -377,7 +379,10 @@ async def test_discord_non_resumable_invalid_session_reidentifies(
         await w.answered(other_dm, ["qz01"])
         # Two accounts identified at start; the new session exists once it identified
         # again, so what is sent from here on reaches it (buffered until it reads).
-        await w.fake.wait_until(lambda: len(w.fake.identifies) == 3, LIMIT)
+        # discord.py pauses 5 s before any IDENTIFY but the first (Client.
+        # before_identify_hook): the bound covers that pause plus the usual limit, or a
+        # fast turn above leaves the pause no slack and a loaded machine fails the test.
+        await w.fake.wait_until(lambda: len(w.fake.identifies) == 3, LIMIT + IDENTIFY_PAUSE)
         for text in tagged("a", 3, start=2):
             await w.say(w.ann_dm, text)
         await w.answered(w.ann_dm, ["qa01", "qx99", *tagged("a", 3, start=2)])

@@ -280,3 +280,11 @@ def test_writable_is_the_own_audience_never_the_agent() -> None:
     for viewer in (OPERATOR, Viewer(AGENT)):
         with pytest.raises(AudienceError):
             writable(viewer)
+
+
+def test_only_a_linked_person_or_the_operator_needs_every_known_scope() -> None:
+    alice = Audience.person("test:alice")
+    assert not Viewer(alice, frozenset({"test:alice"})).needs_known_scopes
+    assert Viewer(alice, frozenset({"alice"}), linked=True).needs_known_scopes
+    assert not Viewer(Audience.conversation("test:g1"), linked=True).needs_known_scopes
+    assert Viewer.for_operator().needs_known_scopes

@@ -1040,7 +1040,9 @@ async def test_a_linked_ids_note_is_found_by_the_person(
     layout: Layout, fake: HashingEmbedder
 ) -> None:
     links = {"telegram:42": "alice"}
-    viewer = Viewer(Audience.person("discord:7"), frozenset({"alice"}), lambda i: links.get(i, i))
+    viewer = Viewer(
+        Audience.person("discord:7"), frozenset({"alice"}), lambda i: links.get(i, i), linked=True
+    )
     async with open_index(layout, quiet_settings(), resilient(fake)) as index:
         await index.remember(Audience.person("telegram:42"), "The spare key is in the shed.")
         await index.sync()
