@@ -50,7 +50,7 @@ from core.errors import (
     TranscriptError,
 )
 from core.flush import FlushTarget
-from core.memory.audience import Audience, Viewer
+from core.memory.audience import Audience, Viewer, visible_scopes
 from core.memory.index import MemoryIndex
 from core.memory.notes import NoteError, NoteStore
 from core.memory.recall import Recaller, last_recall
@@ -669,6 +669,17 @@ class Gateway:
             return f"Memory is unavailable: {exc}"
         return MEMORY_USAGE
 
+    async def _memory_scopes(self, viewer: Viewer) -> tuple[str, ...]:
+        """What this turn's recall and memory_search may see. An index that cannot list
+        its scopes costs a linked person the other ids' memory for this turn, nothing more."""
+        if self.memory is None:
+            return ()
+        try:
+            return await self.memory.visible_scopes(viewer)
+        except Exception as exc:  # the driver's errors too: the turn must go on
+            log.warning("memory scopes unavailable, this turn sees its own only: %s", exc)
+            return visible_scopes(viewer)
+
     async def _note_text(
         self, route: SessionRoute, message: InboundMessage, name: str, argument: str
     ) -> str:
@@ -1112,7 +1123,7 @@ class Gateway:
             resume=resume,
             model=record.settings.get("model"),
             chat_type=first.route.chat_type,
-            memory_scopes=await self.memory.visible_scopes(viewer) if self.memory else (),
+            memory_scopes=await self._memory_scopes(viewer),
             memory_viewer=viewer,
         )
         entries_before = transcript.entry_count

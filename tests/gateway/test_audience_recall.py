@@ -7,6 +7,7 @@ deterministic embedder, recall on every turn."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -108,3 +109,22 @@ async def test_remember_and_forget_reach_only_the_own_audience(world: World) -> 
     await sync(gateway)
     await say(gateway, channels["test"], "what is my bike lock code?", sender="bob")
     assert "8817" not in recalled(provider)
+
+
+async def test_an_index_that_cannot_list_its_scopes_costs_the_turn_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, channels, provider = world
+    await say(gateway, channels["test"], LOCKER, sender="alice")
+    await say(gateway, channels["test"], "/new", sender="alice")
+    await sync(gateway)
+
+    async def broken(viewer: object) -> tuple[str, ...]:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    assert gateway.memory is not None
+    monkeypatch.setattr(gateway.memory, "visible_scopes", broken)
+    reply = await say(gateway, channels["test"], "what is my locker code quokka?", sender="alice")
+    assert reply == "echo: what is my locker code quokka?"
+    # Its own audience is still searched: Alice's own transcript comes back.
+    assert "quokka-5521" in recalled(provider)
