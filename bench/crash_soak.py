@@ -19,6 +19,10 @@ the last restart it waits until every message is answered (or nothing moves for
 - answered / lost / answered_twice: replies naming each message, at the fake;
   out_of_order: a reply naming an earlier message of its chat than a reply before it;
   untagged_replies: messages the bot sent that name none (error or "busy" notices);
+  of answered_twice, answered_twice_one_turn_resent: one turn in the transcript, its
+  reply sent again because a kill landed between Telegram accepting it and the delivery
+  being recorded (the Bot API has no idempotency key), and answered_twice_by_two_turns:
+  two replies in the transcripts for one message (the product answering twice);
 - corrupt_transcripts: a transcript that does not open, or has a corrupt line (a
   torn tail from a kill is repaired on load and is not counted);
 - registry_mismatches: a session row whose entry count or last entry id disagrees
@@ -43,6 +47,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,7 @@ from bench.reply_tags import (  # noqa: E402
     anthropic_texts,
     is_flush,
     names_others,
+    replied_to,
     tally,
 )
 from core.memory.store import MemoryStore  # noqa: E402
@@ -196,10 +202,14 @@ def replies(fake: FakeTelegram) -> Tally:
     return tally(sent.visible_text for sent in fake.sent)
 
 
-def check_transcripts(home: Path) -> tuple[int, int, int, dict[str, tuple[int, str | None]]]:
-    """(corrupt, torn tails left, compactions, {session id: (entry count, last id)})."""
+def check_transcripts(
+    home: Path,
+) -> tuple[int, int, int, dict[str, tuple[int, str | None]], Counter[tuple[int, int]]]:
+    """(corrupt, torn tails left, compactions, {session id: (entry count, last id)},
+    turns: how many assistant replies in the transcripts answer each message)."""
     corrupt = torn = compactions = 0
     found: dict[str, tuple[int, str | None]] = {}
+    turns: Counter[tuple[int, int]] = Counter()
     for path in sorted((home / "sessions").glob("*.jsonl")):
         try:
             transcript = Transcript.open(path, read_only=True)
@@ -213,9 +223,13 @@ def check_transcripts(home: Path) -> tuple[int, int, int, dict[str, tuple[int, s
                 corrupt += 1
             torn += report.torn_tail_action != "none"
             compactions += sum(1 for e in entries if e.type == "compaction")
+            for entry in entries:
+                message = entry.message if entry.type == "message" else None
+                if message is not None and message.role == "assistant":
+                    turns.update(replied_to(message.text))
             last = entries[-1].id if entries else None
             found[path.stem] = (transcript.entry_count, last)
-    return corrupt, torn, compactions, found
+    return corrupt, torn, compactions, found, turns
 
 
 def check_registry(home: Path, transcripts: dict[str, tuple[int, str | None]]) -> int:
@@ -298,7 +312,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for body in llm.requests_bodies
                 if not is_summary(body) and not is_flush(anthropic_texts(body))
             )
-        corrupt, torn, compactions, transcripts = check_transcripts(home)
+        corrupt, torn, compactions, transcripts, turns = check_transcripts(home)
         mismatches = check_registry(home, transcripts)
         indexes, index_errors = check_index(home)
         log_tail = (Path(tmp) / "parley.log").read_text(errors="replace")[-3000:]
@@ -311,6 +325,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "answered": len(answered_set),
         "lost": len(plan) - len(answered_set),
         "answered_twice": sum(1 for key in plan if counts[key] > 1),
+        # Of those: one turn (one reply in the transcript) sent again after a kill that
+        # landed between the platform accepting it and the delivery being recorded (no
+        # idempotency key on Telegram), or two turns answering one message (a product bug).
+        "answered_twice_one_turn_resent": sum(
+            1 for key in plan if counts[key] > 1 and turns[key] <= 1
+        ),
+        "answered_twice_by_two_turns": sum(1 for key in plan if turns[key] > 1),
         "out_of_order": sent.out_of_order,
         "untagged_replies": sent.untagged,
         "turns_naming_other_messages": recalling,
