@@ -612,7 +612,8 @@ async function searchMemory(event) {
       el("div", { class: "item-head" },
         el("span", { class: "path", text: `${hit.path}:${hit.start_line}-${hit.end_line}` }),
         el("span", { class: "badge", title: "score", text: Number(hit.score).toFixed(3) }),
-        el("span", { class: "muted small", text: [hit.source, hit.scope].filter(Boolean).join(" · ") })),
+        el("span", { class: "badge audience", title: hit.scope, text: hit.audience || hit.scope }),
+        el("span", { class: "muted small", text: hit.source || "" })),
       el("pre", { text: hit.snippet || "" })));
   box.replaceChildren(head, ...notes, ...hits);
 }

@@ -272,6 +272,11 @@ async def test_memory_status_and_search(
     assert status["enabled"] is True and status["chunks"] > 0  # the search synced first
     assert any("teapot" in hit["snippet"] for hit in found["items"])
     scope = found["items"][0]["scope"]
+    # The operator sees every audience, each hit labelled with whose it is.
+    hit = next(h for h in found["items"] if "teapot" in h["snippet"])
+    assert hit["scope"].startswith("person:") and hit["audience"] == (
+        "person " + hit["scope"].removeprefix("person:")
+    )
     async with client.get(
         "/api/memory/search", params={"q": "teapot", "scope": "person:nobody"}
     ) as r:

@@ -37,6 +37,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 # Generous: the box running the suite may be busy; expect() returns as soon as it holds.
+AUDIENCE_RE = re.compile(r"^(person .+|conversation .+|agent-wide)$")
 TIMEOUT_MS = 15_000
 EXPECTED_NOISE = ("Failed to load resource", "WebSocket connection to")
 TOTAL_RE = re.compile(r"^[\d,]+ / [\d,]+ tokens \(\d+%\)$")
@@ -139,6 +140,9 @@ async def test_inspector_shows_a_session(admin_server: Any, tab: Tab, tmp_path: 
     await expect(page.locator("#memory-results .memory-summary")).to_contain_text(
         "result", timeout=TIMEOUT_MS
     )
+    # Each hit says whose it is (the operator sees every audience, labelled).
+    audience = page.locator("#memory-results .memory-hit .badge.audience").first
+    await expect(audience).to_have_text(AUDIENCE_RE, timeout=TIMEOUT_MS)
     await expect(page.locator("#error-banner")).to_be_hidden()
     await page.screenshot(path=tmp_path / "session.png", full_page=True)
 
