@@ -155,9 +155,9 @@ class MemoryFlusher:
         audience = target.audience_of(transcript.header) if target is not None else None
         if target is None or audience is None or audience.kind == "agent":
             # Nothing the bot writes on its own is agent-wide: no audience, no flush.
-            outcome = FlushOutcome("failed", trigger, reason="the session has no audience")
-            await self._record(transcript, outcome)
-            return outcome
+            skipped = FlushOutcome("failed", trigger, reason="the session has no audience")
+            await self._record(transcript, skipped)
+            return skipped
         relative = target.notes.display(audience, f"{when:%Y-%m-%d}.md")
         request = ProviderRequest(
             model=model,

@@ -218,7 +218,10 @@ async def sessions(state: State) -> list[SessionInfo]:
     if state.postgres:
         headers = await state.pg.run(_pg_headers)
     else:
-        headers = await asyncio.to_thread(_file_headers, state.transcripts)
+        store = state.transcripts
+        # Without PostgreSQL the transcripts are files (gateway.stores builds that store).
+        assert isinstance(store, FileTranscriptStore)
+        headers = await asyncio.to_thread(_file_headers, store)
     names = state.names
     resolve = scope_resolver(names)
     found: list[SessionInfo] = []
