@@ -923,9 +923,17 @@ class MemoryIndex:
         return citation
 
     async def forget_note(self, audience: Audience, needle: str) -> list[Forgotten]:
-        """Remove ``audience``'s note lines that ``needle`` names (text or citation)."""
+        """Remove ``audience``'s note lines that ``needle`` names (text or citation).
+
+        Forgotten means forgotten now: the changed files' rows leave the index before
+        this returns, so no search or recall finds the lines meanwhile; the next sync
+        (asked for here) indexes what is left of those files again. A sync that read a
+        file before the change and writes after it is followed by that next sync."""
         removed = await asyncio.to_thread(self.notes.forget, audience, needle)
         if removed:
+            store = self._store()
+            for forgotten in removed:
+                await self._w(store.delete_file, forgotten.path)
             self.notes_changed()
         return removed
 

@@ -1107,6 +1107,20 @@ async def test_a_forgotten_note_leaves_the_index(layout: Layout, fake: HashingEm
     assert [h.path for h in plumber.hits] == [ALICE_NOTE]
 
 
+async def test_a_forgotten_note_is_gone_before_any_sync(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    alice = Audience.person("alice")
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.remember(alice, "The dentist is on Thursday.")
+        await index.sync()
+        await index.forget_note(alice, "dentist")
+        # No sync between: a search that does not catch up (automatic recall's kind)
+        # must not find the forgotten line.
+        found = await index.search("dentist Thursday", scopes=["person:alice"], catch_up=False)
+    assert not any("dentist" in h.snippet for h in found.hits)
+
+
 async def test_status_lists_only_the_viewers_own_pending_notes(
     layout: Layout, fake: HashingEmbedder
 ) -> None:
