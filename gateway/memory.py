@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.memory.audience import audience_label
 from core.memory.embedders import build_embedder
 from core.memory.index import AsyncResource, MemoryIndex, MemoryStatus, SearchResult
 from core.memory.sources import StoreTranscriptSource
@@ -231,7 +232,9 @@ def format_memory_status(status: MemoryStatus) -> str:
     return "\n".join(lines)
 
 
-def format_search(query: str, result: SearchResult) -> str:
+def format_search(query: str, result: SearchResult, *, audiences: bool = False) -> str:
+    """What ``/memory search`` and ``parley memory search`` print; ``audiences``: label
+    each hit with whose it is (the operator's view of every audience)."""
     if not result.hits:
         head = f'No memory matches "{query}".'
     else:
@@ -242,7 +245,10 @@ def format_search(query: str, result: SearchResult) -> str:
         snippet = hit.snippet.replace("\n", " ⏎ ")
         if len(snippet) > SNIPPET_PREVIEW_CHARS:
             snippet = snippet[: SNIPPET_PREVIEW_CHARS - 1] + "…"
-        lines.append(f"{number}. {hit.citation} · {hit.score:.2f} · {hit.source}\n   {snippet}")
+        whose = f" · {audience_label(hit.scope)}" if audiences else ""
+        lines.append(
+            f"{number}. {hit.citation} · {hit.score:.2f} · {hit.source}{whose}\n   {snippet}"
+        )
     if result.fallback:
         lines.append(f"(keyword-only: {result.fallback})")
     return "\n".join(lines)

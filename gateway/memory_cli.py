@@ -152,7 +152,7 @@ async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
             print(json.dumps(payload, ensure_ascii=False, indent=1))
         else:
             print(f"Searched {searched}")
-            print(format_search(args.query, result))
+            print(format_search(args.query, result, audiences=viewer.operator))
         return EXIT_OK
     finally:
         await index.close()

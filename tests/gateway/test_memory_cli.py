@@ -186,6 +186,10 @@ def test_session_scopes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_all_scopes(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "memory", "index")[0] == 0
+    code, text, _ = run(capsys, "memory", "search", "Pumpernickel laundry basket", "--all")
+    assert code == 0 and text.startswith("Searched every audience")
+    # The operator's view labels each hit with whose it is.
+    assert " · sessions · person test:alice\n" in text
     every = run_json(
         capsys, "memory", "search", "Pumpernickel bassoon", "--all-scopes", "--json",
         "--min-score", "0",
