@@ -430,7 +430,13 @@ class MemoryIndex:
         def discover() -> list[SourceFile]:
             found: list[SourceFile] = []
             if MEMORY_SOURCE in self.settings.sources:
-                found += memory_files(self.workspace, self.settings.extra_paths)
+                # Agent-wide files only: an extra path reaching into the private notes or
+                # task records would make them everyone's.
+                found += [
+                    f
+                    for f in memory_files(self.workspace, self.settings.extra_paths)
+                    if not self._private(f.abs_path)
+                ]
             if SESSIONS_SOURCE in self.settings.sources:
                 found += self.transcripts.transcripts()
             if TASKS_SOURCE in self.settings.sources:
@@ -905,7 +911,8 @@ class MemoryIndex:
             note = self.notes.resolve(path)
             if note is not None:
                 return note.abs_path if may_read(viewer, note.audience.scope) else None
-            return memory_path(path, self.workspace, self.settings.extra_paths)
+            found = memory_path(path, self.workspace, self.settings.extra_paths)
+            return None if found is None or self._private(found) else found
 
         target = await asyncio.to_thread(locate)
         if target is None:
@@ -936,6 +943,12 @@ class MemoryIndex:
                 await self._w(store.delete_file, forgotten.path)
             self.notes_changed()
         return removed
+
+    def _private(self, path: Path) -> bool:
+        """Is ``path`` inside the notes or the task records (blocking: resolves it)?"""
+        real = path.resolve()
+        roots = (self.notes.root, self.task_log.directory)
+        return any(real.is_relative_to(root.resolve()) for root in roots)
 
     def notes_changed(self) -> None:
         """A note was written or removed: sync soon (as a transcript that grew)."""

@@ -1170,3 +1170,18 @@ async def test_secrets_in_transcripts_are_redacted_in_the_index(
     assert not any(raw.search(t) for t in texts)
     assert any(REDACTED in t for t in texts)
     assert not any(raw.search(c) for call in fake.passage_calls for c in call)
+
+
+async def test_an_extra_path_into_the_private_notes_makes_nothing_agent_wide(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    alice = Audience.person("alice")
+    settings = quiet_settings(extra_paths=(layout.db.parent / "notes",))
+    async with open_index(layout, settings, resilient(fake)) as index:
+        await index.remember(alice, "The safe combination is 3-14-15.")
+        await index.sync()
+        everyone = await index.search("safe combination", scopes=["agent"], min_score=0)
+        note = index.notes.folder(alice) / "remembered.md"
+        with pytest.raises(MemoryIndexError):
+            await index.read(str(note), viewer=Viewer(Audience.person("bob")))
+    assert not any("3-14-15" in h.snippet for h in everyone.hits)
