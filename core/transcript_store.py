@@ -12,9 +12,7 @@ Every method here does blocking I/O: call them from a worker thread
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, Self
 
 from core.errors import TranscriptError
+from core.files import atomic_file
 from core.messages import Message, Usage
 from core.transcript import FILE_MODE, Entry, LoadReport, Transcript, TranscriptHeader
 
@@ -196,17 +195,8 @@ def write_jsonl(transcript: SessionTranscript, out: BinaryIO) -> int:
 def write_jsonl_file(transcript: SessionTranscript, target: Path) -> int:
     """``write_jsonl`` into the file ``target`` (mode 0600), replacing it atomically: a
     failed export leaves no half-written file behind."""
-    temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            written = write_jsonl(transcript, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    with atomic_file(target, FILE_MODE) as out:
+        written = write_jsonl(transcript, out)
     return written
 
 

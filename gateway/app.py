@@ -1168,7 +1168,7 @@ class Gateway:
                     entries=result.entries,
                     started_at=started_at,
                     finished_at=self.clock(),
-                    scope=self.audience(first.route, message).scope,
+                    scope=viewer.audience.scope,
                 )
         # The reply is in the transcript (the source of truth): a registry that cannot
         # take the counters must not cost the person their answer.

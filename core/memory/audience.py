@@ -33,8 +33,6 @@ from urllib.parse import quote, unquote
 AudienceKind = Literal["agent", "person", "conversation"]
 
 AGENT_SCOPE = "agent"
-PERSON_PREFIX = "person:"
-CONVERSATION_PREFIX = "conversation:"
 # What ``dm_scope = "main"`` files a direct chat under: one person on many devices.
 MAIN_PERSON = "~main"
 # Scope ids are key segments joined by ":" (lowercase ASCII, ``_ . @ + ~ -``).

@@ -432,10 +432,11 @@ class MemoryIndex:
             if MEMORY_SOURCE in self.settings.sources:
                 # Agent-wide files only: an extra path reaching into the private notes or
                 # task records would make them everyone's.
+                private = self._private_roots()
                 found += [
                     f
                     for f in memory_files(self.workspace, self.settings.extra_paths)
-                    if not self._private(f.abs_path)
+                    if not _inside(f.abs_path, private)
                 ]
             if SESSIONS_SOURCE in self.settings.sources:
                 found += self.transcripts.transcripts()
@@ -912,7 +913,7 @@ class MemoryIndex:
             if note is not None:
                 return note.abs_path if may_read(viewer, note.audience.scope) else None
             found = memory_path(path, self.workspace, self.settings.extra_paths)
-            return None if found is None or self._private(found) else found
+            return None if found is None or _inside(found, self._private_roots()) else found
 
         target = await asyncio.to_thread(locate)
         if target is None:
@@ -944,11 +945,9 @@ class MemoryIndex:
             self.notes_changed()
         return removed
 
-    def _private(self, path: Path) -> bool:
-        """Is ``path`` inside the notes or the task records (blocking: resolves it)?"""
-        real = path.resolve()
-        roots = (self.notes.root, self.task_log.directory)
-        return any(real.is_relative_to(root.resolve()) for root in roots)
+    def _private_roots(self) -> tuple[Path, ...]:
+        """The notes and the task records, resolved (blocking)."""
+        return (self.notes.root.resolve(), self.task_log.directory.resolve())
 
     def notes_changed(self) -> None:
         """A note was written or removed: sync soon (as a transcript that grew)."""
@@ -1062,6 +1061,12 @@ class MemoryIndex:
             return out
 
         return await asyncio.to_thread(changed)
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Is ``path`` (resolved here) under one of the resolved ``roots``?"""
+    real = path.resolve()
+    return any(real.is_relative_to(root) for root in roots)
 
 
 def _made_by(embedder: Embedder, meta: IndexMeta) -> bool:

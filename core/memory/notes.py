@@ -149,7 +149,10 @@ class NoteStore:
         return list(self._walk())
 
     def _files_of(self, audience: Audience) -> list[NoteFile]:
-        return [note for note in self._walk() if note.audience == audience]
+        """The audience's own folder only (no walk over everyone else's)."""
+        if (self.root / audience.kind).is_symlink():
+            return []
+        return list(self._in_folder(self.folder(audience), audience))
 
     def _walk(self) -> Iterator[NoteFile]:
         for kind in ("conversation", "person"):
@@ -162,13 +165,14 @@ class NoteStore:
                 # decodes to it would be cited by search and refused by resolve.
                 if audience is None or audience.folder != f"{kind}/{folder.name}":
                     continue
-                if folder.is_symlink() or not folder.is_dir():
-                    continue
-                for path in sorted(folder.glob("*.md")):
-                    if path.is_file() and not path.is_symlink():
-                        yield NoteFile(
-                            f"{NOTES_SOURCE}/{kind}/{folder.name}/{path.name}", path, audience
-                        )
+                yield from self._in_folder(folder, audience)
+
+    def _in_folder(self, folder: Path, audience: Audience) -> Iterator[NoteFile]:
+        if folder.is_symlink() or not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*.md")):
+            if path.is_file() and not path.is_symlink():
+                yield NoteFile(f"{NOTES_SOURCE}/{audience.folder}/{path.name}", path, audience)
 
     def resolve(self, path: str) -> NoteFile | None:
         """The note a display path names (it need not exist yet), or None when it is not

@@ -6,8 +6,8 @@ default workspace, but an operator may point the workspace at the home itself; a
 private root is then neither readable nor listed, whatever the path. A path is taken
 relative to the workspace and resolved (symlinks followed, ``..`` collapsed) before
 use; anything that lands outside, or any absolute path, is refused with a message
-that says so. All file-system work runs in a worker thread. Their output is bounded here (lines,
-bytes, entries) and capped again by the registry.
+that says so. All file-system work runs in a worker thread. Their output is bounded
+here (lines, bytes, entries) and capped again by the registry.
 """
 
 from __future__ import annotations
@@ -130,16 +130,16 @@ def _read_lines(
     private: Sequence[Path] = (),
 ) -> str:
     try:
-        _refuse_private(resolve_in_workspace(workspace, relative), private, relative)
-        return _read_lines_unguarded(workspace, relative, offset, limit, max_bytes)
+        return _read_lines_unguarded(workspace, relative, offset, limit, max_bytes, private)
     except OSError as exc:  # the reason, without the absolute path the OS puts in
         raise ToolError(f"cannot read {relative}: {exc.strerror or type(exc).__name__}") from exc
 
 
 def _read_lines_unguarded(
-    workspace: Path, relative: str, offset: int, limit: int, max_bytes: int
+    workspace: Path, relative: str, offset: int, limit: int, max_bytes: int, private: Sequence[Path]
 ) -> str:
     target = resolve_in_workspace(workspace, relative)
+    _refuse_private(target, private, relative)
     if not target.exists():
         raise ToolError(f"{relative} does not exist")
     if not target.is_file():
