@@ -92,6 +92,8 @@ def assert_isolated(world: World, elapsed: float) -> None:
         assert world.model.kinds["summary"] > 0, dict(world.model.kinds)
     assert tally.memory_answers > 0 and tally.tool_results > 0, tally.line()
     assert tally.task_records > 0, tally.line()
+    if settings.erase and not PRE_AUDIENCE:  # erasure ran, not skipped
+        assert tally.erasures >= 1, tally.line()
 
 
 @pytest.mark.parametrize("settings", SCENARIOS, ids=lambda s: f"{s.seed}-{s.strategy}")

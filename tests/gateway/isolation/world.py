@@ -738,15 +738,12 @@ def load(home: Path, settings: Settings, **extra: str) -> LoadedConfig:
 def find_eraser() -> Callable[..., Any] | None:
     """``parley people erase`` as a function (``gateway.people.erase_person(loaded,
     person)``), looked up rather than imported so that the suite also runs where it
-    does not exist (the code before audiences): erasure steps are left out there."""
+    does not exist (the code before audiences): erasure steps are left out there, and
+    only there. Anywhere else a missing eraser is an error, never a silent skip."""
     if PRE_AUDIENCE:
         return None
-    try:
-        module = importlib.import_module("gateway.people")
-    except ImportError:
-        return None
-    candidate = getattr(module, "erase_person", None)
-    return candidate if callable(candidate) else None
+    eraser: Callable[..., Any] = importlib.import_module("gateway.people").erase_person
+    return eraser
 
 
 def erased_name(person: str) -> str:
@@ -792,11 +789,10 @@ class World:
         self.gateway: Gateway | None = None
 
     def _notes_root(self) -> Path:
-        try:
-            module = importlib.import_module("gateway.memory")
-            return Path(module.notes_dir(self.loaded))
-        except AttributeError:  # before audiences: no private notes
+        if PRE_AUDIENCE:  # before audiences: no private notes
             return self.loaded.home / "memory" / self.loaded.config.agent.id / "notes"
+        module = importlib.import_module("gateway.memory")
+        return Path(module.notes_dir(self.loaded))
 
     @property
     def tally(self) -> Tally:
