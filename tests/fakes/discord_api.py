@@ -12,12 +12,17 @@ nothing in it (400 50006); unknown channels (404 10003), channels of guilds the 
 not in (403 50001), channels marked with ``forbid`` (403 50013), DMs to users marked
 with ``block_dm`` (403 50007); replies to unknown messages unless
 ``fail_if_not_exists`` is false (400 50035); channels hidden with ``hide_channel`` (403
-50001 on every call, and no events from them). ``GET /channels/{id}/messages`` reads
-the history (every message pushed or sent, edits in place) as Discord does: ``limit``
-1..100 (default 50, else 400 50035), at most one of ``before``/``after`` (``around`` is
-not modelled: 400), newest first in every case (with ``after``: the ``limit`` oldest
-messages after it, newest first), without the gateway-only ``guild_id`` and ``member``
-fields. Every JSON answer has the exact
+50001 on every call, and no events from them). A ``nonce`` must be a string or an
+integer of at most 25 characters (else 400 50035); with ``enforce_nonce: true`` (what
+discord.py sends with every ``nonce=``) a create whose author (the token's bot) already
+made a message with the same nonce in the last 5 minutes of ``fake.clock`` answers that
+message again (200, same JSON) and creates, records and echoes nothing
+(``fake.deduplicated`` counts those); without it nonces are never compared.
+``GET /channels/{id}/messages`` reads the history (every message pushed or sent, edits
+in place) as Discord does: ``limit`` 1..100 (default 50, else 400 50035), at most one
+of ``before``/``after`` (``around`` is not modelled: 400), newest first in every case
+(with ``after``: the ``limit`` oldest messages after it, newest first), without the
+gateway-only ``guild_id`` and ``member`` fields. Every JSON answer has the exact
 ``Content-Type: application/json`` discord.py compares against and rate-limit headers
 that never make it wait. ``rate_limit_next`` answers 429 with ``Via`` (discord.py then
 sleeps ``retry_after`` and retries by itself); ``fail_next`` answers anything;
@@ -63,6 +68,8 @@ GET_MESSAGES = "GET /channels/{channel_id}/messages"
 DEFAULT_HISTORY_LIMIT = 50
 MAX_HISTORY_LIMIT = 100
 MAX_CONTENT_CHARS = 2000
+MAX_NONCE_CHARS = 25
+NONCE_WINDOW_SECONDS = 300.0  # enforce_nonce: "the past few minutes"
 DISCORD_EPOCH_MS = 1_420_070_400_000
 DM_CHANNEL = 1
 GUILD_TEXT = 0
@@ -211,6 +218,23 @@ def _history_query(query: Mapping[str, str]) -> tuple[int, int | None, int | Non
     return limit, anchors.get("before"), anchors.get("after")
 
 
+def _nonce_fields(body: Mapping[str, Any]) -> tuple[str | int | None, bool]:
+    """(nonce, enforce_nonce) of a Create Message body, validated as Discord does."""
+    nonce = body.get("nonce")
+    if nonce is not None:
+        if isinstance(nonce, bool) or not isinstance(nonce, str | int):
+            raise _form_error("nonce", "BASE_TYPE_BAD_TYPE", "Must be a string or integer.")
+        if len(str(nonce)) > MAX_NONCE_CHARS:
+            raise _form_error("nonce", "BASE_TYPE_MAX_LENGTH",
+                              f"Must be {MAX_NONCE_CHARS} or fewer in length.")  # fmt: skip
+    enforce = body.get("enforce_nonce", False)
+    if enforce is None:
+        enforce = False
+    if not isinstance(enforce, bool):
+        raise _form_error("enforce_nonce", "BOOLEAN_TYPE_COERCE", f'Value "{enforce}" is not bool.')
+    return nonce, enforce
+
+
 def _rest_message(message: Mapping[str, Any]) -> Json:
     """A stored message as REST returns it: ``guild_id`` and ``member`` (on the message
     and on each mention) come with gateway events only."""
@@ -255,11 +279,17 @@ class FakeDiscord:
         self.sent: list[SentMessage] = []
         self.typing: list[TypingRecord] = []
         self.requests: list[RecordedRequest] = []
+        # Read for the enforce_nonce window; tests swap in a virtual clock to move time.
+        self.clock: Callable[[], float] = time.monotonic
+        self.deduplicated = 0  # creates answered with an earlier message (enforce_nonce)
         self._bots: dict[str, Bot] = {}
         self._guilds: dict[str, Guild] = {}
         self._channels: dict[str, Channel] = {}
         self._users: dict[str, Json] = {}
         self._messages: dict[str, Json] = {}
+        # (author id, str(nonce)) -> (clock() at creation, the message created), oldest
+        # first; every nonce sent is kept, with or without enforce_nonce.
+        self._nonces: dict[tuple[str, str], tuple[float, Json]] = {}
         self._blocked_users: set[str] = set()
         self._forbidden: set[str] = set()
         self._injections: list[_Injection] = []
@@ -883,7 +913,16 @@ class FakeDiscord:
         files = request.content_type.startswith("multipart/")
         if not content.strip() and not (body.get("embeds") or body.get("sticker_ids") or files):
             raise ApiError(400, "Cannot send an empty message", 50006)
+        nonce, enforce = _nonce_fields(body)
         self._check_can_post(channel)
+        # No await from this lookup until the nonce is recorded below: a concurrent
+        # retry with the same nonce sees either nothing or the finished message.
+        nonce_key = (bot.user["id"], str(nonce)) if nonce is not None else None
+        if enforce and nonce_key is not None:
+            earlier = self._recent_nonce(nonce_key)
+            if earlier is not None:
+                self.deduplicated += 1
+                return _json(200, earlier)
         reference, referenced = self._resolve_reference(channel, body.get("message_reference"))
         message: Json = {
             "id": self.snowflake(), "channel_id": channel.id, "author": bot.user,
@@ -891,7 +930,7 @@ class FakeDiscord:
             "tts": bool(body.get("tts")), "mention_everyone": False, "mentions": [],
             "mention_roles": [], "attachments": [], "embeds": body.get("embeds") or [],
             "pinned": False, "type": _REPLY_TYPE if reference else 0, "flags": 0,
-            "components": [], "sticker_items": [], "nonce": body.get("nonce"),
+            "components": [], "sticker_items": [], "nonce": nonce,
         }  # fmt: skip
         if channel.guild_id:
             message["guild_id"] = channel.guild_id
@@ -899,6 +938,9 @@ class FakeDiscord:
             message["message_reference"] = reference
             message["referenced_message"] = referenced
         self._messages[message["id"]] = message
+        if nonce_key is not None:
+            self._nonces.pop(nonce_key, None)  # re-inserted last: the dict stays time-ordered
+            self._nonces[nonce_key] = (self.clock(), message)
         self.sent.append(SentMessage(
             bot.user["id"], channel.id, content, body.get("message_reference"),
             body.get("allowed_mentions"), message["id"], channel.guild_id, message,
@@ -906,6 +948,17 @@ class FakeDiscord:
         if self.echo_own_messages:
             await self.gateway.dispatch(bot.token, "MESSAGE_CREATE", message)
         return _json(200, message)
+
+    def _recent_nonce(self, key: tuple[str, str]) -> Json | None:
+        """The message this author created with this nonce within the window, if any."""
+        now = self.clock()
+        while self._nonces:
+            oldest = next(iter(self._nonces))
+            if now - self._nonces[oldest][0] < NONCE_WINDOW_SECONDS:
+                break
+            del self._nonces[oldest]
+        found = self._nonces.get(key)
+        return found[1] if found is not None else None
 
     def _resolve_reference(
         self, channel: Channel, requested: Any

@@ -538,3 +538,105 @@ async def test_auto_sharded_client_gets_every_shard(
         assert await fake.request_reconnect(TOKEN, shard=1) == 1
         await fake.wait_until(lambda: len(fake.resumes) == 1)
         assert fake.gateway.sessions[fake.resumes[0].session_id].shard == (1, 2)
+
+
+# -- message nonces ---------------------------------------------------------------------
+
+SHARED_GUILD = "300000000000000002"
+SHARED = "400000000000000003"
+
+
+class VirtualClock:
+    """``fake.clock`` that a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_enforced_nonce_answers_the_first_message_for_five_minutes(
+    fake: FakeDiscord,
+) -> None:
+    clock = VirtualClock()
+    fake.clock = clock
+    async with running() as client:
+        general = client.get_partial_messageable(int(GENERAL))
+        first = await general.send("once", nonce="retry-1")  # discord.py adds enforce_nonce
+        clock.now += 299
+        again = await general.send("once", nonce="retry-1")
+        assert again.id == first.id and again.content == "once" and again.nonce == "retry-1"
+        assert [m.id for m in fake.sent] == [str(first.id)] and fake.deduplicated == 1
+        assert [m["id"] for m in fake.history(GENERAL)] == [str(first.id)]
+        assert [r.status for r in fake.requests if r.route == SEND_MESSAGE] == [200, 200]
+        # One MESSAGE_CREATE only: a message pushed now arrives after any second echo.
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="marker", author=ANN)
+        await client.until(lambda: len(client.from_others()) == 1)
+        assert [m.id for m in client.messages if m.author == client.user] == [first.id]
+
+        clock.now += 2  # 301 s after the first: the nonce is free again
+        later = await general.send("once", nonce="retry-1")
+        assert later.id != first.id and len(fake.sent) == 2
+        assert (await general.send("once", nonce="retry-1")).id == later.id
+        assert len(fake.sent) == 2 and fake.deduplicated == 2
+
+
+async def test_nonces_are_compared_per_author(fake: FakeDiscord) -> None:
+    fake.add_guild(
+        SHARED_GUILD, "Shared", bots=[TOKEN, OTHER_TOKEN], channels=[{"id": SHARED, "name": "s"}]
+    )
+    async with running() as first, running(OTHER_TOKEN) as second:
+        mine = await first.get_partial_messageable(int(SHARED)).send("same", nonce="n-1")
+        theirs = await second.get_partial_messageable(int(SHARED)).send("same", nonce="n-1")
+        assert mine.id != theirs.id
+        assert mine.author.id == int(BOT_ID) and theirs.author.id == int(OTHER_BOT_ID)
+    assert [(m.bot_id, m.id) for m in fake.sent] == [
+        (BOT_ID, str(mine.id)),
+        (OTHER_BOT_ID, str(theirs.id)),
+    ]
+    assert fake.deduplicated == 0
+
+
+async def test_nonces_without_enforce_nonce_are_not_compared(fake: FakeDiscord) -> None:
+    url = f"{fake.api_base}/channels/{GENERAL}/messages"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bot {TOKEN}"}) as http:
+
+        async def create(**fields: Any) -> dict[str, Any]:
+            async with http.post(url, json={"content": "hi", **fields}) as response:
+                assert response.status == 200, await response.text()
+                return await response.json()
+
+        plain = [await create(nonce="n-1"), await create(nonce="n-1", enforce_nonce=False)]
+        assert plain[0]["id"] != plain[1]["id"]
+        assert [m["nonce"] for m in plain] == ["n-1", "n-1"]
+        # Enforced, a nonce sent without enforcement still counts as taken.
+        assert await create(nonce="n-1", enforce_nonce=True) in plain
+        # Integer nonces work the same; the answer is the message as it was created.
+        number = await create(nonce=12345, enforce_nonce=True)
+        assert number["nonce"] == 12345
+        assert await create(nonce=12345, enforce_nonce=True) == number
+    assert len(fake.sent) == 3 and fake.deduplicated == 2
+
+
+async def test_nonce_over_25_characters_is_refused(fake: FakeDiscord) -> None:
+    async with running() as client:
+        general = client.get_partial_messageable(int(GENERAL))
+        with pytest.raises(discord.HTTPException) as too_long:
+            await general.send("hi", nonce="n" * 26)
+        assert too_long.value.status == 400 and too_long.value.code == 50035
+        assert too_long.value.text == "Invalid Form Body\nIn nonce: Must be 25 or fewer in length."
+        await general.send("hi", nonce="n" * 25)
+    url = f"{fake.api_base}/channels/{GENERAL}/messages"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bot {TOKEN}"}) as http:
+        for fields in (
+            {"nonce": 10**25},
+            {"nonce": ["n"]},
+            {"nonce": True},
+            {"nonce": "n", "enforce_nonce": "yes"},
+        ):
+            async with http.post(url, json={"content": "hi", **fields}) as response:
+                assert response.status == 400, fields
+                body = await response.json()
+                assert body["code"] == 50035 and set(body["errors"]) <= set(fields), fields
+    assert len(fake.sent) == 1
