@@ -110,6 +110,12 @@ class OutboundMessage:
     text: str
     thread_id: str | None = None
     reply_to_message_id: str | None = None
+    # Names this reply for the platform's own duplicate check where it has one
+    # (Discord's message nonce): a second send of the same reply, after a crash left
+    # the first one's fate unknown, returns the first message instead of a new one.
+    idempotency_key: str | None = None
+    # Parts of a long reply already out (found by ``reconcile``): send from this one.
+    first_part: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,4 +203,31 @@ class Channel(Protocol):
         ``catch_up(marks: Sequence[SeenMark]) -> None``: called before ``start`` with
         the newest stored message of each recently active conversation, so a platform
         that does not redeliver (Discord) can read back what was sent while the bot
-        was down."""
+        was down.
+
+        A platform without a duplicate check of its own (Telegram) may define the pair
+        that lets a restart tell whether a reply went out before a crash (see
+        ``SendRecovery``): ``send_mark(message) -> str | None``, where the platform's
+        message numbering stands in that chat before a send (the gateway stores it
+        with the reply, before sending), and ``reconcile(message, mark)``."""
+
+
+# Does the gateway hold this platform message id as the delivery of some reply?
+RecordedCheck = Callable[[str], Awaitable[bool]]
+
+
+@runtime_checkable
+class SendRecovery(Protocol):
+    """What a channel that can look for its own earlier messages offers the gateway.
+
+    ``reconcile`` returns the ids of the bot's messages in ``message``'s chat created
+    after ``mark`` that ``recorded`` does not claim for another reply, in order, at
+    most as many as the reply has parts: the parts that went out. None when it cannot
+    tell: then the gateway sends the reply again, since a reply sent twice beats one
+    never sent."""
+
+    def send_mark(self, message: OutboundMessage) -> str | None: ...
+
+    async def reconcile(
+        self, message: OutboundMessage, mark: str, recorded: RecordedCheck
+    ) -> tuple[str, ...] | None: ...

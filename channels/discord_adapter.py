@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -89,6 +90,7 @@ from channels.text import split_message
 logger = logging.getLogger("parley.channels.discord")
 
 MAX_MESSAGE_CHARS = 2000
+NONCE_CHARS = 25
 DEFAULT_READY_TIMEOUT_SECONDS = 30.0
 # on_ready waits this long after the last GUILD_CREATE (discord.py's default is 2 s).
 # Nothing here waits for on_ready, so the value only keeps the library's own bookkeeping
@@ -608,13 +610,15 @@ class DiscordChannel:
         is_dm = account.is_dm(channel_id, channel)
         reference = None if is_dm else _reference(message, channel_id)
         delivered: list[str] = []
-        for index, part in enumerate(parts):
+        for index in range(message.first_part, len(parts)):
+            quote = reference if index == 0 else None
+            nonce = _nonce(message.idempotency_key, index)
             try:
-                sent = await _send_part(channel, part, reference if index == 0 else None)
+                sent = await _send_part(channel, parts[index], quote, nonce)
             except Exception as exc:
                 raise _delivery_error(exc, target, is_dm, delivered) from exc
             delivered.append(str(sent.id))
-        return DeliveryResult(tuple(delivered), len(parts), datetime.now(UTC))
+        return DeliveryResult(tuple(delivered), len(delivered), datetime.now(UTC))
 
     async def typing(
         self, chat_id: str, thread_id: str | None = None, account: str = "default"
@@ -644,11 +648,25 @@ class DiscordChannel:
 
 
 async def _send_part(
-    channel: discord.abc.Messageable, text: str, reference: discord.MessageReference | None
+    channel: discord.abc.Messageable,
+    text: str,
+    reference: discord.MessageReference | None,
+    nonce: str | None,
 ) -> discord.Message:
     if reference is None:
-        return await channel.send(text, allowed_mentions=REPLY_MENTIONS)
-    return await channel.send(text, reference=reference, allowed_mentions=REPLY_MENTIONS)
+        return await channel.send(text, allowed_mentions=REPLY_MENTIONS, nonce=nonce)
+    return await channel.send(
+        text, reference=reference, allowed_mentions=REPLY_MENTIONS, nonce=nonce
+    )
+
+
+def _nonce(key: str | None, part: int) -> str | None:
+    """The nonce of one part of a reply: the same for every send of that reply, so
+    Discord (discord.py sets ``enforce_nonce``) returns the message a crash kept us
+    from recording instead of posting it again. At most 25 characters, Discord's limit."""
+    if key is None:
+        return None
+    return hashlib.sha256(f"{key}#{part}".encode()).hexdigest()[:NONCE_CHARS]
 
 
 def _delivery_error(

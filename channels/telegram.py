@@ -53,16 +53,19 @@ from channels.base import (
     InboundMessage,
     InboundNotStored,
     OutboundMessage,
+    RecordedCheck,
     WebhookRoute,
 )
 from channels.config import TelegramAccountConfig, TelegramConfig
-from channels.telegram_inbound import normalise_update
+from channels.telegram_inbound import normalise_update, parse_message_ref
+from channels.telegram_recovery import Numbering, probe
 from channels.telegram_send import (
     MAX_MESSAGE_UTF16,
     SendSettings,
     Sleep,
     deliver,
     retry_after_seconds,
+    split_reply,
 )
 
 logger = logging.getLogger("parley.channels.telegram")
@@ -212,6 +215,7 @@ class TelegramChannel:
         self._send_settings = SendSettings(config.reply_in_groups, config.max_retry_after_seconds)
         self._accounts: dict[str, _Account] = {}
         self._handler: InboundHandler | None = None
+        self._numbering = Numbering()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -503,7 +507,44 @@ class TelegramChannel:
                 f"telegram: no running account {message.account!r}",
                 retryable=message.account in self._enabled_accounts(),
             )
-        return await deliver(account.bot, message, self._send_settings, self._sleep)
+        try:
+            result = await deliver(account.bot, message, self._send_settings, self._sleep)
+        except DeliveryError as exc:
+            self._observe_sent(message.account, exc.delivered)
+            raise
+        self._observe_sent(message.account, result.platform_message_ids)
+        return result
+
+    def _observe_sent(self, account: str, refs: tuple[str, ...]) -> None:
+        for ref in refs:
+            if (parsed := parse_message_ref(ref)) is not None:
+                self._numbering.observe(account, int(parsed[0]), parsed[1])
+
+    # -- after a crash: did a reply go out? (``channels.telegram_recovery``) -------------
+
+    def send_mark(self, message: OutboundMessage) -> str | None:
+        """The highest message id known in the chat's numbering before this send."""
+        try:
+            chat_id = int(message.chat_id)
+        except ValueError:
+            return None  # "@channel": no numbering known
+        answered = parse_message_ref(message.reply_to_message_id)
+        floor = answered[1] if answered is not None and answered[0] == message.chat_id else 0
+        mark = self._numbering.mark(message.account, chat_id, floor)
+        return None if mark is None else str(mark)
+
+    async def reconcile(
+        self, message: OutboundMessage, mark: str, recorded: RecordedCheck
+    ) -> tuple[str, ...] | None:
+        account = self._accounts.get(message.account)
+        try:
+            chat_id, after = int(message.chat_id), int(mark)
+        except ValueError:
+            return None
+        if account is None:
+            return None
+        parts = len(split_reply(message.text))
+        return await probe(account.bot, chat_id, after, parts, recorded)
 
     async def typing(
         self, chat_id: str, thread_id: str | None = None, account: str = "default"

@@ -78,7 +78,7 @@ class _Delivery:
     def reply_parameters(self) -> ReplyParameters | None:
         # Quoting the triggering message keeps a busy group readable; a private chat
         # has one conversation, so a quote there is only noise.
-        if self.delivered or not self.settings.reply_in_groups:
+        if self.delivered or self.message.first_part or not self.settings.reply_in_groups:
             return None
         ref = parse_message_ref(self.message.reply_to_message_id)
         if ref is None or not str(self.chat_id).startswith("-"):
@@ -154,10 +154,11 @@ def split_reply(text: str) -> list[str]:
 async def deliver(
     bot: Bot, message: OutboundMessage, settings: SendSettings, sleep: Sleep
 ) -> DeliveryResult:
-    parts = split_reply(message.text)
+    every_part = split_reply(message.text)
     delivery = _Delivery(bot, message, settings, sleep)
-    if not parts:
+    if not every_part:
         raise delivery.fail("nothing to send: the reply is empty")
+    parts = every_part[message.first_part :]  # none left: all went out before a crash
     for part in parts:
         await delivery.send_part(part)
     return DeliveryResult(

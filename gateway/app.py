@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import time
@@ -29,6 +30,7 @@ from channels.base import (
     Channel,
     ChannelError,
     DeliveryError,
+    DeliveryResult,
     InboundMessage,
     InboundNotStored,
     OutboundMessage,
@@ -84,7 +86,7 @@ from gateway.commands import (
 from gateway.config import LoadedConfig
 from gateway.errors import ChannelFailure, LaneBusy
 from gateway.http_server import HttpServer
-from gateway.inbox import InboxItem, well_formed
+from gateway.inbox import InboxItem, SentMessages, well_formed
 from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.memory import (
@@ -105,6 +107,7 @@ from gateway.resets import (
     should_reset,
 )
 from gateway.routing import SessionRoute, resolve_session_key
+from gateway.send_recovery import parts_already_sent, send_mark
 from gateway.session_figures import SessionFiguresCache
 from gateway.session_figures import figures as session_figures
 from gateway.storage_errors import storage_failure
@@ -831,10 +834,17 @@ class Gateway:
         try:
             recovered = first.recovered
             if recovered is not None and recovered.status == "replied":
-                record = await self.registry.get(recovered.session_id or "")
+                # Read again: a folded turn's reply answers several items, and the
+                # first of them to come back here delivers it for all.
+                stored = await self.inbox.get(recovered.id)
+                if stored is None or stored.status != "replied":
+                    return
+                ids = sorted({*ids, *stored.reply_for})
+                record = await self.registry.get(stored.session_id or "")
                 if record is not None and await self._delivered_before(record, ids):
                     return
-                await self._deliver(ids, last.message, record, (recovered.reply or [""])[0])
+                text = (stored.reply or [""])[0]
+                await self._deliver(ids, last.message, record, text, resumed=stored)
                 return
             if first.compact_focus is not None:
                 await self._deliver(ids, last.message, *await self._compact(key, first))
@@ -1241,38 +1251,49 @@ class Gateway:
         *,
         final_status: str = "delivered",
         failure: str | None = None,
+        resumed: InboxItem | None = None,
     ) -> None:
         """Store the reply in the inbox, send it, record the result. When state.db
         cannot take the reply the reply is still sent (the transcript holds it and its
         delivery, which recovery checks); nothing after the send raises for storage,
-        so a reply never gets a second, error, message."""
+        so a reply never gets a second, error, message. ``resumed``: the open item of
+        a reply stored before (a restart, a failed send); the parts the platform
+        already has are not sent again (``gateway.send_recovery``)."""
         session_id = record.session_id if record else None
+        channel = self.channels.get(message.channel)
+        outbound = _reply(message, text)
+        # Where the chat's numbering stands before the send, stored with the reply
+        # (an earlier mark is kept: an earlier send of this reply came after it).
+        mark = send_mark(channel, outbound) if channel is not None else None
         await self._bookkeep(
-            "store the reply in the inbox", self.inbox.mark_replied(ids, session_id, [text])
+            "store the reply in the inbox",
+            self.inbox.mark_replied(ids, session_id, [text], send_mark=mark),
         )
         if text.strip() == SILENT_REPLY:
             await self._bookkeep("mark the reply delivered", self.inbox.mark_delivered(ids))
             return
-        channel = self.channels.get(message.channel)
         if channel is None:
             log.warning("no running channel %s: reply kept for later", message.channel)
             return
-        outbound = _reply(message, text)
+        found: tuple[str, ...] = ()
+        if resumed is not None:
+            found = await parts_already_sent(channel, self.inbox, resumed, outbound)
+            outbound = dataclasses.replace(outbound, first_part=len(found))
         error: str | None = None
         result = None
         partial: tuple[str, ...] = ()
         retryable = False
         for attempt in range(DELIVERY_ATTEMPTS):
             try:
-                result = await channel.send(outbound)
+                result = _after_found(found, await channel.send(outbound))
                 break
             except RecipientBlocked as exc:
                 error = f"recipient blocked the bot: {exc}"
-                partial = exc.delivered
+                partial = found + exc.delivered
                 break
             except DeliveryError as exc:
                 error = str(exc)
-                partial = exc.delivered
+                partial = found + exc.delivered
                 retryable = exc.retryable and not partial
                 # Parts already out would be sent twice: only a clean failure is retried.
                 if partial or not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
@@ -1284,6 +1305,10 @@ class Gateway:
             "chat_id": outbound.chat_id,
             "thread_id": outbound.thread_id,
         }
+
+        def sent(platform_ids: tuple[str, ...]) -> SentMessages:
+            return SentMessages(outbound.channel, outbound.account, platform_ids)
+
         if result is None and retryable and final_status == "delivered":
             # The platform is unreachable for now: keep the reply and send it later.
             await self._bookkeep(
@@ -1296,23 +1321,28 @@ class Gateway:
         elif result is None:
             await self._bookkeep(
                 "mark the delivery failed",
-                self.inbox.mark_failed(ids, failure or error or "delivery failed"),
+                self.inbox.mark_failed(ids, failure or error or "delivery failed", sent(partial)),
             )
             log.warning("delivery to %s failed: %s", route, error)
             self.metrics.reply(message.channel, "failed")
             self.metrics.error("delivery_failed")
         elif final_status == "rejected":
             await self._bookkeep(
-                "mark the message rejected", self.inbox.mark_rejected(ids, "queue full")
+                "mark the message rejected",
+                self.inbox.mark_rejected(ids, "queue full", sent(result.platform_message_ids)),
             )
             self.metrics.reply(message.channel, "rejected")
         elif final_status == "failed":  # told why; the message itself was not processed
             await self._bookkeep(
-                "mark the message failed", self.inbox.mark_failed(ids, failure or "failed")
+                "mark the message failed",
+                self.inbox.mark_failed(ids, failure or "failed", sent(result.platform_message_ids)),
             )
             self.metrics.reply(message.channel, "delivered")
         else:
-            await self._bookkeep("mark the reply delivered", self.inbox.mark_delivered(ids))
+            await self._bookkeep(
+                "mark the reply delivered",
+                self.inbox.mark_delivered(ids, sent(result.platform_message_ids)),
+            )
             self.metrics.reply(message.channel, "delivered")
         if record is None:
             return
@@ -1372,7 +1402,8 @@ def _error_kind(exc: Exception) -> str:
 
 
 def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> OutboundMessage:
-    """``text`` back to where ``message`` came from (quoting it unless ``quote`` is off)."""
+    """``text`` back to where ``message`` came from (quoting it unless ``quote`` is off).
+    Its idempotency key is the message's own (the inbox answers each once)."""
     return OutboundMessage(
         channel=message.channel,
         account=message.account,
@@ -1380,7 +1411,16 @@ def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> Outboun
         text=text,
         thread_id=message.thread_id,
         reply_to_message_id=message.message_id if quote else None,
+        idempotency_key=f"{message.channel}:{message.account}:{message.message_id}",
     )
+
+
+def _after_found(found: tuple[str, ...], result: DeliveryResult) -> DeliveryResult:
+    """The delivery of a whole reply: the parts found out already, then those sent now."""
+    if not found:
+        return result
+    ids = found + result.platform_message_ids
+    return dataclasses.replace(result, platform_message_ids=ids, parts=len(ids))
 
 
 def _new_compactions(transcript: SessionTranscript, since: int) -> list[tuple[str, str]]:

@@ -94,6 +94,22 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE sessions ADD COLUMN last_message_ids TEXT;
     """,
+    # 3: knowing what went out (issue 19's send window). With each stored reply, the
+    # channel's send mark and the items it answers together; the platform ids of every
+    # message sent, written with the reply's final status, so a restart can tell the
+    # bot's unrecorded messages (a send a kill cut off from its record) from the rest.
+    """
+    ALTER TABLE inbox ADD COLUMN send_mark TEXT;
+    ALTER TABLE inbox ADD COLUMN reply_for TEXT;
+    CREATE TABLE sent_messages (
+        channel TEXT NOT NULL,
+        account TEXT NOT NULL,
+        platform_message_id TEXT NOT NULL,
+        inbox_id INTEGER NOT NULL,
+        PRIMARY KEY (channel, account, platform_message_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX sent_messages_by_item ON sent_messages (inbox_id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 # Columns a released migration gained after it had shipped (6661068 added

@@ -8,11 +8,19 @@ are final. A platform delivering the same message twice
 hits the unique (channel, account, platform message id) and is answered once.
 After a crash, ``open_items()`` gives back everything recorded but not finished,
 in arrival order, so the gateway can answer it on restart.
+
+Sending: a reply is stored (``mark_replied``) with the items it answers together
+(``reply_for``, a folded turn) and the channel's *send mark* (where the chat's
+message numbering stood before the send), and the platform ids of what went out
+are recorded with the final status in ``sent_messages``. After a crash between a
+send and its record, the mark and those ids let the gateway ask the platform
+whether the reply is already there (``gateway.send_recovery``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import sqlite3
@@ -41,6 +49,18 @@ class InboxItem:
     # backend pid of the replica answerable for it (None: unclaimed).
     session_key: str | None = None
     claimed_by: int | None = None
+    # Stored with the reply: the channel's send mark, and every item the reply answers.
+    send_mark: str | None = None
+    reply_for: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SentMessages:
+    """What went out for a reply: recorded with its final status, in one transaction."""
+
+    channel: str
+    account: str
+    message_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,23 +128,53 @@ class Inbox:
     # Each status change takes every id of a folded turn at once: one round trip.
 
     async def mark_replied(
-        self, item_ids: Sequence[int], session_id: str | None, reply: list[str]
+        self,
+        item_ids: Sequence[int],
+        session_id: str | None,
+        reply: list[str],
+        send_mark: str | None = None,
     ) -> None:
-        await self._db.run(self._set_sync, item_ids, "replied", session_id, json.dumps(reply), None)
+        """Store the reply for ``item_ids`` before it is sent. A send mark already
+        stored is kept: an earlier send of this reply was made after it."""
+        await self._db.run(
+            functools.partial(
+                self._set_sync,
+                item_ids,
+                "replied",
+                session_id=session_id,
+                reply=json.dumps(reply),
+                send_mark=send_mark,
+                reply_for=json.dumps(list(item_ids)),
+            )
+        )
 
-    async def mark_delivered(self, item_ids: Sequence[int]) -> None:
-        await self._db.run(self._set_sync, item_ids, "delivered", None, None, None)
+    async def mark_delivered(
+        self, item_ids: Sequence[int], sent: SentMessages | None = None
+    ) -> None:
+        await self._db.run(functools.partial(self._set_sync, item_ids, "delivered", sent=sent))
 
     async def note_undelivered(self, item_ids: Sequence[int], error: str) -> None:
         """The reply could not be sent yet (the platform was unreachable): the item stays
         open as ``replied``, with the error, so the reply is sent again later."""
-        await self._db.run(self._set_sync, item_ids, "replied", None, None, error)
+        await self._db.run(functools.partial(self._set_sync, item_ids, "replied", error=error))
 
-    async def mark_failed(self, item_ids: Sequence[int], error: str) -> None:
-        await self._db.run(self._set_sync, item_ids, "failed", None, None, error)
+    async def mark_failed(
+        self, item_ids: Sequence[int], error: str, sent: SentMessages | None = None
+    ) -> None:
+        await self._db.run(
+            functools.partial(self._set_sync, item_ids, "failed", error=error, sent=sent)
+        )
 
-    async def mark_rejected(self, item_ids: Sequence[int], reason: str) -> None:
-        await self._db.run(self._set_sync, item_ids, "rejected", None, None, reason)
+    async def mark_rejected(
+        self, item_ids: Sequence[int], reason: str, sent: SentMessages | None = None
+    ) -> None:
+        await self._db.run(
+            functools.partial(self._set_sync, item_ids, "rejected", error=reason, sent=sent)
+        )
+
+    async def is_recorded(self, channel: str, account: str, platform_message_id: str) -> bool:
+        """Is this platform message recorded as (part of) the delivery of some reply?"""
+        return await self._db.run(self._is_recorded_sync, channel, account, platform_message_id)
 
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(self._open_sync, limit)
@@ -165,6 +215,7 @@ class Inbox:
         ]
 
     def _delete_sync(self, item_ids: list[int]) -> int:
+        delete_rows_in(self._db.conn, "sent_messages", "inbox_id", item_ids, DELETE_BATCH)
         return delete_rows_in(self._db.conn, "inbox", "id", item_ids, DELETE_BATCH)
 
     def _record_sync(self, message: InboundMessage) -> RecordResult:
@@ -200,9 +251,13 @@ class Inbox:
         self,
         item_ids: Sequence[int],
         status: str,
-        session_id: str | None,
-        reply: str | None,
-        error: str | None,
+        *,
+        session_id: str | None = None,
+        reply: str | None = None,
+        error: str | None = None,
+        send_mark: str | None = None,
+        reply_for: str | None = None,
+        sent: SentMessages | None = None,
     ) -> None:
         now = datetime.now(UTC).isoformat()
         conn = self._db.conn
@@ -210,14 +265,32 @@ class Inbox:
         try:
             conn.executemany(
                 "UPDATE inbox SET status = ?, session_id = COALESCE(?, session_id),"
-                " reply = COALESCE(?, reply), error = COALESCE(?, error), updated_at = ?"
+                " reply = COALESCE(?, reply), error = COALESCE(?, error), updated_at = ?,"
+                " send_mark = COALESCE(send_mark, ?), reply_for = COALESCE(?, reply_for)"
                 " WHERE id = ?",
-                [(status, session_id, reply, error, now, item_id) for item_id in item_ids],
+                [
+                    (status, session_id, reply, error, now, send_mark, reply_for, item_id)
+                    for item_id in item_ids
+                ],
             )
+            if sent is not None and item_ids:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO sent_messages"
+                    " (channel, account, platform_message_id, inbox_id) VALUES (?, ?, ?, ?)",
+                    [(sent.channel, sent.account, m, item_ids[0]) for m in sent.message_ids],
+                )
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _is_recorded_sync(self, channel: str, account: str, platform_message_id: str) -> bool:
+        row = self._db.conn.execute(
+            "SELECT 1 FROM sent_messages WHERE channel = ? AND account = ?"
+            " AND platform_message_id = ?",
+            (channel, account, platform_message_id),
+        ).fetchone()
+        return row is not None
 
     def _open_sync(self, limit: int) -> list[InboxItem]:
         rows = self._db.conn.execute(
@@ -288,6 +361,8 @@ def item_from_row(row: Mapping[str, Any]) -> InboxItem:
         received_at=datetime.fromisoformat(row["received_at"]),
         session_key=_column(row, "session_key"),
         claimed_by=_column(row, "claimed_by"),
+        send_mark=_column(row, "send_mark"),
+        reply_for=tuple(json.loads(row["reply_for"])) if _column(row, "reply_for") else (),
     )
 
 

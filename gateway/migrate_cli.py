@@ -56,6 +56,7 @@ TABLES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("sessions", ("session_id",), ("text",)),
     ("pairing", ("channel", "sender_id"), ("text", "text")),
     ("inbox", ("id",), ("bigint",)),
+    ("sent_messages", ("channel", "account", "platform_message_id"), ("text", "text", "text")),
 )
 
 

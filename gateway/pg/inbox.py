@@ -14,6 +14,7 @@ who is alive (``pg_stat_activity``): no heartbeat table of our own.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from channels.base import InboundMessage, SeenMark
 from gateway.inbox import (
     InboxItem,
     RecordResult,
+    SentMessages,
     item_from_row,
     message_to_json,
     newest_marks,
@@ -67,23 +69,51 @@ class PgInbox:
     # Each status change takes every id of a folded turn at once: one statement.
 
     async def mark_replied(
-        self, item_ids: Sequence[int], session_id: str | None, reply: list[str]
+        self,
+        item_ids: Sequence[int],
+        session_id: str | None,
+        reply: list[str],
+        send_mark: str | None = None,
     ) -> None:
-        await self._db.run(_set, item_ids, "replied", session_id, json.dumps(reply), None)
+        await self._db.run(
+            functools.partial(
+                _set,
+                status="replied",
+                session_id=session_id,
+                reply=json.dumps(reply),
+                send_mark=send_mark,
+                reply_for=json.dumps(list(item_ids)),
+            ),
+            item_ids,
+        )
 
-    async def mark_delivered(self, item_ids: Sequence[int]) -> None:
-        await self._db.run(_set, item_ids, "delivered", None, None, None)
+    async def mark_delivered(
+        self, item_ids: Sequence[int], sent: SentMessages | None = None
+    ) -> None:
+        await self._db.run(functools.partial(_set, status="delivered", sent=sent), item_ids)
 
     async def note_undelivered(self, item_ids: Sequence[int], error: str) -> None:
         """The reply could not be sent yet (the platform was unreachable): the item stays
         open as ``replied``, with the error, so the reply is sent again later."""
-        await self._db.run(_set, item_ids, "replied", None, None, error)
+        await self._db.run(functools.partial(_set, status="replied", error=error), item_ids)
 
-    async def mark_failed(self, item_ids: Sequence[int], error: str) -> None:
-        await self._db.run(_set, item_ids, "failed", None, None, error)
+    async def mark_failed(
+        self, item_ids: Sequence[int], error: str, sent: SentMessages | None = None
+    ) -> None:
+        await self._db.run(
+            functools.partial(_set, status="failed", error=error, sent=sent), item_ids
+        )
 
-    async def mark_rejected(self, item_ids: Sequence[int], reason: str) -> None:
-        await self._db.run(_set, item_ids, "rejected", None, None, reason)
+    async def mark_rejected(
+        self, item_ids: Sequence[int], reason: str, sent: SentMessages | None = None
+    ) -> None:
+        await self._db.run(
+            functools.partial(_set, status="rejected", error=reason, sent=sent), item_ids
+        )
+
+    async def is_recorded(self, channel: str, account: str, platform_message_id: str) -> bool:
+        """Is this platform message recorded as (part of) the delivery of some reply?"""
+        return await self._db.run(_is_recorded, channel, account, platform_message_id)
 
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(_open, limit)
@@ -153,17 +183,37 @@ def _set(
     conn: Connection,
     item_ids: Sequence[int],
     status: str,
-    session_id: str | None,
-    reply: str | None,
-    error: str | None,
+    *,
+    session_id: str | None = None,
+    reply: str | None = None,
+    error: str | None = None,
+    send_mark: str | None = None,
+    reply_for: str | None = None,
+    sent: SentMessages | None = None,
 ) -> None:
     now = datetime.now(UTC).isoformat()
     conn.execute(
         "UPDATE inbox SET status = %s, session_id = COALESCE(%s, session_id),"
-        " reply = COALESCE(%s, reply), error = COALESCE(%s, error), updated_at = %s"
+        " reply = COALESCE(%s, reply), error = COALESCE(%s, error), updated_at = %s,"
+        " send_mark = COALESCE(send_mark, %s), reply_for = COALESCE(%s, reply_for)"
         " WHERE id = ANY(%s)",
-        (status, session_id, reply, error, now, list(item_ids)),
+        (status, session_id, reply, error, now, send_mark, reply_for, list(item_ids)),
     )
+    if sent is not None and item_ids and sent.message_ids:
+        conn.execute(
+            "INSERT INTO sent_messages (channel, account, platform_message_id, inbox_id)"
+            " SELECT %s, %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
+            (sent.channel, sent.account, list(sent.message_ids), item_ids[0]),
+        )
+
+
+def _is_recorded(conn: Connection, channel: str, account: str, platform_message_id: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 AS found FROM sent_messages WHERE channel = %s AND account = %s"
+        " AND platform_message_id = %s",
+        (channel, account, platform_message_id),
+    ).fetchone()
+    return row is not None
 
 
 def _open(conn: Connection, limit: int) -> list[InboxItem]:
@@ -252,5 +302,6 @@ def _items_from(conn: Connection, channel: str | None, sender_id: str) -> list[i
 def _delete(conn: Connection, item_ids: list[int]) -> int:
     if not item_ids:
         return 0
+    conn.execute("DELETE FROM sent_messages WHERE inbox_id = ANY(%s)", (item_ids,))
     cursor = conn.execute("DELETE FROM inbox WHERE id = ANY(%s)", (item_ids,))
     return cursor.rowcount

@@ -246,6 +246,20 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (name, key)
     );
     """,
+    # 6: knowing what went out (state.db's migration 3): each stored reply's send mark
+    # and the items it answers; the platform ids of every message sent.
+    """
+    ALTER TABLE inbox ADD COLUMN send_mark TEXT;
+    ALTER TABLE inbox ADD COLUMN reply_for TEXT;
+    CREATE TABLE sent_messages (
+        channel TEXT NOT NULL,
+        account TEXT NOT NULL,
+        platform_message_id TEXT NOT NULL,
+        inbox_id BIGINT NOT NULL,
+        PRIMARY KEY (channel, account, platform_message_id)
+    );
+    CREATE INDEX sent_messages_by_item ON sent_messages (inbox_id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,108 @@
+"""After a crash: which parts of a stored reply are already on the platform?
+
+A reply is stored before it is sent and its delivery recorded after. A kill between
+the platform accepting it and that record leaves an open item whose reply may or may
+not be out; sending it again shows it twice, not sending it may lose it. Two ways out,
+by platform:
+
+- Discord checks duplicates itself: every part carries a nonce derived from the item
+  (``OutboundMessage.idempotency_key``), so a second send within a few minutes
+  returns the first message. Nothing to do here.
+- Telegram does not. A channel that can look (``channels.base.SendRecovery``) gets the
+  reply's *send mark* (stored with the reply, before the send) and names the bot's
+  messages in the chat above it; those this gateway recorded for other replies are
+  not ours. What is left is this reply's parts, but only when nothing else could have
+  sent an unrecorded message to that chat: no other item there may be between its
+  stored reply and its record. That is checked before asking (no point otherwise) and
+  again after, followed by a last look at the records: another reply's send that
+  finished meanwhile is then either still open or recorded, and either way seen.
+
+Whenever it cannot tell, the answer is "nothing found" and the reply is sent again:
+a reply twice beats a reply lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from channels.base import Channel, OutboundMessage, SendRecovery
+from gateway.inbox import InboxItem
+
+log = logging.getLogger("parley.gateway.send_recovery")
+
+
+class SentRecords(Protocol):
+    """The inbox as this module reads it (``Inbox`` and ``PgInbox``)."""
+
+    async def open_items(self, limit: int = ...) -> list[InboxItem]: ...
+
+    async def is_recorded(self, channel: str, account: str, platform_message_id: str) -> bool: ...
+
+
+def recovery_of(channel: Channel) -> SendRecovery | None:
+    """The channel's send recovery, when it has one."""
+    return channel if isinstance(channel, SendRecovery) else None
+
+
+def send_mark(channel: Channel, message: OutboundMessage) -> str | None:
+    recovery = recovery_of(channel)
+    return recovery.send_mark(message) if recovery is not None else None
+
+
+async def parts_already_sent(
+    channel: Channel, inbox: SentRecords, item: InboxItem, message: OutboundMessage
+) -> tuple[str, ...]:
+    """The platform ids of the parts of ``item``'s stored reply (``message``) that a
+    send before the crash delivered, in order; empty when none or when unsure."""
+    recovery = recovery_of(channel)
+    if recovery is None or item.send_mark is None:
+        return ()
+    answered = set(item.reply_for) | {item.id}
+    if await _another_reply_open(inbox, item, answered):
+        return ()
+
+    async def recorded(platform_message_id: str) -> bool:
+        return await inbox.is_recorded(message.channel, message.account, platform_message_id)
+
+    try:
+        found = await recovery.reconcile(message, item.send_mark, recorded)
+    except Exception:  # the lookup is a courtesy: a failure means "send it again"
+        log.exception("looking for inbox %s's reply on %s failed", item.id, message.channel)
+        return ()
+    if not found:
+        return ()
+    if await _another_reply_open(inbox, item, answered):
+        return ()
+    for platform_message_id in found:
+        if await recorded(platform_message_id):
+            return ()  # another reply's, recorded while we looked
+    log.info(
+        "inbox %s: %d part(s) of its reply were delivered before the restart (%s)",
+        item.id,
+        len(found),
+        ", ".join(found),
+    )
+    return found
+
+
+async def _another_reply_open(inbox: SentRecords, item: InboxItem, answered: set[int]) -> bool:
+    """Is another reply to the same chat stored but not recorded as sent (so it may
+    have sent a message we cannot tell from ours)?"""
+    target = item.message
+    for other in await inbox.open_items():
+        if other.id in answered or other.status != "replied":
+            continue
+        message = other.message
+        if (message.channel, message.account, message.chat_id) == (
+            target.channel,
+            target.account,
+            target.chat_id,
+        ):
+            log.info(
+                "inbox %s: inbox %s to the same chat is open too; sending the reply again",
+                item.id,
+                other.id,
+            )
+            return True
+    return False
