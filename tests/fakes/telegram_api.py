@@ -7,6 +7,12 @@ blocked users (403), text length after entity parsing (``max_text_length`` count
 ``length_unit``), strict HTML (``telegram_html``), forum threads, reply targets, one
 long poll per bot (409) and no polling while a webhook is set (409).
 
+Message ids are numbered like Telegram's: in private chats and basic groups by the
+receiving account (one counter per bot, shared by all its private chats and groups, so
+a bot sees ids interleave across them); in supergroups and channels by the chat (every
+member sees the same ids). ``editMessageReplyMarkup`` tells the bot's own messages from
+others' and missing ones, as the real service does; successful edits are in ``edits``.
+
 Tests push updates with ``push_message``/``push_update``: they wait for ``getUpdates``
 or, once a webhook is set, are POSTed to it in order; a non-2xx answer keeps the
 update pending until ``redeliver()``. ``fail_next``/``flood`` script errors (a
@@ -45,6 +51,13 @@ POLL_CONFLICT = (
     " is running"
 )
 BLOCKED = "Forbidden: bot was blocked by the user"
+NOT_MODIFIED = (
+    "message is not modified: specified new message content and reply markup are exactly"
+    " the same as a current content and reply markup of the message"
+)
+# Chat types whose messages the chat numbers (the same ids for every member); in the
+# others (private chats, basic groups) each account numbers what it receives.
+CHAT_NUMBERED = frozenset({"supergroup", "channel"})
 DROP = 0  # a _Failure status: the connection is closed, no answer at all
 # What the real server sends when allowed_updates was never given.
 DEFAULT_ALLOWED_UPDATES = frozenset(
@@ -101,6 +114,17 @@ class SentMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkupEdit:
+    """A successful ``editMessageReplyMarkup``."""
+
+    token: str
+    chat_id: int
+    message_id: int
+    reply_markup: dict[str, Any] | None  # None: the keyboard was removed
+    message: dict[str, Any]  # the edited Message object returned
+
+
+@dataclass(frozen=True, slots=True)
 class ChatActionRecord:
     token: str
     chat_id: int
@@ -144,6 +168,8 @@ class _Bot:
     webhook_paused: bool = False  # after a failed delivery, until redeliver()
     webhook_task: asyncio.Task[None] | None = None
     last_webhook_error: str | None = None
+    # Ids of messages in its private chats and basic groups: the account's own counter.
+    next_message_id: int = 1
 
 
 @dataclass(slots=True)
@@ -156,8 +182,11 @@ class _Chat:
     is_forum: bool = False
     bots: set[str] | None = None  # tokens that know this chat; None: every bot
     topics: set[int] = field(default_factory=set)
-    messages: dict[int, dict[str, Any]] = field(default_factory=dict)
-    next_message_id: int = 1
+    # Stored messages by id, per numbering: one map for the whole chat when the chat
+    # numbers its messages (key ""), else one per receiving bot (key: its token), since
+    # two bots' counters give the same ids to different messages.
+    messages: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    next_message_id: int = 1  # used only when the chat numbers its messages
     recent_sends: deque[float] = field(default_factory=deque)
 
     def as_dict(self) -> dict[str, Any]:
@@ -172,9 +201,13 @@ class _Chat:
             data["is_forum"] = True
         return data
 
-    def take_id(self) -> int:
-        value, self.next_message_id = self.next_message_id, self.next_message_id + 1
-        return value
+    @property
+    def numbers_messages(self) -> bool:
+        return self.type in CHAT_NUMBERED
+
+    def messages_of(self, token: str) -> dict[int, dict[str, Any]]:
+        """The messages as ``token``'s bot sees them, by id."""
+        return self.messages.setdefault("" if self.numbers_messages else token, {})
 
 
 class _Signal:
@@ -215,6 +248,7 @@ class FakeTelegram:
         self.clock: Callable[[], float] = time.monotonic
         self.blocked: set[int] = set()
         self.sent: list[SentMessage] = []
+        self.edits: list[MarkupEdit] = []
         self.actions: list[ChatActionRecord] = []
         self.calls: list[ApiCall] = []
         self.webhook_deliveries: list[WebhookDelivery] = []
@@ -237,6 +271,7 @@ class FakeTelegram:
             "getwebhookinfo": self._get_webhook_info,
             "getupdates": self._get_updates,
             "sendmessage": self._send_message,
+            "editmessagereplymarkup": self._edit_message_reply_markup,
             "sendchataction": self._send_chat_action,
         }
 
@@ -509,14 +544,15 @@ class FakeTelegram:
         if sender_username:
             sender["username"] = sender_username
         now = int(time.time())
+        messages = chat.messages_of(token)
         if edit:
-            mid = message_id if message_id is not None else chat.next_message_id - 1
-            original = chat.messages.get(mid, {})
+            # Without an id: the last message in this chat as this bot sees it.
+            mid = message_id if message_id is not None else max(messages, default=0)
+            original = messages.get(mid, {})
             date = int(original.get("date", now))
             message = {"message_id": mid, "date": date, "edit_date": max(now, date + 1)}
         else:
-            mid = message_id if message_id is not None else chat.take_id()
-            chat.next_message_id = max(chat.next_message_id, mid + 1)
+            mid = self._new_message_id(self._bots[token], chat, message_id)
             message = {"message_id": mid, "date": now}
         message.update(chat=chat.as_dict(), **{"from": sender})
         for key, value in (("text", text), ("caption", caption)):
@@ -546,7 +582,7 @@ class FakeTelegram:
         if quote_text is not None:
             message["quote"] = {"text": quote_text, "position": 0}
         message.update(extra or {})
-        chat.messages[mid] = message
+        messages[mid] = message
         return self.push_update(token, {"edited_message" if edit else "message": message})
 
     # -- webhook delivery ------------------------------------------------------------------
@@ -718,6 +754,14 @@ class FakeTelegram:
             raise bad_request("chat not found")
         return chat
 
+    def _new_message_id(self, bot: _Bot, chat: _Chat, explicit: int | None = None) -> int:
+        """The next id from the counter this chat's messages take theirs from (the chat's,
+        or the receiving bot's); an ``explicit`` id moves that counter past it."""
+        owner: _Bot | _Chat = chat if chat.numbers_messages else bot
+        mid = owner.next_message_id if explicit is None else explicit
+        owner.next_message_id = max(owner.next_message_id, mid + 1)
+        return mid
+
     def _thread(self, chat: _Chat, params: dict[str, Any]) -> int | None:
         thread = _int_param(params, "message_thread_id")
         if thread is not None and chat.is_forum and thread not in chat.topics and thread != 1:
@@ -759,10 +803,12 @@ class FakeTelegram:
         thread = self._thread(chat, params)
         reply = _json_param(params, "reply_parameters") or {}
         reply_id = _int_param(reply, "message_id") or _int_param(params, "reply_to_message_id")
-        if reply_id is not None and reply_id not in chat.messages:
+        messages = chat.messages_of(bot.token)
+        if reply_id is not None and reply_id not in messages:
             if not _flag(reply, "allow_sending_without_reply"):
                 raise bad_request("message to be replied not found")
             reply_id = None
+        markup = _inline_markup(params, inline_only=False)
         text = str(params.get("text") or "")
         parse_mode = str(params.get("parse_mode") or "") or None
         visible = self._visible(text, parse_mode)
@@ -772,20 +818,22 @@ class FakeTelegram:
             raise bad_request("message is too long")
         self._flood_check(chat)
         message: dict[str, Any] = {
-            "message_id": chat.take_id(), "date": int(time.time()), "chat": chat.as_dict(),
-            "from": bot.user, "text": visible,
+            "message_id": self._new_message_id(bot, chat), "date": int(time.time()),
+            "chat": chat.as_dict(), "from": bot.user, "text": visible,
         }  # fmt: skip
         if thread is not None:
             message["message_thread_id"] = thread
             if chat.is_forum:
                 message["is_topic_message"] = True
         if reply_id is not None:
-            original = chat.messages[reply_id]
+            original = messages[reply_id]
             message["reply_to_message"] = {
                 k: original[k] for k in ("message_id", "date", "chat", "from", "text")
                 if k in original
             }  # fmt: skip
-        chat.messages[message["message_id"]] = message
+        if markup is not None:
+            message["reply_markup"] = markup
+        messages[message["message_id"]] = message
         record = SentMessage(
             token=bot.token, bot_username=bot.user["username"], chat_id=chat.id, text=text,
             visible_text=visible, parse_mode=parse_mode, message_thread_id=thread,
@@ -794,6 +842,30 @@ class FakeTelegram:
         self.sent.append(record)
         self._signal.pulse()
         return message
+
+    async def _edit_message_reply_markup(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        mid = _int_param(params, "message_id")
+        if not mid:  # absent, or 0: what the real server reads as absent
+            raise bad_request("message identifier is not specified")
+        chat = self._chat_for(bot, params)
+        if chat.id in self.blocked:
+            raise ApiError(403, BLOCKED)
+        markup = _inline_markup(params, inline_only=True)
+        messages = chat.messages_of(bot.token)
+        original = messages.get(mid)
+        if original is None:
+            raise bad_request("message to edit not found")
+        if (original.get("from") or {}).get("id") != bot.user["id"]:
+            raise bad_request("message can't be edited")
+        if original.get("reply_markup") == markup:
+            raise bad_request(NOT_MODIFIED)
+        edited = {k: v for k, v in original.items() if k != "reply_markup"}
+        if markup is not None:
+            edited["reply_markup"] = markup
+        messages[mid] = edited
+        self.edits.append(MarkupEdit(bot.token, chat.id, mid, markup, edited))
+        self._signal.pulse()
+        return edited
 
     async def _send_chat_action(self, bot: _Bot, params: dict[str, Any]) -> Any:
         chat = self._chat_for(bot, params)
@@ -855,6 +927,26 @@ def _int_param(params: dict[str, Any], key: str) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         raise bad_request(f"field {key!r} must be an integer") from None
+
+
+def _inline_markup(params: dict[str, Any], *, inline_only: bool) -> dict[str, Any] | None:
+    """The inline keyboard in ``reply_markup`` (None: none, or an empty one). Messages
+    keep only inline keyboards; edits take nothing else (``inline_only``)."""
+    markup = _json_param(params, "reply_markup")
+    if not markup:
+        return None
+    if not isinstance(markup, dict):
+        raise bad_request("can't parse reply keyboard markup JSON object")
+    keyboard = markup.get("inline_keyboard")
+    if keyboard is None:
+        if inline_only:
+            raise bad_request("inline keyboard expected")
+        return None  # a reply keyboard: shown by the client, not part of the message
+    if not isinstance(keyboard, list) or not all(isinstance(row, list) for row in keyboard):
+        raise bad_request('field "inline_keyboard" of the InlineKeyboardMarkup must be an Array')
+    if not any(keyboard):
+        return None
+    return {"inline_keyboard": keyboard}
 
 
 def _json_param(params: dict[str, Any], key: str) -> Any:

@@ -14,7 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from telegram import Bot, ReplyParameters
+from telegram import (
+    Bot,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    ReplyKeyboardMarkup,
+    ReplyParameters,
+)
 from telegram.constants import ParseMode
 from telegram.error import (
     BadRequest,
@@ -27,7 +33,7 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
-from tests.fakes.telegram_api import FakeTelegram, auto_entities
+from tests.fakes.telegram_api import NOT_MODIFIED, FakeTelegram, auto_entities
 from tests.fakes.telegram_html import EntityParseError, visible_text
 
 TOKEN = "111:AAA"
@@ -342,3 +348,182 @@ async def test_bots_do_not_share_chats(fake: FakeTelegram) -> None:
     async with make_bot(fake, OTHER_TOKEN) as other:
         with pytest.raises(BadRequest, match="Chat not found"):
             await other.send_message(42, "hello")
+
+
+def mid_of(update: dict[str, Any]) -> int:
+    return int(next(v for k, v in update.items() if k != "update_id")["message_id"])
+
+
+async def test_private_and_group_ids_come_from_each_bots_own_counter(fake: FakeTelegram) -> None:
+    fake.add_bot(OTHER_TOKEN, "other_bot", bot_id=222)
+    async with make_bot(fake) as one, make_bot(fake, OTHER_TOKEN) as two:
+        # One bot: its private chats and basic groups share its counter.
+        assert mid_of(fake.push_message(TOKEN, chat_id=42, text="a")) == 1
+        assert mid_of(fake.push_message(TOKEN, chat_id=43, text="b")) == 2
+        assert (await one.send_message(42, "to a")).message_id == 3
+        group = fake.push_message(TOKEN, chat_id=-5, chat_type="group", text="c")
+        assert mid_of(group) == 4
+        assert (await one.send_message(-5, "to c")).message_id == 5
+        # Another bot has a counter of its own, in the same user's chat too.
+        assert mid_of(fake.push_message(OTHER_TOKEN, chat_id=42, text="d")) == 1
+        assert (await two.send_message(42, "to d")).message_id == 2
+        assert (await one.send_message(43, "to b")).message_id == 6
+        # An explicit id moves the bot's counter past it, in all its chats.
+        assert mid_of(fake.push_message(TOKEN, chat_id=43, text="e", message_id=20)) == 20
+        assert (await one.send_message(42, "next")).message_id == 21
+        assert mid_of(fake.push_message(OTHER_TOKEN, chat_id=42, text="f")) == 3
+        # Each bot finds its own messages by id: the same id is a different message.
+        quoted = await one.send_message(42, "q", reply_parameters=ReplyParameters(3))
+        assert quoted.reply_to_message is not None
+        assert quoted.reply_to_message.text == "to a"
+        with pytest.raises(BadRequest, match="Message to be replied not found"):
+            await two.send_message(42, "q", reply_parameters=ReplyParameters(21))
+        # An edit without an id edits the last message of that chat as the bot sees it.
+        edit = fake.push_message(TOKEN, chat_id=43, text="e!", edit=True)
+        assert mid_of(edit) == 20
+        other_edit = fake.push_message(OTHER_TOKEN, chat_id=42, text="f!", edit=True)
+        assert mid_of(other_edit) == 3
+
+
+async def test_supergroup_and_channel_ids_belong_to_the_chat(fake: FakeTelegram) -> None:
+    fake.add_bot(OTHER_TOKEN, "other_bot", bot_id=222)
+    fake.add_chat(-1001, "supergroup")  # known to every bot: both are members
+    async with make_bot(fake) as one, make_bot(fake, OTHER_TOKEN) as two:
+        assert mid_of(fake.push_message(TOKEN, chat_id=-1001, chat_type="supergroup")) == 1
+        assert mid_of(fake.push_message(TOKEN, chat_id=-1002, chat_type="supergroup")) == 1
+        assert (await one.send_message(-1001, "one")).message_id == 2
+        # Every member sees the same ids: the other bot's send is the chat's next.
+        sent = await two.send_message(-1001, "two", reply_parameters=ReplyParameters(2))
+        assert sent.message_id == 3
+        assert sent.reply_to_message is not None and sent.reply_to_message.text == "one"
+        assert (await one.send_message(-1002, "three")).message_id == 2
+        fake.add_chat(-1003, "channel")
+        assert (await one.send_message(-1003, "news")).message_id == 1
+        # None of this touched the bot's own counter for private chats.
+        assert mid_of(fake.push_message(TOKEN, chat_id=42, text="hi")) == 1
+        # Explicit ids move the chat's counter, not the bot's.
+        fake.push_message(TOKEN, chat_id=-1001, chat_type="supergroup", message_id=50)
+        assert (await two.send_message(-1001, "after")).message_id == 51
+        assert (await one.send_message(42, "hello")).message_id == 2
+
+
+def keyboard(*labels: str) -> InlineKeyboardMarkup:
+    return InlineKeyboardMarkup([[InlineKeyboardButton(x, callback_data=x) for x in labels]])
+
+
+async def test_edit_reply_markup_outcomes(fake: FakeTelegram, bot: Bot) -> None:
+    user = fake.push_message(TOKEN, chat_id=42, text="hi")
+    own = await bot.send_message(42, "hello")
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(chat_id=42)
+    assert caught.value.message == "Message identifier is not specified"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(chat_id=7, message_id=own.message_id)
+    assert caught.value.message == "Chat not found"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(chat_id=42, message_id=99)
+    assert caught.value.message == "Message to edit not found"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(chat_id=42, message_id=mid_of(user))
+    assert caught.value.message == "Message can't be edited"
+    # No markup asked for, none there: nothing to change.
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(chat_id=42, message_id=own.message_id)
+    assert caught.value.message == NOT_MODIFIED.capitalize()
+    assert caught.value.message.startswith("Message is not modified: specified new message")
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(
+            chat_id=42, message_id=own.message_id,
+            reply_markup=ReplyKeyboardMarkup([["a"]]),  # type: ignore[arg-type]
+        )  # fmt: skip
+    assert caught.value.message == "Inline keyboard expected"
+    assert fake.edits == []
+
+    # Setting a keyboard: the message returned carries it, and the fake keeps it.
+    edited = await bot.edit_message_reply_markup(
+        chat_id=42, message_id=own.message_id, reply_markup=keyboard("yes", "no")
+    )
+    assert not isinstance(edited, bool)
+    assert edited.message_id == own.message_id and edited.text == "hello"
+    assert edited.reply_markup == keyboard("yes", "no")
+    [record] = fake.edits
+    assert (record.token, record.chat_id, record.message_id) == (TOKEN, 42, own.message_id)
+    assert record.reply_markup == keyboard("yes", "no").to_dict()
+    assert record.message["reply_markup"] == record.reply_markup
+    with pytest.raises(BadRequest, match="Message is not modified"):
+        await bot.edit_message_reply_markup(
+            chat_id=42, message_id=own.message_id, reply_markup=keyboard("yes", "no")
+        )
+    changed = await bot.edit_message_reply_markup(
+        chat_id=42, message_id=own.message_id, reply_markup=keyboard("maybe")
+    )
+    assert not isinstance(changed, bool) and changed.reply_markup == keyboard("maybe")
+    # Removing it (no markup given); then there is nothing left to remove.
+    removed = await bot.edit_message_reply_markup(chat_id=42, message_id=own.message_id)
+    assert not isinstance(removed, bool) and removed.reply_markup is None
+    assert "reply_markup" not in fake.edits[-1].message
+    assert fake.edits[-1].reply_markup is None
+    with pytest.raises(BadRequest, match="Message is not modified"):
+        await bot.edit_message_reply_markup(chat_id=42, message_id=own.message_id)
+    assert len(fake.edits) == 3
+    # What sendMessage returned then is not rewritten by later edits.
+    assert "reply_markup" not in fake.sent[0].message
+
+
+async def test_edit_reply_markup_of_a_message_sent_with_one(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(-1001, "supergroup")
+    sent = await bot.send_message(-1001, "pick", reply_markup=keyboard("a", "b"))
+    assert sent.reply_markup == keyboard("a", "b")
+    with pytest.raises(BadRequest, match="Message is not modified"):
+        await bot.edit_message_reply_markup(-1001, sent.message_id, reply_markup=keyboard("a", "b"))
+    # A reply keyboard is not part of the message: nothing of it to edit.
+    plain = await bot.send_message(-1001, "type", reply_markup=ReplyKeyboardMarkup([["x"]]))
+    assert plain.reply_markup is None
+    with pytest.raises(BadRequest, match="Message is not modified"):
+        await bot.edit_message_reply_markup(-1001, plain.message_id)
+    removed = await bot.edit_message_reply_markup(-1001, sent.message_id)
+    assert not isinstance(removed, bool) and removed.reply_markup is None
+
+
+async def test_edit_reply_markup_sees_only_the_bots_own_numbering(fake: FakeTelegram) -> None:
+    fake.add_bot(OTHER_TOKEN, "other_bot", bot_id=222)
+    async with make_bot(fake) as one, make_bot(fake, OTHER_TOKEN) as two:
+        fake.push_message(TOKEN, chat_id=42, text="to one")  # id 1 for bot one
+        fake.push_message(OTHER_TOKEN, chat_id=42, text="to two")  # id 1 for bot two
+        mine = await one.send_message(42, "from one")  # id 2 for bot one
+        assert mine.message_id == 2
+        # Id 2 means nothing yet in the other bot's numbering...
+        with pytest.raises(BadRequest) as caught:
+            await two.edit_message_reply_markup(42, 2, reply_markup=keyboard("x"))
+        assert caught.value.message == "Message to edit not found"
+        # ...and once it does, it is the other bot's own message, not bot one's.
+        theirs = await two.send_message(42, "from two")
+        assert theirs.message_id == 2
+        await two.edit_message_reply_markup(42, 2, reply_markup=keyboard("x"))
+        with pytest.raises(BadRequest, match="Message is not modified"):
+            await one.edit_message_reply_markup(42, 2)  # its own, still without keyboard
+        # The same id-1 message is the user's in both numberings.
+        for client in (one, two):
+            with pytest.raises(BadRequest, match="Message can't be edited"):
+                await client.edit_message_reply_markup(42, 1)
+        assert [(e.token, e.message["text"]) for e in fake.edits] == [(OTHER_TOKEN, "from two")]
+
+
+async def test_edit_reply_markup_blocked_and_scripted_failures(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    fake.add_chat(42)
+    own = await bot.send_message(42, "hello")
+    fake.fail_next("editMessageReplyMarkup", 400, "Bad Request: message to edit not found")
+    with pytest.raises(BadRequest, match="Message to edit not found"):
+        await bot.edit_message_reply_markup(42, own.message_id, reply_markup=keyboard("a"))
+    fake.flood("editMessageReplyMarkup", 2)
+    with pytest.raises(RetryAfter):
+        await bot.edit_message_reply_markup(42, own.message_id, reply_markup=keyboard("a"))
+    assert fake.edits == []
+    fake.block(42)
+    with pytest.raises(Forbidden, match="blocked by the user"):
+        await bot.edit_message_reply_markup(42, own.message_id, reply_markup=keyboard("a"))
+    fake.unblock(42)
+    await bot.edit_message_reply_markup(42, own.message_id, reply_markup=keyboard("a"))
+    assert len(fake.edits) == 1
