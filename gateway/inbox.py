@@ -34,6 +34,9 @@ from gateway.db import Database, delete_rows_in
 from gateway.routing import normalise_channel, normalise_peer_id
 
 OPEN_STATES = ("received", "replied")
+# The send mark of a reply whose chat had several replies in doubt at once: a message
+# found there could be any one's, so this reply is never looked for, only resent.
+UNKNOWN_SEND_MARK = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,10 @@ class Inbox:
         """Is this platform message recorded as (part of) the delivery of some reply?"""
         return await self._db.run(self._is_recorded_sync, channel, account, platform_message_id)
 
+    async def forget_send_marks(self, item_ids: Sequence[int]) -> None:
+        """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
+        await self._db.run(self._forget_marks_sync, list(item_ids))
+
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(self._open_sync, limit)
 
@@ -283,6 +290,12 @@ class Inbox:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _forget_marks_sync(self, item_ids: list[int]) -> None:
+        self._db.conn.executemany(
+            "UPDATE inbox SET send_mark = ? WHERE id = ?",
+            [(UNKNOWN_SEND_MARK, item_id) for item_id in item_ids],
+        )
 
     def _is_recorded_sync(self, channel: str, account: str, platform_message_id: str) -> bool:
         row = self._db.conn.execute(

@@ -24,10 +24,11 @@ a reply twice beats a reply lost.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
 from channels.base import Channel, OutboundMessage, SendRecovery
-from gateway.inbox import InboxItem
+from gateway.inbox import UNKNOWN_SEND_MARK, InboxItem
 
 log = logging.getLogger("parley.gateway.send_recovery")
 
@@ -38,6 +39,8 @@ class SentRecords(Protocol):
     async def open_items(self, limit: int = ...) -> list[InboxItem]: ...
 
     async def is_recorded(self, channel: str, account: str, platform_message_id: str) -> bool: ...
+
+    async def forget_send_marks(self, item_ids: Sequence[int]) -> None: ...
 
 
 def recovery_of(channel: Channel) -> SendRecovery | None:
@@ -56,10 +59,11 @@ async def parts_already_sent(
     """The platform ids of the parts of ``item``'s stored reply (``message``) that a
     send before the crash delivered, in order; empty when none or when unsure."""
     recovery = recovery_of(channel)
-    if recovery is None or item.send_mark is None:
+    if recovery is None or item.send_mark in (None, UNKNOWN_SEND_MARK):
         return ()
+    assert item.send_mark is not None
     answered = set(item.reply_for) | {item.id}
-    if await _another_reply_open(inbox, item, answered):
+    if await _doubt_shared(inbox, item, answered):
         return ()
 
     async def recorded(platform_message_id: str) -> bool:
@@ -72,11 +76,13 @@ async def parts_already_sent(
         return ()
     if not found:
         return ()
-    if await _another_reply_open(inbox, item, answered):
+    if await _doubt_shared(inbox, item, answered):
         return ()
     for platform_message_id in found:
         if await recorded(platform_message_id):
-            return ()  # another reply's, recorded while we looked
+            # Another reply's, recorded while we looked: what else is here is unclear.
+            await inbox.forget_send_marks(sorted(answered))
+            return ()
     log.info(
         "inbox %s: %d part(s) of its reply were delivered before the restart (%s)",
         item.id,
@@ -86,23 +92,27 @@ async def parts_already_sent(
     return found
 
 
-async def _another_reply_open(inbox: SentRecords, item: InboxItem, answered: set[int]) -> bool:
+async def _doubt_shared(inbox: SentRecords, item: InboxItem, answered: set[int]) -> bool:
     """Is another reply to the same chat stored but not recorded as sent (so it may
-    have sent a message we cannot tell from ours)?"""
+    have sent a message we cannot tell from ours)? Then none of them is looked for,
+    now or after a later crash: each one's mark is forgotten, and each is resent. (A
+    reply resent leaves its first message, if there was one, unrecorded in the chat:
+    the next to look would take it for its own.)"""
     target = item.message
-    for other in await inbox.open_items():
-        if other.id in answered or other.status != "replied":
-            continue
-        message = other.message
-        if (message.channel, message.account, message.chat_id) == (
-            target.channel,
-            target.account,
-            target.chat_id,
-        ):
-            log.info(
-                "inbox %s: inbox %s to the same chat is open too; sending the reply again",
-                item.id,
-                other.id,
-            )
-            return True
-    return False
+    others = [
+        other.id
+        for other in await inbox.open_items()
+        if other.id not in answered
+        and other.status == "replied"
+        and (other.message.channel, other.message.account, other.message.chat_id)
+        == (target.channel, target.account, target.chat_id)
+    ]
+    if not others:
+        return False
+    log.info(
+        "inbox %s: %s to the same chat open too; sending each reply again",
+        item.id,
+        ", ".join(f"inbox {other}" for other in others),
+    )
+    await inbox.forget_send_marks(sorted({*answered, *others}))
+    return True

@@ -22,6 +22,7 @@ from typing import Any
 
 from channels.base import InboundMessage, SeenMark
 from gateway.inbox import (
+    UNKNOWN_SEND_MARK,
     InboxItem,
     RecordResult,
     SentMessages,
@@ -115,6 +116,10 @@ class PgInbox:
         """Is this platform message recorded as (part of) the delivery of some reply?"""
         return await self._db.run(_is_recorded, channel, account, platform_message_id)
 
+    async def forget_send_marks(self, item_ids: Sequence[int]) -> None:
+        """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
+        await self._db.run(_forget_marks, list(item_ids))
+
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(_open, limit)
 
@@ -205,6 +210,12 @@ def _set(
             " SELECT %s, %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
             (sent.channel, sent.account, list(sent.message_ids), item_ids[0]),
         )
+
+
+def _forget_marks(conn: Connection, item_ids: list[int]) -> None:
+    conn.execute(
+        "UPDATE inbox SET send_mark = %s WHERE id = ANY(%s)", (UNKNOWN_SEND_MARK, item_ids)
+    )
 
 
 def _is_recorded(conn: Connection, channel: str, account: str, platform_message_id: str) -> bool:

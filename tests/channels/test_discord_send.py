@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -245,3 +246,30 @@ def test_policy_per_guild_and_per_channel() -> None:
     assert policy("direct", "5") == ChatPolicy(
         activation="always", dm_policy="allowlist", allow_from=frozenset({"42"})
     )
+
+
+async def test_the_same_reply_sent_again_is_the_same_messages(fake: FakeDiscord) -> None:
+    """A restart that cannot tell whether a reply went out sends it again: with the
+    reply's idempotency key every part carries the same nonce, and Discord hands back
+    the messages it already has instead of posting them twice."""
+    text = "\n\n".join(f"paragraph {n} " + "word " * 60 for n in range(12))
+    async with running(fake) as (channel, inbox):
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="long one", author=ANN)
+        [asked] = await inbox.wait(1)
+        outbound = dataclasses.replace(reply(asked, text), idempotency_key="discord:default:1")
+        first = await channel.send(outbound)
+        again = await channel.send(outbound)
+        assert first.parts >= 2
+        assert again.platform_message_ids == first.platform_message_ids
+        assert len(fake.sent) == first.parts
+        assert fake.deduplicated == first.parts
+        # The parts a crash let out are not sent again; the rest keep their nonces.
+        rest = await channel.send(dataclasses.replace(outbound, first_part=1))
+        assert rest.platform_message_ids == first.platform_message_ids[1:]
+        assert len(fake.sent) == first.parts
+        # Another reply (another key) is a new message, and so is one with no key.
+        other = dataclasses.replace(outbound, idempotency_key="discord:default:2", text="hi")
+        await channel.send(other)
+        await channel.send(dataclasses.replace(other, idempotency_key=None))
+        await channel.send(dataclasses.replace(other, idempotency_key=None))
+    assert len(fake.sent) == first.parts + 3

@@ -15,7 +15,7 @@ from channels.base import InboundMessage, SeenMark
 from core.messages import Usage
 from gateway.db import SCHEMA_VERSION, Database
 from gateway.errors import PairingError, SchemaTooNewError
-from gateway.inbox import well_formed
+from gateway.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
 from gateway.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, format_code
 from gateway.registry import SessionOrigin, SessionRegistry
 from tests.gateway.state_backends import StateBackend, state, state_location
@@ -152,6 +152,37 @@ async def test_inbox_dedupes_and_tracks_state(state: StateBackend) -> None:
     await inbox.mark_failed([other.item.id], "blocked")
     assert await inbox.open_items() == []
     assert await inbox.counts() == {"delivered": 1, "failed": 1}
+
+
+async def test_inbox_keeps_the_send_mark_the_fold_and_what_went_out(
+    state: StateBackend,
+) -> None:
+    inbox = state.inbox
+    one = (await inbox.record(message("51"))).item
+    two = (await inbox.record(message("52"))).item
+    await inbox.mark_replied([one.id, two.id], "sid", ["both"], send_mark="17")
+    stored = await inbox.get(two.id)
+    assert stored is not None
+    assert stored.send_mark == "17" and stored.reply_for == (one.id, two.id)
+    # A second store of the reply (a resend) keeps the first mark: that send came after it.
+    await inbox.mark_replied([one.id, two.id], "sid", ["both"], send_mark="30")
+    assert (await inbox.get(one.id)).send_mark == "17"  # type: ignore[union-attr]
+    assert not await inbox.is_recorded("test", "default", "chat:18")
+    sent = SentMessages("test", "default", ("chat:18", "chat:19"))
+    await inbox.mark_delivered([one.id, two.id], sent)
+    assert await inbox.is_recorded("test", "default", "chat:18")
+    assert await inbox.is_recorded("test", "default", "chat:19")
+    assert not await inbox.is_recorded("test", "second", "chat:18")  # another account
+    assert not await inbox.is_recorded("other", "default", "chat:18")
+    # Doubt: the mark is forgotten for good.
+    three = (await inbox.record(message("53"))).item
+    await inbox.mark_replied([three.id], "sid", ["x"], send_mark="40")
+    await inbox.forget_send_marks([three.id])
+    await inbox.mark_replied([three.id], "sid", ["x"], send_mark="41")
+    assert (await inbox.get(three.id)).send_mark == UNKNOWN_SEND_MARK  # type: ignore[union-attr]
+    # Erasing the items takes their sent records with them.
+    assert await inbox.delete_items([one.id, two.id]) == 2
+    assert not await inbox.is_recorded("test", "default", "chat:18")
 
 
 async def test_inbox_survives_reopen(state: StateBackend) -> None:

@@ -1,0 +1,193 @@
+"""After a crash, did a reply go out? The numbering behind the send mark, and the probe
+through the real TelegramChannel against the fake Bot API (whose ids follow Telegram:
+one counter per bot for private chats and basic groups, one per supergroup)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+
+from channels.base import OutboundMessage
+from channels.telegram import TelegramChannel
+from channels.telegram_recovery import PROBE_IDS, Numbering, shares_bot_numbering
+from tests.channels.telegram_helpers import (
+    TOKEN,
+    Inbox,
+    Sleeps,
+    fake_telegram,
+    loopback_only,
+    running_channel,
+)
+from tests.fakes.telegram_api import FakeTelegram
+
+ALICE, BOB = 42, 43
+GROUP = -1001234567890
+
+
+@pytest.fixture(autouse=True)
+def _loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    loopback_only(monkeypatch)
+
+
+# -- the numbering ------------------------------------------------------------------
+
+
+def test_private_chats_and_basic_groups_share_the_bots_counter() -> None:
+    assert shares_bot_numbering(ALICE)
+    assert shares_bot_numbering(-123456)  # a basic group
+    assert not shares_bot_numbering(GROUP)  # a supergroup: its own counter
+    assert not shares_bot_numbering(-1_000_000_000_001)
+
+
+def test_the_mark_is_the_highest_id_known_in_the_chats_numbering() -> None:
+    numbering = Numbering()
+    assert numbering.mark("default", ALICE) is None
+    assert numbering.mark("default", ALICE, floor=7) == 7
+    numbering.observe("default", ALICE, 10)
+    numbering.observe("default", BOB, 14)  # the same counter: Alice's next id is above 14
+    assert numbering.mark("default", ALICE) == 14
+    assert numbering.mark("default", ALICE, floor=20) == 20
+    numbering.observe("default", GROUP, 500)  # a supergroup's own counter
+    assert numbering.mark("default", ALICE) == 14
+    assert numbering.mark("default", GROUP) == 500
+    assert numbering.mark("default", -555) == 14  # a basic group shares the bot's counter
+    assert numbering.mark("second", ALICE) is None  # another bot, another counter
+    numbering.observe("default", ALICE, 3)  # an older id (an edit) lowers nothing
+    assert numbering.mark("default", ALICE) == 14
+
+
+def test_the_least_recently_active_chats_are_forgotten() -> None:
+    numbering = Numbering(remembered_chats=2)
+    for chat in (GROUP, GROUP - 1, GROUP - 2):
+        numbering.observe("default", chat, 100)
+    assert numbering.mark("default", GROUP) is None
+    assert numbering.mark("default", GROUP - 2) == 100
+
+
+# -- the probe, through the fake ------------------------------------------------------
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with fake_telegram() as server:
+        server.add_chat(ALICE, first_name="Alice")
+        server.add_chat(BOB, first_name="Bob")
+        server.add_chat(GROUP, "supergroup", title="Team")
+        yield server
+
+
+@pytest.fixture
+async def channel(fake: FakeTelegram) -> AsyncIterator[TelegramChannel]:
+    async with running_channel(fake, Inbox(), Sleeps()) as running:
+        yield running
+
+
+def reply(text: str, chat_id: int = ALICE) -> OutboundMessage:
+    return OutboundMessage("telegram", "default", str(chat_id), text)
+
+
+class Records:
+    """The gateway's sent-message records, as the probe asks them."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.asked: list[str] = []
+
+    async def __call__(self, platform_message_id: str) -> bool:
+        self.asked.append(platform_message_id)
+        return platform_message_id in self.ids
+
+
+async def test_a_reply_sent_after_the_mark_is_found_and_one_recorded_is_not(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    outbound = reply("the answer")
+    mark = channel.send_mark(outbound)
+    assert mark is None  # nothing seen in this chat yet: no mark, nothing to look for
+    await channel.send(reply("a first reply"))  # now the numbering is known
+    mark = channel.send_mark(outbound)
+    assert mark is not None
+    result = await channel.send(outbound)
+    records = Records()
+    assert await channel.reconcile(outbound, mark, records) == result.platform_message_ids
+    # Recorded for another reply: not this one's.
+    records.ids.update(result.platform_message_ids)
+    assert await channel.reconcile(outbound, mark, records) == ()
+    # Nothing was changed by asking.
+    assert [m.visible_text for m in fake.sent] == ["a first reply", "the answer"]
+
+
+async def test_the_probe_skips_other_peoples_messages_and_other_chats(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    await channel.send(reply("hello Alice"))
+    outbound = reply("the answer")
+    mark = channel.send_mark(outbound)
+    assert mark is not None
+    # After the mark: Alice writes, Bob gets a reply (the same counter), then ours.
+    fake.push_message(TOKEN, chat_id=ALICE, text="one more thing")
+    await channel.send(reply("hello Bob", BOB))
+    result = await channel.send(outbound)
+    assert await channel.reconcile(outbound, mark, Records()) == result.platform_message_ids
+    # A reply never sent is not found (the ids above the mark are others' or no one's).
+    never = reply("never sent")
+    later = channel.send_mark(never)
+    assert later is not None
+    assert await channel.reconcile(never, later, Records()) == ()
+
+
+async def test_a_long_reply_cut_off_after_its_first_part_is_found_part_by_part(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    text = "\n\n".join(f"paragraph {n} " + "word " * 200 for n in range(14))
+    outbound = reply(text, GROUP)
+    fake.push_message(TOKEN, chat_id=GROUP, text="a long one please", chat_type="supergroup")
+    await channel.send(reply("thinking", GROUP))
+    mark = channel.send_mark(outbound)
+    assert mark is not None
+    full = await channel.send(outbound)
+    assert full.parts >= 3
+    found = await channel.reconcile(outbound, mark, Records())
+    assert found == full.platform_message_ids  # every part, and no more
+    # The parts after the first found go out again, the first does not.
+    rest = await channel.send(dataclasses.replace(outbound, first_part=1))
+    assert rest.parts == full.parts - 1
+    assert [m.visible_text for m in fake.sent[-rest.parts :]] == [
+        m.visible_text for m in fake.sent[2 : 2 + rest.parts]
+    ]
+    # All parts out: sending from past the last sends nothing.
+    done = await channel.send(dataclasses.replace(outbound, first_part=full.parts))
+    assert done.platform_message_ids == ()
+
+
+async def test_the_probe_asks_about_a_bounded_number_of_ids(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    await channel.send(reply("hello"))
+    outbound = reply("far away")
+    mark = channel.send_mark(outbound)
+    assert mark is not None
+    for n in range(PROBE_IDS):  # a busy bot: other chats take every id in the window
+        fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}")
+    await channel.send(outbound)
+    before = len(fake.calls)
+    assert await channel.reconcile(outbound, mark, Records()) == ()
+    asked = [c for c in fake.calls[before:] if c.method == "editMessageReplyMarkup"]
+    assert len(asked) == PROBE_IDS
+
+
+async def test_when_telegram_will_not_answer_the_probe_says_it_cannot_tell(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    await channel.send(reply("hello"))
+    outbound = reply("the answer")
+    mark = channel.send_mark(outbound)
+    assert mark is not None
+    await channel.send(outbound)
+    fake.fail_next(
+        "editMessageReplyMarkup", 429, "Too Many Requests: retry after 5", {"retry_after": 5}
+    )
+    assert await channel.reconcile(outbound, mark, Records()) is None
+    assert await channel.reconcile(outbound, "not a number", Records()) is None
