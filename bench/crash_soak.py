@@ -23,6 +23,8 @@ the last restart it waits until every message is answered (or nothing moves for
   reply sent again because a kill landed between Telegram accepting it and the delivery
   being recorded (the Bot API has no idempotency key), and answered_twice_by_two_turns:
   two replies in the transcripts for one message (the product answering twice);
+- resends_avoided / delivery_lookups: replies in that window that the restart found
+  at Telegram instead of sending again, and the Bot API calls spent looking;
 - corrupt_transcripts: a transcript that does not open, or has a corrupt line (a
   torn tail from a kill is repaired on load and is not counted);
 - registry_mismatches: a session row whose entry count or last entry id disagrees
@@ -315,7 +317,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         corrupt, torn, compactions, transcripts, turns = check_transcripts(home)
         mismatches = check_registry(home, transcripts)
         indexes, index_errors = check_index(home)
-        log_tail = (Path(tmp) / "parley.log").read_text(errors="replace")[-3000:]
+        log_text = (Path(tmp) / "parley.log").read_text(errors="replace")
+        log_tail = log_text[-3000:]
+        probes = sum(1 for call in fake.calls if call.method == "editMessageReplyMarkup")
         inbox = inbox_counts(home)
     answered_set = set(counts) & set(plan)
     result: dict[str, Any] = {
@@ -332,6 +336,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             1 for key in plan if counts[key] > 1 and turns[key] <= 1
         ),
         "answered_twice_by_two_turns": sum(1 for key in plan if turns[key] > 1),
+        # Replies a kill left in doubt that the restart found at Telegram (so did not
+        # send again), and the Bot API calls it took to look (gateway.send_recovery).
+        "resends_avoided": log_text.count("were delivered before the restart ("),
+        "delivery_lookups": probes,
+        "resent_in_doubt": log_text.count("sending each reply again"),
         "out_of_order": sent.out_of_order,
         "untagged_replies": sent.untagged,
         "turns_naming_other_messages": recalling,

@@ -83,7 +83,8 @@ async def parts_already_sent(
             # Another reply's, recorded while we looked: what else is here is unclear.
             await inbox.forget_send_marks(sorted(answered))
             return ()
-    log.info(
+    # A warning: a crash cut a send from its record (rare, and worth an operator's eye).
+    log.warning(
         "inbox %s: %d part(s) of its reply were delivered before the restart (%s)",
         item.id,
         len(found),
@@ -109,7 +110,7 @@ async def _doubt_shared(inbox: SentRecords, item: InboxItem, answered: set[int])
     ]
     if not others:
         return False
-    log.info(
+    log.warning(
         "inbox %s: %s to the same chat open too; sending each reply again",
         item.id,
         ", ".join(f"inbox {other}" for other in others),
