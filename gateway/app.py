@@ -844,10 +844,19 @@ class Gateway:
                 if record is not None and await self._delivered_before(record, ids):
                     return
                 text = (stored.reply or [""])[0]
-                await self._deliver(ids, last.message, record, text, resumed=stored)
+                head = stored if ids[0] == stored.id else await self.inbox.get(ids[0])
+                await self._deliver(
+                    ids,
+                    last.message,
+                    record,
+                    text,
+                    resumed=stored,
+                    first_message=head.message if head is not None else None,
+                )
                 return
             if first.compact_focus is not None:
-                await self._deliver(ids, last.message, *await self._compact(key, first))
+                outcome = await self._compact(key, first)
+                await self._deliver(ids, last.message, *outcome, first_message=first.message)
                 return
             if first.reset_text is not None:
                 record = await self._reset(key, first, reason="command")
@@ -855,7 +864,9 @@ class Gateway:
                     text = (
                         f"Started a new session ({record.session_id[:8]}). The old one is archived."
                     )
-                    await self._deliver(ids, last.message, record, text)
+                    await self._deliver(
+                        ids, last.message, record, text, first_message=first.message
+                    )
                     return
                 text = first.reset_text
             else:
@@ -864,13 +875,15 @@ class Gateway:
             if first.recovered is not None and await self._delivered_before(record, ids):
                 return
             reply = await self._turn(record, items, text)
-            await self._deliver(ids, last.message, record, reply)
+            await self._deliver(ids, last.message, record, reply, first_message=first.message)
         except Exception as exc:
             detail = storage_failure(exc)
             if detail is None:
                 log.exception("answering %s in session %s failed", ids, key)
                 self.metrics.error("internal")
-                await self._deliver(ids, last.message, None, INTERNAL_ERROR_TEXT)
+                await self._deliver(
+                    ids, last.message, None, INTERNAL_ERROR_TEXT, first_message=first.message
+                )
                 return
             log.error(
                 "storage failure answering %s in session %s: %s (free disk space or make "
@@ -888,6 +901,7 @@ class Gateway:
                 STORAGE_ERROR_TEXT,
                 final_status="failed",
                 failure=f"storage: {detail}",
+                first_message=first.message,
             )
 
     async def _delivered_before(self, record: SessionRecord, ids: list[int]) -> bool:
@@ -1252,16 +1266,21 @@ class Gateway:
         final_status: str = "delivered",
         failure: str | None = None,
         resumed: InboxItem | None = None,
+        first_message: InboundMessage | None = None,
     ) -> None:
         """Store the reply in the inbox, send it, record the result. When state.db
         cannot take the reply the reply is still sent (the transcript holds it and its
         delivery, which recovery checks); nothing after the send raises for storage,
         so a reply never gets a second, error, message. ``resumed``: the open item of
         a reply stored before (a restart, a failed send); the parts the platform
-        already has are not sent again (``gateway.send_recovery``)."""
+        already has are not sent again (``gateway.send_recovery``). The reply's
+        idempotency key names the first message it answers (``first_message``, else
+        ``message``): every send of this reply, and only of this one, carries it."""
         session_id = record.session_id if record else None
         channel = self.channels.get(message.channel)
-        outbound = _reply(message, text)
+        outbound = dataclasses.replace(
+            _reply(message, text), idempotency_key=_reply_key(first_message or message)
+        )
         # Where the chat's numbering stands before the send, stored with the reply
         # (an earlier mark is kept: an earlier send of this reply came after it).
         mark = send_mark(channel, outbound) if channel is not None else None
@@ -1402,8 +1421,7 @@ def _error_kind(exc: Exception) -> str:
 
 
 def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> OutboundMessage:
-    """``text`` back to where ``message`` came from (quoting it unless ``quote`` is off).
-    Its idempotency key is the message's own (the inbox answers each once)."""
+    """``text`` back to where ``message`` came from (quoting it unless ``quote`` is off)."""
     return OutboundMessage(
         channel=message.channel,
         account=message.account,
@@ -1411,8 +1429,14 @@ def _reply(message: InboundMessage, text: str, *, quote: bool = True) -> Outboun
         text=text,
         thread_id=message.thread_id,
         reply_to_message_id=message.message_id if quote else None,
-        idempotency_key=f"{message.channel}:{message.account}:{message.message_id}",
     )
+
+
+def _reply_key(message: InboundMessage) -> str:
+    """The idempotency key of the reply to ``message``: the inbox stores one reply per
+    message (its unique channel, account and platform id), so the key names that
+    reply across restarts, and no other (notices sent outside the inbox carry none)."""
+    return f"reply:{message.channel}:{message.account}:{message.message_id}"
 
 
 def _after_found(found: tuple[str, ...], result: DeliveryResult) -> DeliveryResult:

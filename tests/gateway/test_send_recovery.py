@@ -17,15 +17,19 @@ from typing import Any
 import pytest
 
 from channels.base import InboundMessage, OutboundMessage
+from channels.discord_adapter import DiscordChannel
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
 from gateway.db import Database
 from gateway.inbox import Inbox, SentMessages
+from tests.channels.discord_support import ANN, BOT_ID, LIMIT, fake_discord
+from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
 from tests.channels.telegram_helpers import FAST_BACKOFF, TOKEN, Sleeps, loopback_only
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.llm_common import Reply
 from tests.fakes.telegram_api import DROP, ApiCall, FakeTelegram
+from tests.gateway.test_discord_e2e import discord_settings
 from tests.gateway.test_telegram_e2e import ALICE, telegram_settings
 
 LONG = "\n\n".join(f"paragraph {n} " + "word " * 200 for n in range(14))
@@ -264,3 +268,51 @@ async def test_a_bot_message_recorded_for_another_reply_is_not_taken_for_this_on
             )
         await restart(loaded)
         assert texts(fake) == ["an earlier reply", "echo: hello"]
+
+
+class CrashOnCreate(list[Any]):
+    """The fake Discord's ``sent`` list: the first message created cancels the lanes
+    (as a kill would), before the fake answers the request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = asyncio.Event()
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        if not self.done.is_set():
+            self.done.set()
+            for task in asyncio.all_tasks():
+                if task.get_name().startswith("lane "):
+                    task.cancel()
+
+
+async def test_discord_gets_the_same_reply_again_and_keeps_one_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discord checks nonces itself: the reply resent after the kill carries the
+    nonces of the first send, and the message stays one."""
+    async with fake_discord(monkeypatch) as fake, FakeAnthropic() as llm:
+        loaded = load_config(env={**discord_settings(tmp_path, fake, llm),
+                                  "PARLEY_LANES__MODE": "queue"})  # fmt: skip
+        crash = CrashOnCreate()
+        fake.sent = crash
+
+        def discord_gateway() -> Gateway:
+            channel = DiscordChannel(loaded.config.channels.discord, ready_timeout=LIMIT)
+            return Gateway(loaded, channels=[channel])
+
+        async with discord_gateway() as gateway:
+            dm = fake.add_dm(DISCORD_TOKEN, ANN)
+            await fake.push_message(DISCORD_TOKEN, channel_id=dm, content="hello there", author=ANN)
+            await asyncio.wait_for(crash.done.wait(), 20)
+            await gateway.lanes.stop(drain=False, timeout=0)
+        async with Database(loaded.state_db) as db:
+            [open_item] = await Inbox(db).open_items()
+        assert open_item.status == "replied"
+        async with discord_gateway() as gateway:
+            await gateway.wait_idle()
+            assert await gateway.inbox.counts() == {"delivered": 1}
+        replies = [m.content for m in fake.sent if m.bot_id == BOT_ID]
+        assert replies == ["echo: hello there"]
+        assert fake.deduplicated == 1
