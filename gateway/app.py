@@ -908,10 +908,18 @@ class Gateway:
         """A recovered item whose reply the transcript says went out (state.db could not
         record it): mark it delivered rather than send it twice."""
         transcript = await self.transcript(record)
-        if not _delivery_recorded(transcript, ids):
+        delivery = _delivery_recorded(transcript, ids)
+        if delivery is None:
             return False
         log.info("inbox %s was delivered before the restart; not sent again", ids)
-        await self.inbox.mark_delivered(ids)
+        # Its platform ids go on record too: a later look for another reply in that
+        # chat must not take these messages for its own.
+        sent = SentMessages(
+            str(delivery.get("channel") or ""),
+            str(delivery.get("account") or ""),
+            tuple(str(i) for i in delivery.get("platform_message_ids") or ()),
+        )
+        await self.inbox.mark_delivered(ids, sent)
         return True
 
     async def _compact(self, key: str, item: LaneItem) -> tuple[SessionRecord | None, str]:
@@ -1479,16 +1487,16 @@ def _last_id(transcript: SessionTranscript) -> str | None:
     return last.id if last is not None else None
 
 
-def _delivery_recorded(transcript: SessionTranscript, ids: list[int]) -> bool:
-    """Does the live transcript record a successful delivery for any of ``ids``?"""
+def _delivery_recorded(transcript: SessionTranscript, ids: list[int]) -> dict[str, Any] | None:
+    """The live transcript's record of a successful delivery for any of ``ids``."""
     wanted = set(ids)
     for entry in reversed(transcript.live_entries()):
         if entry.type != "custom" or entry.payload.get("custom_type") != "delivery":
             continue
         data = entry.payload.get("data") or {}
         if data.get("ok") and wanted & set(data.get("inbox_ids") or ()):
-            return True
-    return False
+            return dict(data)
+    return None
 
 
 def _recovered_progress(transcript: SessionTranscript, inbox_id: int) -> tuple[bool, str | None]:

@@ -382,6 +382,10 @@ async def test_state_db_filling_up_mid_turn_still_answers_once_across_a_restart(
         world = World(gateway, channel2, provider, Faults(), tmp_path)
         assert channel2.sent == []  # the open item's reply went out before: not again
         assert [s for _, s, _ in await world.inbox()] == ["delivered"] * 3
+        # Its message goes on record from the transcript: no later look at the chat
+        # (gateway.send_recovery) may take it for another reply's.
+        reply_id = f"out-{[m.text for m in channel.sent].index('echo: while filling') + 1}"
+        assert await gateway.inbox.is_recorded(channel.name, "default", reply_id)
         await world.assert_intact()
 
 
