@@ -209,7 +209,8 @@ class Channel(Protocol):
         that lets a restart tell whether a reply went out before a crash (see
         ``SendRecovery``): ``send_mark(message) -> str | None``, where the platform's
         message numbering stands in that chat before a send (the gateway stores it
-        with the reply, before sending), and ``reconcile(message, mark)``."""
+        with the reply, before sending), and ``reconcile(message, mark, recorded)``.
+        A platform with one (Discord's nonce) uses ``OutboundMessage.idempotency_key``."""
 
 
 # Does the gateway hold this platform message id as the delivery of some reply?
