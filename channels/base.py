@@ -207,7 +207,7 @@ class Channel(Protocol):
 
         A platform without a duplicate check of its own (Telegram) may define the pair
         that lets a restart tell whether a reply went out before a crash (see
-        ``SendRecovery``): ``send_mark(message) -> str | None``, where the platform's
+        ``SendRecovery``): ``async send_mark(message) -> str | None``, where the platform's
         message numbering stands in that chat before a send (the gateway stores it
         with the reply, before sending), and ``reconcile(message, mark, recorded)``.
         A platform with one (Discord's nonce) uses ``OutboundMessage.idempotency_key``."""
@@ -227,7 +227,7 @@ class SendRecovery(Protocol):
     tell: then the gateway sends the reply again, since a reply sent twice beats one
     never sent."""
 
-    def send_mark(self, message: OutboundMessage) -> str | None: ...
+    async def send_mark(self, message: OutboundMessage) -> str | None: ...
 
     async def reconcile(
         self, message: OutboundMessage, mark: str, recorded: RecordedCheck

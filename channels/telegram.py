@@ -80,6 +80,8 @@ SEND_POOL_SIZE = 16
 SEND_POOL_TIMEOUT_SECONDS = 10.0
 # With poll_timeout_seconds = 0 every getUpdates returns at once: pause between them.
 IDLE_POLL_PAUSE_SECONDS = 1.0
+# How long a send mark waits for the first getUpdates after start (see ``_fetch``).
+FIRST_FETCH_WAIT_SECONDS = 5.0
 # getUpdates may take the long-poll timeout plus this long (PTB's default read timeout,
 # which ``Bot.get_updates`` adds the same way).
 POLL_READ_SLACK_SECONDS = 5.0
@@ -189,6 +191,8 @@ class _Account:
     acked: int | None = None  # the offset Telegram last heard from us
     handling: bool = False  # inside the inbound handler: stop() lets it finish
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the first getUpdates answered (or failed); at once in webhook mode.
+    first_fetch: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class TelegramChannel:
@@ -239,7 +243,9 @@ class TelegramChannel:
         self._handler = handler
         self._accounts = {account.id: account for account in started}
         for account in started:
-            if self.config.mode == "polling":
+            if self.config.mode != "polling":
+                account.first_fetch.set()  # updates come to the webhook as they happen
+            else:
                 account.task = asyncio.create_task(
                     self._poll(account), name=f"telegram-poll-{account.id}"
                 )
@@ -335,7 +341,7 @@ class TelegramChannel:
         while not account.stopping.is_set():
             try:
                 offset = account.offset
-                raw = await _fetch_updates(account.bot, offset=offset, poll_seconds=timeout)
+                raw = await self._fetch(account, offset, timeout)
                 account.acked = offset
             except InvalidToken:
                 logger.error("telegram %s: the token was revoked; polling stops", account.id)
@@ -379,6 +385,32 @@ class TelegramChannel:
                     return
             if not raw and timeout == 0:
                 await self._pause(account, IDLE_POLL_PAUSE_SECONDS)
+
+    async def _fetch(self, account: _Account, offset: int | None, poll_seconds: float) -> list[Any]:
+        """One ``getUpdates``, its message ids noted in the numbering at once (before the
+        batch is handed over one by one). The first after start does not wait: until it
+        has answered, ``send_mark`` holds back, so a reply resent after a restart gets a
+        mark above the messages that waited at Telegram meanwhile."""
+        first = not account.first_fetch.is_set()
+        try:
+            raw = await _fetch_updates(
+                account.bot, offset=offset, poll_seconds=0 if first else poll_seconds
+            )
+            for item in raw:
+                self._observe_raw(account.id, item)
+            return raw
+        finally:
+            account.first_fetch.set()
+
+    def _observe_raw(self, account: str, item: Any) -> None:
+        message = (
+            item.get("message") or item.get("edited_message") if isinstance(item, dict) else None
+        )
+        try:
+            chat_id, message_id = int(message["chat"]["id"]), int(message["message_id"])
+        except (TypeError, KeyError, ValueError):
+            return  # not a message, or a shape the poller reports when it parses it
+        self._numbering.observe(account, chat_id, message_id)
 
     def _read(self, account: _Account, update: Update) -> InboundMessage | None:
         """The update as a message for the gateway; None when it is not for us or cannot be
@@ -522,8 +554,12 @@ class TelegramChannel:
 
     # -- after a crash: did a reply go out? (``channels.telegram_recovery``) -------------
 
-    def send_mark(self, message: OutboundMessage) -> str | None:
+    async def send_mark(self, message: OutboundMessage) -> str | None:
         """The highest message id known in the chat's numbering before this send."""
+        account = self._accounts.get(message.account)
+        if account is not None and not account.first_fetch.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(account.first_fetch.wait(), FIRST_FETCH_WAIT_SECONDS)
         try:
             chat_id = int(message.chat_id)
         except ValueError:

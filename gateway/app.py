@@ -1291,7 +1291,7 @@ class Gateway:
         )
         # Where the chat's numbering stands before the send, stored with the reply
         # (an earlier mark is kept: an earlier send of this reply came after it).
-        mark = send_mark(channel, outbound) if channel is not None else None
+        mark = await send_mark(channel, outbound) if channel is not None else None
         await self._bookkeep(
             "store the reply in the inbox",
             self.inbox.mark_replied(ids, session_id, [text], send_mark=mark),
@@ -1306,6 +1306,10 @@ class Gateway:
         if resumed is not None:
             found = await parts_already_sent(channel, self.inbox, resumed, outbound)
             outbound = dataclasses.replace(outbound, first_part=len(found))
+            if not found and mark is not None:
+                # Nothing above the old mark: look above this one after another kill
+                # (the chat may have moved on by more than a look covers since).
+                await self._bookkeep("renew the send mark", self.inbox.renew_send_mark(ids, mark))
         error: str | None = None
         result = None
         partial: tuple[str, ...] = ()

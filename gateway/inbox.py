@@ -183,6 +183,11 @@ class Inbox:
         """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
         await self._db.run(self._forget_marks_sync, list(item_ids))
 
+    async def renew_send_mark(self, item_ids: Sequence[int], send_mark: str) -> None:
+        """Replace these replies' send mark (not an unknown one): a look above the old
+        mark found nothing, and the next send comes after this one."""
+        await self._db.run(self._renew_mark_sync, list(item_ids), send_mark)
+
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(self._open_sync, limit)
 
@@ -295,6 +300,12 @@ class Inbox:
         self._db.conn.executemany(
             "UPDATE inbox SET send_mark = ? WHERE id = ?",
             [(UNKNOWN_SEND_MARK, item_id) for item_id in item_ids],
+        )
+
+    def _renew_mark_sync(self, item_ids: list[int], send_mark: str) -> None:
+        self._db.conn.executemany(
+            "UPDATE inbox SET send_mark = ? WHERE id = ? AND send_mark IS NOT ?",
+            [(send_mark, item_id, UNKNOWN_SEND_MARK) for item_id in item_ids],
         )
 
     def _is_recorded_sync(self, channel: str, account: str, platform_message_id: str) -> bool:

@@ -48,9 +48,9 @@ def recovery_of(channel: Channel) -> SendRecovery | None:
     return channel if isinstance(channel, SendRecovery) else None
 
 
-def send_mark(channel: Channel, message: OutboundMessage) -> str | None:
+async def send_mark(channel: Channel, message: OutboundMessage) -> str | None:
     recovery = recovery_of(channel)
-    return recovery.send_mark(message) if recovery is not None else None
+    return await recovery.send_mark(message) if recovery is not None else None
 
 
 async def parts_already_sent(

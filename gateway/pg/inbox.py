@@ -120,6 +120,11 @@ class PgInbox:
         """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
         await self._db.run(_forget_marks, list(item_ids))
 
+    async def renew_send_mark(self, item_ids: Sequence[int], send_mark: str) -> None:
+        """Replace these replies' send mark (not an unknown one): a look above the old
+        mark found nothing, and the next send comes after this one."""
+        await self._db.run(_renew_mark, list(item_ids), send_mark)
+
     async def open_items(self, limit: int = 10_000) -> list[InboxItem]:
         return await self._db.run(_open, limit)
 
@@ -215,6 +220,13 @@ def _set(
 def _forget_marks(conn: Connection, item_ids: list[int]) -> None:
     conn.execute(
         "UPDATE inbox SET send_mark = %s WHERE id = ANY(%s)", (UNKNOWN_SEND_MARK, item_ids)
+    )
+
+
+def _renew_mark(conn: Connection, item_ids: list[int], send_mark: str) -> None:
+    conn.execute(
+        "UPDATE inbox SET send_mark = %s WHERE id = ANY(%s) AND send_mark IS DISTINCT FROM %s",
+        (send_mark, item_ids, UNKNOWN_SEND_MARK),
     )
 
 

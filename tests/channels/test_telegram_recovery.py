@@ -4,6 +4,7 @@ one counter per bot for private chats and basic groups, one per supergroup)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
@@ -104,10 +105,10 @@ async def test_a_reply_sent_after_the_mark_is_found_and_one_recorded_is_not(
     fake: FakeTelegram, channel: TelegramChannel
 ) -> None:
     outbound = reply("the answer")
-    mark = channel.send_mark(outbound)
+    mark = await channel.send_mark(outbound)
     assert mark is None  # nothing seen in this chat yet: no mark, nothing to look for
     await channel.send(reply("a first reply"))  # now the numbering is known
-    mark = channel.send_mark(outbound)
+    mark = await channel.send_mark(outbound)
     assert mark is not None
     result = await channel.send(outbound)
     records = Records()
@@ -124,7 +125,7 @@ async def test_the_probe_skips_other_peoples_messages_and_other_chats(
 ) -> None:
     await channel.send(reply("hello Alice"))
     outbound = reply("the answer")
-    mark = channel.send_mark(outbound)
+    mark = await channel.send_mark(outbound)
     assert mark is not None
     # After the mark: Alice writes, Bob gets a reply (the same counter), then ours.
     fake.push_message(TOKEN, chat_id=ALICE, text="one more thing")
@@ -133,7 +134,7 @@ async def test_the_probe_skips_other_peoples_messages_and_other_chats(
     assert await channel.reconcile(outbound, mark, Records()) == result.platform_message_ids
     # A reply never sent is not found (the ids above the mark are others' or no one's).
     never = reply("never sent")
-    later = channel.send_mark(never)
+    later = await channel.send_mark(never)
     assert later is not None
     assert await channel.reconcile(never, later, Records()) == ()
 
@@ -145,7 +146,7 @@ async def test_a_long_reply_cut_off_after_its_first_part_is_found_part_by_part(
     outbound = reply(text, GROUP)
     fake.push_message(TOKEN, chat_id=GROUP, text="a long one please", chat_type="supergroup")
     await channel.send(reply("thinking", GROUP))
-    mark = channel.send_mark(outbound)
+    mark = await channel.send_mark(outbound)
     assert mark is not None
     full = await channel.send(outbound)
     assert full.parts >= 3
@@ -167,7 +168,7 @@ async def test_the_probe_asks_about_a_bounded_number_of_ids(
 ) -> None:
     await channel.send(reply("hello"))
     outbound = reply("far away")
-    mark = channel.send_mark(outbound)
+    mark = await channel.send_mark(outbound)
     assert mark is not None
     for n in range(PROBE_IDS):  # a busy bot: other chats take every id in the window
         fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}")
@@ -183,7 +184,7 @@ async def test_when_telegram_will_not_answer_the_probe_says_it_cannot_tell(
 ) -> None:
     await channel.send(reply("hello"))
     outbound = reply("the answer")
-    mark = channel.send_mark(outbound)
+    mark = await channel.send_mark(outbound)
     assert mark is not None
     await channel.send(outbound)
     fake.fail_next(
@@ -191,3 +192,23 @@ async def test_when_telegram_will_not_answer_the_probe_says_it_cannot_tell(
     )
     assert await channel.reconcile(outbound, mark, Records()) is None
     assert await channel.reconcile(outbound, "not a number", Records()) is None
+
+
+async def test_after_a_start_the_mark_waits_for_what_waited_at_telegram(
+    fake: FakeTelegram,
+) -> None:
+    """Messages sent to the bot while it was down took ids of its counter: a reply
+    resent at start must get its mark above them, or a look after another kill would
+    start too low to reach it. So the mark waits for the first poll's answer."""
+    asked = fake.push_message(TOKEN, chat_id=ALICE, text="hello")
+    waiting = [fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}") for n in range(30)]
+    fake.hold("getUpdates")
+    async with running_channel(fake, Inbox(), Sleeps()) as channel:
+        ref = f"{ALICE}:{asked['message']['message_id']}"
+        outbound = OutboundMessage("telegram", "default", str(ALICE), "hi", reply_to_message_id=ref)
+        marking = asyncio.create_task(channel.send_mark(outbound))
+        await fake.wait_calls("getUpdates")
+        assert not marking.done()  # the first poll is out, unanswered: the mark waits
+        fake.release("getUpdates")
+        mark = await marking
+    assert mark == str(waiting[-1]["message"]["message_id"])

@@ -254,6 +254,8 @@ class FakeTelegram:
         self.webhook_deliveries: list[WebhookDelivery] = []
         # Called with every API call as it arrives, before it is answered.
         self.call_hooks: list[Callable[[ApiCall], None]] = []
+        # Methods held (lowercase): their calls wait until ``release`` (a slow server).
+        self._held: dict[str, asyncio.Event] = {}
         self._bots: dict[str, _Bot] = {}
         self._chats: dict[int, _Chat] = {}
         self._failures: list[_Failure] = []
@@ -310,6 +312,8 @@ class FakeTelegram:
         # Pending long polls wait on the signal: release them, or cleanup waits for them.
         self._stopping = True
         self._signal.pulse()
+        for held in self._held.values():
+            held.set()
         tasks = [b.webhook_task for b in self._bots.values() if b.webhook_task is not None]
         for task in tasks:
             task.cancel()
@@ -394,6 +398,16 @@ class FakeTelegram:
             _Failure(method.lower(), status, description, parameters, times, token)
         )
         self._signal.pulse()  # a pending long poll takes a getUpdates failure at once
+
+    def hold(self, method: str) -> None:
+        """Calls of ``method`` arrive (``calls``, hooks) but are not answered until
+        ``release``: a server slow to answer, made deterministic."""
+        self._held.setdefault(method.lower(), asyncio.Event())
+
+    def release(self, method: str) -> None:
+        held = self._held.pop(method.lower(), None)
+        if held is not None:
+            held.set()
 
     def drop_next(self, method: str, times: int = 1, token: str | None = None) -> None:
         """The next ``times`` calls of ``method`` lose their connection, unanswered."""
@@ -643,6 +657,8 @@ class FakeTelegram:
         for hook in self.call_hooks:
             hook(call)
         self._signal.pulse()
+        if (held := self._held.get(method.lower())) is not None:
+            await held.wait()
         try:
             self._take_failure(bot.token, method.lower())
             result = await handler(bot, params)

@@ -32,6 +32,7 @@ from tests.fakes.telegram_api import DROP, ApiCall, FakeTelegram
 from tests.gateway.test_discord_e2e import discord_settings
 from tests.gateway.test_telegram_e2e import ALICE, telegram_settings
 
+BOB = 5002
 LONG = "\n\n".join(f"paragraph {n} " + "word " * 200 for n in range(14))
 
 
@@ -39,8 +40,10 @@ class Crash:
     """Cancels every lane when a matching ``sendMessage`` reaches the fake: the send
     is then handled (``accept``) or its connection dropped, and nobody records it."""
 
-    def __init__(self, fake: FakeTelegram, nth: int = 1, *, accept: bool = True) -> None:
-        self.fake, self.nth, self.accept = fake, nth, accept
+    def __init__(
+        self, fake: FakeTelegram, nth: int = 1, *, accept: bool = True, chat: int | None = None
+    ) -> None:
+        self.fake, self.nth, self.accept, self.chat = fake, nth, accept, chat
         self.sends = 0
         self.done = asyncio.Event()
         fake.call_hooks.append(self)
@@ -48,12 +51,14 @@ class Crash:
     def __call__(self, call: ApiCall) -> None:
         if call.method != "sendMessage" or self.done.is_set():
             return
+        if self.chat is not None and str(call.params.get("chat_id")) != str(self.chat):
+            return
         self.sends += 1
         if self.sends < self.nth:
             return
         self.done.set()
-        for task in asyncio.all_tasks():
-            if task.get_name().startswith("lane "):
+        for task in asyncio.all_tasks():  # the turns, and the polling: nothing more comes in
+            if task.get_name().startswith(("lane ", "telegram-poll")):
                 task.cancel()
         if not self.accept:
             self.fake.fail_next("sendMessage", DROP, "connection dropped")
@@ -67,6 +72,7 @@ async def telegram_world(
     async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
         settings = telegram_settings(tmp_path, fake, llm)
         settings["PARLEY_LANES__MODE"] = "queue"
+        settings["PARLEY_LANES__QUEUE_CAP"] = "100"
         yield fake, llm, load_config(env=settings)
 
 
@@ -145,6 +151,28 @@ async def test_a_reply_the_kill_kept_from_telegram_is_sent_once_after_the_restar
         assert texts(fake) == ["echo: hello"]
 
 
+async def test_a_reply_resent_after_one_kill_and_cut_off_by_another_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first kill keeps the reply from Telegram; while the bot is down another chat
+    takes 30 ids of the bot's counter; the restart resends the reply far above its old
+    mark and is killed right after Telegram takes it. The next restart must find it:
+    the resend renewed the mark, from a numbering that had seen the waiting updates."""
+    async with telegram_world(tmp_path, monkeypatch) as (fake, _, loaded):
+        first = Crash(fake, accept=False)
+        await crash_during(loaded, first, lambda: dm(fake, "hello"))
+        fake.call_hooks.remove(first)
+        for n in range(30):
+            fake.push_message(TOKEN, chat_id=BOB, sender_id=BOB, text=f"bob {n}")
+        second = Crash(fake, accept=True, chat=ALICE)
+        await crash_during(loaded, second, lambda: None)
+        assert [t for t in texts(fake) if not t.startswith("echo: bob")] == ["echo: hello"]
+        await restart(loaded)
+        assert [t for t in texts(fake) if not t.startswith("echo: bob")] == ["echo: hello"]
+        bob = sorted(t for t in texts(fake) if t.startswith("echo: bob"))
+        assert bob == sorted(f"echo: bob {n}" for n in range(30))
+
+
 async def test_a_long_reply_cut_after_its_first_part_sends_only_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,7 +216,7 @@ async def test_a_folded_turns_reply_found_out_answers_all_its_messages(
                     "telegram", "default", str(ALICE), "one reply to both",
                     reply_to_message_id=messages[-1].message_id,
                 )  # fmt: skip
-                mark = channel.send_mark(outbound)
+                mark = await channel.send_mark(outbound)
                 assert mark is not None
                 await inbox.mark_replied(ids, None, [outbound.text], send_mark=mark)
             await channel.send(outbound)

@@ -174,11 +174,15 @@ async def test_inbox_keeps_the_send_mark_the_fold_and_what_went_out(
     assert await inbox.is_recorded("test", "default", "chat:19")
     assert not await inbox.is_recorded("test", "second", "chat:18")  # another account
     assert not await inbox.is_recorded("other", "default", "chat:18")
-    # Doubt: the mark is forgotten for good.
+    # Nothing found above the mark before a resend: the resend's own mark replaces it.
     three = (await inbox.record(message("53"))).item
     await inbox.mark_replied([three.id], "sid", ["x"], send_mark="40")
+    await inbox.renew_send_mark([three.id], "45")
+    assert (await inbox.get(three.id)).send_mark == "45"  # type: ignore[union-attr]
+    # Doubt: the mark is forgotten for good, and no renewal brings it back.
     await inbox.forget_send_marks([three.id])
     await inbox.mark_replied([three.id], "sid", ["x"], send_mark="41")
+    await inbox.renew_send_mark([three.id], "50")
     assert (await inbox.get(three.id)).send_mark == UNKNOWN_SEND_MARK  # type: ignore[union-attr]
     # Erasing the items takes their sent records with them.
     assert await inbox.delete_items([one.id, two.id]) == 2
