@@ -341,6 +341,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "resends_avoided": log_text.count("were delivered before the restart ("),
         "delivery_lookups": probes,
         "resent_in_doubt": log_text.count("sending each reply again"),
+        "lookups_refused": log_text.count("cannot tell whether"),
         "out_of_order": sent.out_of_order,
         "untagged_replies": sent.untagged,
         "turns_naming_other_messages": recalling,
