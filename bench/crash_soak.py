@@ -44,6 +44,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import sqlite3
 import sys
@@ -318,6 +319,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         mismatches = check_registry(home, transcripts)
         indexes, index_errors = check_index(home)
         log_text = (Path(tmp) / "parley.log").read_text(errors="replace")
+        if args.keep is not None:  # for reading a run's home and log afterwards
+            shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
+            (args.keep / "sent.json").write_text(json.dumps(
+                [{"chat": m.chat_id, "id": m.message_id, "text": m.visible_text[:80]}
+                 for m in fake.sent]
+            ))  # fmt: skip
         log_tail = log_text[-3000:]
         probes = sum(1 for call in fake.calls if call.method == "editMessageReplyMarkup")
         inbox = inbox_counts(home)
@@ -386,6 +393,7 @@ def main() -> None:
     parser.add_argument("--filler", type=int, default=12, help="repeats of filler text")
     parser.add_argument("--embedder", default="none", choices=["none", "e5"])
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", type=Path, help="copy the home, log and sends here")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 

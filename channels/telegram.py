@@ -80,8 +80,10 @@ SEND_POOL_SIZE = 16
 SEND_POOL_TIMEOUT_SECONDS = 10.0
 # With poll_timeout_seconds = 0 every getUpdates returns at once: pause between them.
 IDLE_POLL_PAUSE_SECONDS = 1.0
-# How long a send mark waits for the first getUpdates after start (see ``_fetch``).
-FIRST_FETCH_WAIT_SECONDS = 5.0
+# How long a send mark waits after start for the poller to read the queue to its end
+# (see ``_fetch``), and the batch size of getUpdates (Telegram's maximum).
+CATCH_UP_WAIT_SECONDS = 5.0
+UPDATES_PER_FETCH = 100
 # getUpdates may take the long-poll timeout plus this long (PTB's default read timeout,
 # which ``Bot.get_updates`` adds the same way).
 POLL_READ_SLACK_SECONDS = 5.0
@@ -191,8 +193,9 @@ class _Account:
     acked: int | None = None  # the offset Telegram last heard from us
     handling: bool = False  # inside the inbound handler: stop() lets it finish
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    # Set once the first getUpdates answered (or failed); at once in webhook mode.
-    first_fetch: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once getUpdates has read the queue to its end after start (or failed); at
+    # once in webhook mode.
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class TelegramChannel:
@@ -244,7 +247,7 @@ class TelegramChannel:
         self._accounts = {account.id: account for account in started}
         for account in started:
             if self.config.mode != "polling":
-                account.first_fetch.set()  # updates come to the webhook as they happen
+                account.caught_up.set()  # updates come to the webhook as they happen
             else:
                 account.task = asyncio.create_task(
                     self._poll(account), name=f"telegram-poll-{account.id}"
@@ -388,19 +391,27 @@ class TelegramChannel:
 
     async def _fetch(self, account: _Account, offset: int | None, poll_seconds: float) -> list[Any]:
         """One ``getUpdates``, its message ids noted in the numbering at once (before the
-        batch is handed over one by one). The first after start does not wait: until it
-        has answered, ``send_mark`` holds back, so a reply resent after a restart gets a
-        mark above the messages that waited at Telegram meanwhile."""
-        first = not account.first_fetch.is_set()
+        batch is handed over one by one). After start, polls do not wait until one
+        comes back with less than a full batch (the queue that built up while the bot
+        was down is read to its end); until then ``send_mark`` holds back, so a reply
+        resent after a restart gets a mark above every message that waited at Telegram
+        meanwhile. A failed poll ends the holding too: sends must not wait on an outage."""
+        catching_up = not account.caught_up.is_set()
         try:
             raw = await _fetch_updates(
-                account.bot, offset=offset, poll_seconds=0 if first else poll_seconds
+                account.bot,
+                offset=offset,
+                poll_seconds=0 if catching_up else poll_seconds,
+                limit=UPDATES_PER_FETCH,
             )
-            for item in raw:
-                self._observe_raw(account.id, item)
-            return raw
-        finally:
-            account.first_fetch.set()
+        except BaseException:
+            account.caught_up.set()
+            raise
+        for item in raw:
+            self._observe_raw(account.id, item)
+        if len(raw) < UPDATES_PER_FETCH:
+            account.caught_up.set()
+        return raw
 
     def _observe_raw(self, account: str, item: Any) -> None:
         message = (
@@ -557,9 +568,9 @@ class TelegramChannel:
     async def send_mark(self, message: OutboundMessage) -> str | None:
         """The highest message id known in the chat's numbering before this send."""
         account = self._accounts.get(message.account)
-        if account is not None and not account.first_fetch.is_set():
+        if account is not None and not account.caught_up.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(account.first_fetch.wait(), FIRST_FETCH_WAIT_SECONDS)
+                await asyncio.wait_for(account.caught_up.wait(), CATCH_UP_WAIT_SECONDS)
         try:
             chat_id = int(message.chat_id)
         except ValueError:

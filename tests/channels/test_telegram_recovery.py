@@ -199,9 +199,10 @@ async def test_after_a_start_the_mark_waits_for_what_waited_at_telegram(
 ) -> None:
     """Messages sent to the bot while it was down took ids of its counter: a reply
     resent at start must get its mark above them, or a look after another kill would
-    start too low to reach it. So the mark waits for the first poll's answer."""
+    start too low to reach it. So the mark waits until the poller has read the queue
+    to its end: more than one batch (getUpdates gives at most 100)."""
     asked = fake.push_message(TOKEN, chat_id=ALICE, text="hello")
-    waiting = [fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}") for n in range(30)]
+    waiting = [fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}") for n in range(130)]
     fake.hold("getUpdates")
     async with running_channel(fake, Inbox(), Sleeps()) as channel:
         ref = f"{ALICE}:{asked['message']['message_id']}"
