@@ -20,7 +20,10 @@ Numbering: in private chats and basic groups a bot's message ids come from the
 bot's one counter, shared by all those chats; supergroups and channels number
 their own messages. ``Numbering`` keeps the highest id seen per chat and, for the
 shared counter, per account: the mark is the higher of the two, so the reply is
-usually the next id or one of the next few. Only ``PROBE_IDS`` ids are asked about:
+usually the next id or one of the next few. The channel notes every getUpdates batch
+as it arrives, and after a start takes no mark before the poller has read the queue
+that built up meanwhile to its end (``TelegramChannel._fetch``): else a reply resent
+at start would get a mark below all of it. Only ``PROBE_IDS`` ids are asked about:
 a reply further away (a busy bot, many chats at once) is not found and is sent
 again, the answer a reply sent twice always gets rather than a lost one.
 """
