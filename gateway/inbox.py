@@ -179,6 +179,11 @@ class Inbox:
         """Is this platform message recorded as (part of) the delivery of some reply?"""
         return await self._db.run(self._is_recorded_sync, channel, account, platform_message_id)
 
+    async def open_replies(self, channel: str, account: str) -> list[InboxItem]:
+        """The items of one channel account whose reply is stored and not recorded as
+        sent (few: a reply is in that state only while it is being sent)."""
+        return await self._db.run(self._open_replies_sync, channel, account)
+
     async def forget_send_marks(self, item_ids: Sequence[int]) -> None:
         """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
         await self._db.run(self._forget_marks_sync, list(item_ids))
@@ -295,6 +300,14 @@ class Inbox:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _open_replies_sync(self, channel: str, account: str) -> list[InboxItem]:
+        rows = self._db.conn.execute(
+            "SELECT * FROM inbox WHERE status = 'replied' AND channel = ? AND account = ?"
+            " ORDER BY id",
+            (channel, account),
+        ).fetchall()
+        return [item_from_row(r) for r in rows]
 
     def _forget_marks_sync(self, item_ids: list[int]) -> None:
         self._db.conn.executemany(

@@ -36,7 +36,7 @@ log = logging.getLogger("parley.gateway.send_recovery")
 class SentRecords(Protocol):
     """The inbox as this module reads it (``Inbox`` and ``PgInbox``)."""
 
-    async def open_items(self, limit: int = ...) -> list[InboxItem]: ...
+    async def open_replies(self, channel: str, account: str) -> list[InboxItem]: ...
 
     async def is_recorded(self, channel: str, account: str, platform_message_id: str) -> bool: ...
 
@@ -102,11 +102,8 @@ async def _doubt_shared(inbox: SentRecords, item: InboxItem, answered: set[int])
     target = item.message
     others = [
         other.id
-        for other in await inbox.open_items()
-        if other.id not in answered
-        and other.status == "replied"
-        and (other.message.channel, other.message.account, other.message.chat_id)
-        == (target.channel, target.account, target.chat_id)
+        for other in await inbox.open_replies(target.channel, target.account)
+        if other.id not in answered and other.message.chat_id == target.chat_id
     ]
     if not others:
         return False

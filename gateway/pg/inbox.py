@@ -116,6 +116,11 @@ class PgInbox:
         """Is this platform message recorded as (part of) the delivery of some reply?"""
         return await self._db.run(_is_recorded, channel, account, platform_message_id)
 
+    async def open_replies(self, channel: str, account: str) -> list[InboxItem]:
+        """The items of one channel account whose reply is stored and not recorded as
+        sent (few: a reply is in that state only while it is being sent)."""
+        return await self._db.run(_open_replies, channel, account)
+
     async def forget_send_marks(self, item_ids: Sequence[int]) -> None:
         """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
         await self._db.run(_forget_marks, list(item_ids))
@@ -215,6 +220,15 @@ def _set(
             " SELECT %s, %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
             (sent.channel, sent.account, list(sent.message_ids), item_ids[0]),
         )
+
+
+def _open_replies(conn: Connection, channel: str, account: str) -> list[InboxItem]:
+    rows = conn.execute(
+        "SELECT * FROM inbox WHERE status = 'replied' AND channel = %s AND account = %s"
+        " ORDER BY id",
+        (channel, account),
+    ).fetchall()
+    return [item_from_row(r) for r in rows]
 
 
 def _forget_marks(conn: Connection, item_ids: list[int]) -> None:

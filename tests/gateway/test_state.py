@@ -168,10 +168,14 @@ async def test_inbox_keeps_the_send_mark_the_fold_and_what_went_out(
     await inbox.mark_replied([one.id, two.id], "sid", ["both"], send_mark="30")
     assert (await inbox.get(one.id)).send_mark == "17"  # type: ignore[union-attr]
     assert not await inbox.is_recorded("test", "default", "chat:18")
+    # Replies stored and not yet recorded as sent, per channel account.
+    assert [i.id for i in await inbox.open_replies("test", "default")] == [one.id, two.id]
+    assert await inbox.open_replies("test", "second") == []
     sent = SentMessages("test", "default", ("chat:18", "chat:19"))
     await inbox.mark_delivered([one.id, two.id], sent)
     assert await inbox.is_recorded("test", "default", "chat:18")
     assert await inbox.is_recorded("test", "default", "chat:19")
+    assert await inbox.open_replies("test", "default") == []
     assert not await inbox.is_recorded("test", "second", "chat:18")  # another account
     assert not await inbox.is_recorded("other", "default", "chat:18")
     # Nothing found above the mark before a resend: the resend's own mark replaces it.
