@@ -419,8 +419,8 @@ class TelegramChannel:
         )
         try:
             chat_id, message_id = int(message["chat"]["id"]), int(message["message_id"])
-        except (TypeError, KeyError, ValueError):
-            return  # not a message, or a shape the poller reports when it parses it
+        except Exception:  # noting ids is best effort; a shape we cannot read is the
+            return  # parser's to report, and must never fail the poll (it would repeat)
         self._numbering.observe(account, chat_id, message_id)
 
     def _read(self, account: _Account, update: Update) -> InboundMessage | None:
@@ -569,8 +569,13 @@ class TelegramChannel:
         """The highest message id known in the chat's numbering before this send."""
         account = self._accounts.get(message.account)
         if account is not None and not account.caught_up.is_set():
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(account.caught_up.wait(), CATCH_UP_WAIT_SECONDS)
+            except TimeoutError:
+                # A long backlog: wait once, not once per reply; marks from now on use
+                # what has been read (a lookup may then fall short: a resend).
+                logger.info("telegram %s: replying before the backlog is read", account.id)
+                account.caught_up.set()
         try:
             chat_id = int(message.chat_id)
         except ValueError:
