@@ -526,6 +526,7 @@ class TelegramChannel:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             update = Update.de_json(data, account.bot)
+            self._observe_raw(account.id, data)  # polling notes its batches in ``_fetch``
         except Exception as exc:
             logger.warning(
                 "telegram %s: unreadable webhook update (%s: %.200s)",
