@@ -543,15 +543,18 @@ class Transcript(TranscriptBase):
         *,
         fsync: bool = False,
     ) -> Transcript:
-        """Create a new transcript (mode 0600); refuses to overwrite an existing file."""
+        """Create a new transcript (mode 0600); refuses to overwrite an existing file.
+
+        The header is written to a scratch file first and linked into place (which
+        fails if the name exists): a kill mid-way leaves no transcript without its
+        header, only a scratch file, never one that poisons its session for good."""
         path = Path(path)
         header = new_header(session_id, key, meta)
         line = encode_header(header) + b"\n"
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.creating")
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags, FILE_MODE)
-        except FileExistsError:
-            raise TranscriptError(f"transcript already exists: {path}") from None
+            fd = os.open(scratch, flags, FILE_MODE)
         except OSError as exc:
             raise TranscriptError(f"cannot create transcript {path}: {exc}") from exc
         try:
@@ -560,10 +563,15 @@ class Transcript(TranscriptBase):
                 raise TranscriptError(f"short write creating transcript {path}")
             if fsync:
                 os.fsync(fd)
+            os.link(scratch, path)
+            scratch.unlink()
+            if fsync:
                 _fsync_dir(path.parent)
         except BaseException as exc:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            scratch.unlink(missing_ok=True)
+            if isinstance(exc, FileExistsError):
+                raise TranscriptError(f"transcript already exists: {path}") from None
             if isinstance(exc, OSError):
                 raise TranscriptError(f"cannot create transcript {path}: {exc}") from exc
             raise

@@ -89,6 +89,30 @@ def test_create_refuses_to_overwrite(path: Path) -> None:
     with pytest.raises(TranscriptError, match="already exists"):
         Transcript.create(path, "b", "k")
     assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no scratch left
+
+
+def test_create_never_leaves_a_transcript_without_its_header(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill after the file appeared but before its header was written used to leave
+    an empty transcript that failed its session for good (the crash soak hit it). The
+    transcript now appears with its header or not at all: while the header is being
+    written, nothing is at the transcript's name yet."""
+    seen_during_write: list[bool] = []
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        seen_during_write.append(path.exists())
+        return real_write(fd, data)
+
+    monkeypatch.setattr("core.transcript.os.write", write)
+    Transcript.create(path, "a", "k").close()
+    monkeypatch.undo()
+    assert seen_during_write and not any(seen_during_write)
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    with Transcript.open(path) as reopened:
+        assert reopened.entry_count == 0
 
 
 def test_open_missing_file(tmp_path: Path) -> None:
