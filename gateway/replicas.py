@@ -107,16 +107,21 @@ class ReplicaCoordinator:
         rows = await self.inbox.open_for_session(key, list(local))
         started = await self._started_ids(key) if rows else set()
         me = self.locks.pid
+        last_local = max(local, default=-1)
         foreign_ok = True
         for row in rows:
             item = local.get(row.id)
             if item is None:
-                if row.claimed_by == me:
+                if row.claimed_by == me and row.id > last_local:
                     # Waiting in this replica's own lane for a later run, as with SQLite;
                     # taking anything after it now would answer out of order.
                     foreign_ok = False
                     continue
-                item = self._foreign_item(key, row) if foreign_ok else None
+                # Another replica's, or claimed here but older than a message of this
+                # batch: queued behind it out of arrival order (an adopted orphan, a
+                # resend), so answered now, first; its own run finds it answered later.
+                mine = row.claimed_by == me
+                item = self._foreign_item(key, row, mine=mine) if foreign_ok else None
                 if item is None:
                     continue
             if item.recovered is not None or row.status != "received" or row.id in started:
@@ -129,10 +134,10 @@ class ReplicaCoordinator:
             gateway._redelivering.difference_update(dropped)
         return batch
 
-    def _foreign_item(self, key: str, row: InboxItem) -> LaneItem | None:
-        """A lane item for an open item another replica received, or None when it is
-        not this lane's to answer."""
-        if row.status == "replied" and row.error:
+    def _foreign_item(self, key: str, row: InboxItem, *, mine: bool) -> LaneItem | None:
+        """A lane item for an open item outside this batch (received by another replica,
+        or queued behind it here), or None when it is not this lane's to answer."""
+        if row.status == "replied" and row.error and not mine:
             return None  # a failed send: its claimant's redelivery schedule owns it
         if parse_info_command(row.message.text) is not None:
             return None  # /status and the like: answered by the receiver, outside lanes

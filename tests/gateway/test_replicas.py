@@ -36,9 +36,10 @@ class Replica:
         await self.gateway.handle_inbound(self.channel.inbound(text, message_id=text))
 
 
-def replica_config(home: Path, pg_url: str, mode: str) -> LoadedConfig:
+def replica_config(home: Path, pg_url: str, mode: str, **extra: str) -> LoadedConfig:
     return load_config(
         env={
+            **extra,
             "PARLEY_LANES__MODE": mode,
             "PARLEY_HOME": str(home),
             "PARLEY_SESSION__TIMEZONE": "UTC",
@@ -52,11 +53,14 @@ def replica_config(home: Path, pg_url: str, mode: str) -> LoadedConfig:
 
 
 @asynccontextmanager
-async def replica(home: Path, pg_url: str, mode: str = "collect") -> AsyncIterator[Replica]:
+async def replica(
+    home: Path, pg_url: str, mode: str = "collect", **extra: str
+) -> AsyncIterator[Replica]:
     gate = asyncio.Event()
     provider = ScriptedProvider(gate=gate)
     channel = RecordingChannel()
-    gateway = Gateway(replica_config(home, pg_url, mode), channels=[channel], provider=provider)
+    config = replica_config(home, pg_url, mode, **extra)
+    gateway = Gateway(config, channels=[channel], provider=provider)
     async with gateway:
         yield Replica(gateway, channel, provider, gate)
 
@@ -177,6 +181,35 @@ async def test_a_dead_replicas_message_is_adopted_without_a_new_one(
         await b.gateway.wait_idle()
         assert [m.text for m in b.channel.sent] == ["echo: orphan"]
         assert await user_turns(b) == [[1]]
+
+
+async def test_an_adopted_orphan_is_answered_before_the_later_message_queued_ahead_of_it(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # The orphan scan puts a dead replica's message at the back of this replica's lane,
+    # behind a later message of the same chat that waits there for a run slot: the
+    # lane's run for the later one must answer the orphan first, not leave it behind.
+    async with (
+        replica(tmp_path / "a", pg_url, "queue") as a,
+        replica(tmp_path / "b", pg_url, "queue", PARLEY_LANES__MAX_CONCURRENT_RUNS="1") as b,
+    ):
+        assert b.gateway.replicas is not None
+        await b.gateway.replicas.stop()  # no scan of its own: adopted below, at a set moment
+        await a.receive("m0")
+        await wait_until(lambda: a.provider.requests, "a's turn to start")
+        await kill(a)
+        # b's only run slot is taken by bob's turn (held at its model), so alice's next
+        # message waits in b's lane while the scan adopts her first one behind it.
+        await b.gateway.handle_inbound(b.channel.inbound("bob0", sender="bob", message_id="bob0"))
+        await wait_until(lambda: b.provider.requests, "bob's turn to start")
+        await b.receive("m1")
+        assert await b.gateway.replicas.adopt_orphans() == 1
+        b.gate.set()
+        await wait_until(lambda: delivered(b, 3), "every message delivered")
+        await b.gateway.wait_idle()
+        alice = [m.reply_to_message_id for m in b.channel.sent if m.reply_to_message_id != "bob0"]
+        assert alice == ["m0", "m1"]
+        assert await user_turns(b) == [[1], [3]]
 
 
 async def test_one_replica_answers_back_to_back_messages_as_sqlite_does(
