@@ -38,7 +38,7 @@ from core.errors import (
 from core.providers.base import Provider, ProviderRequest, ProviderResponse, TextCallback
 from core.providers.overflow import match_overflow
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("parley.core.providers.retry")
 
 RetryHook = Callable[[int, ProviderError, float], None]
 Sleep = Callable[[float], Awaitable[None]]

@@ -41,7 +41,7 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("parley.gateway.admin.metrics")
 
 ReplyOutcome = Literal["delivered", "failed", "rejected"]
 REPLY_OUTCOMES: tuple[str, ...] = ("delivered", "failed", "rejected")

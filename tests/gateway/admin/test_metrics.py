@@ -307,7 +307,7 @@ def test_failing_gauge_callback_is_logged_and_skipped(caplog: pytest.LogCaptureF
     m.add_gauge("parley_bad_shape", "Wrong arity", lambda: {("a", "b"): 1}, labels=("channel",))
     m.add_gauge("parley_bad_type", "Labelled but scalar", lambda: 1.0, labels=("channel",))
 
-    with caplog.at_level(logging.ERROR, logger="gateway.admin.metrics"):
+    with caplog.at_level(logging.ERROR, logger="parley.gateway.admin.metrics"):
         s = scrape(m)
     assert value(s, "parley_inbox_open") == 4
     assert value(s, "parley_inbound_messages_total", channel="discord") == 1
