@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import (
@@ -50,7 +51,7 @@ def _normalise_ids(ids: list[str]) -> list[str]:
     return cleaned
 
 
-def _check_account_ids(accounts: dict[str, object]) -> None:
+def _check_account_ids(accounts: Mapping[str, object]) -> None:
     for account in accounts:
         if not _ACCOUNT_ID_RE.fullmatch(account):
             raise ValueError(

@@ -61,7 +61,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import discord
@@ -647,17 +647,25 @@ class DiscordChannel:
         return []  # the gateway websocket needs no inbound HTTP
 
 
+class _SendOptions(TypedDict, total=False):
+    reference: discord.MessageReference
+    nonce: str
+
+
 async def _send_part(
     channel: discord.abc.Messageable,
     text: str,
     reference: discord.MessageReference | None,
     nonce: str | None,
 ) -> discord.Message:
-    if reference is None:
-        return await channel.send(text, allowed_mentions=REPLY_MENTIONS, nonce=nonce)
-    return await channel.send(
-        text, reference=reference, allowed_mentions=REPLY_MENTIONS, nonce=nonce
-    )
+    # Only the options that are set: discord.py's ``send`` overloads take neither as
+    # None (left out, it quotes nothing and makes a random nonce, as None does).
+    options: _SendOptions = {}
+    if reference is not None:
+        options["reference"] = reference
+    if nonce is not None:
+        options["nonce"] = nonce
+    return await channel.send(text, allowed_mentions=REPLY_MENTIONS, **options)
 
 
 def _nonce(key: str | None, part: int) -> str | None:

@@ -115,7 +115,7 @@ class LastSeen:
     def most_recent(self, count: int, shard: int | None = None) -> list[int]:
         """Up to ``count`` channels, the most recently active first; with ``shard``,
         only those seen on that shard or on an unknown one."""
-        recent = []
+        recent: list[int] = []
         for channel_id in reversed(self._ids):
             if len(recent) == count:
                 break
@@ -318,9 +318,9 @@ class Backfill:
                 count += 1
         if fetched:
             self._caught_up[channel] = max(m.id for m in fetched)
-        for message in live:
-            if message.message_id not in seen_ids:
-                self._enqueue(message)
+        for held in live:
+            if held.message_id not in seen_ids:
+                self._enqueue(held)
         if fetched is not None:
             self._log_channel(channel, count, len(fetched))
         if stale:

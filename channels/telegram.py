@@ -417,6 +417,8 @@ class TelegramChannel:
         message = (
             item.get("message") or item.get("edited_message") if isinstance(item, dict) else None
         )
+        if message is None:
+            return  # not a message update
         try:
             chat_id, message_id = int(message["chat"]["id"]), int(message["message_id"])
         except Exception:  # noting ids is best effort; a shape we cannot read is the

@@ -82,7 +82,7 @@ class PruneDecision:
         }
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> PruneDecision:
+    def from_dict(cls, raw: object) -> PruneDecision:
         """Parse ``to_dict`` output; raises ValueError for anything else."""
         if not isinstance(raw, Mapping):
             raise ValueError("a prune decision must be an object")

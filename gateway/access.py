@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
 
 from channels.base import Channel, InboundMessage
-from gateway.pairing import PairingRequest, PairingStore, pairing_text
+from gateway.pairing import PairingCheck, PairingRequest, pairing_text
 
 log = logging.getLogger("parley.gateway.access")
 
@@ -33,8 +35,18 @@ class Admission:
 ADMITTED = Admission(allowed=True)
 
 
+class PairingGate(Protocol):
+    """What the gate asks of the pairing store; the SQLite and PostgreSQL ones have it."""
+
+    def now(self) -> datetime: ...
+
+    async def check(
+        self, channel: str, account: str, sender_id: str, sender_name: str | None
+    ) -> PairingCheck: ...
+
+
 class AccessGate:
-    def __init__(self, pairing: PairingStore) -> None:
+    def __init__(self, pairing: PairingGate) -> None:
         self.pairing = pairing
 
     async def admit(self, channel: Channel, message: InboundMessage) -> Admission:

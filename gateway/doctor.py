@@ -409,11 +409,11 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
                 findings.append(Finding(check, "error", f"token refused (HTTP {status})"))
     if channels.discord.is_on():
         base = channels.discord.api_base_url.rstrip("/")
-        for name, account in channels.discord.accounts.items():
-            if not account.enabled:
+        for name, bot in channels.discord.accounts.items():
+            if not bot.enabled:
                 continue
             check = f"discord:{name}"
-            headers = {"Authorization": f"Bot {account.token.get_secret_value()}"}
+            headers = {"Authorization": f"Bot {bot.token.get_secret_value()}"}
             try:
                 status, body = await _probe(f"{base}/users/@me", headers)
             except (aiohttp.ClientError, TimeoutError) as exc:

@@ -605,7 +605,8 @@ def _transcript_state(conn: Connection, session_id: str) -> _TranscriptState | N
         "SELECT line FROM transcript_lines WHERE session_id = %s AND seq = %s",
         (session_id, head["line_count"]),
     ).fetchone()
-    return _TranscriptState(head["header"], int(head["line_count"]), last and last["line"])
+    last_line = last["line"] if last is not None else None
+    return _TranscriptState(head["header"], int(head["line_count"]), last_line)
 
 
 def _insert_header(conn: Connection, session_id: str, header: str, created: str) -> None:

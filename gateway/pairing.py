@@ -13,6 +13,7 @@ table or the operator's screen.
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import sqlite3
 from collections.abc import Callable, Mapping
@@ -203,7 +204,8 @@ class PairingStore:
             (now.isoformat(), channel, sender_id),
         )
 
-    def _list_sync(self, status: PairingStatus | None) -> list[PairingRequest]:
+    # ``builtins.list``: the ``list`` method above shadows the builtin in the class body.
+    def _list_sync(self, status: PairingStatus | None) -> builtins.list[PairingRequest]:
         if status is None:
             rows = self._db.conn.execute("SELECT * FROM pairing ORDER BY created_at").fetchall()
         else:

@@ -7,6 +7,7 @@ new session id. Rows are deleted only by ``parley people erase`` (``delete``).
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 import sqlite3
@@ -297,7 +298,8 @@ class SessionRegistry:
 
     # -- on the database thread -------------------------------------------------------
 
-    def _delete_sync(self, session_ids: list[str]) -> int:
+    # ``builtins.list``: the ``list`` method above shadows the builtin in the class body.
+    def _delete_sync(self, session_ids: builtins.list[str]) -> int:
         return delete_rows_in(self._db.conn, "sessions", "session_id", session_ids, MAX_PAGE_SIZE)
 
     def _get_sync(self, session_id: str) -> SessionRecord | None:

@@ -13,19 +13,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-DEFAULT_DM_SCOPE = "per-channel-peer"
+DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
+ResetMode = Literal["daily", "idle", "both", "off"]
+ResetType = Literal["direct", "group", "thread"]
+
+DEFAULT_DM_SCOPE: DmScope = "per-channel-peer"
 DEFAULT_MAIN_KEY = "main"
-DEFAULT_RESET_MODE = "daily"
+DEFAULT_RESET_MODE: ResetMode = "daily"
 DEFAULT_RESET_AT_HOUR = 4
 DEFAULT_IDLE_MINUTES = 0
 DEFAULT_RESET_TRIGGERS: tuple[str, ...] = ("/new", "/reset")
 # Ten years: far beyond any sensible idle window, and small enough that
 # ``updated_at + timedelta(minutes=...)`` can never overflow ``datetime``.
 MAX_IDLE_MINUTES = 10 * 366 * 24 * 60
-
-DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
-ResetMode = Literal["daily", "idle", "both", "off"]
-ResetType = Literal["direct", "group", "thread"]
 
 # The shapes routing accepts verbatim; see gateway.routing for the full rules.
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")

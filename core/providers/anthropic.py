@@ -325,23 +325,23 @@ class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
                 slot.tool_name = str(getattr(block, "name", ""))
                 initial = getattr(block, "input", None)
                 slot.initial_input = initial if isinstance(initial, dict) else None
-            elif block_kind == "text" and getattr(block, "text", ""):
-                slot.parts.append(block.text)
+            elif block_kind == "text" and (text := getattr(block, "text", "")):
+                slot.parts.append(text)
             state.blocks[int(getattr(event, "index", len(state.blocks)))] = slot
         elif kind == "content_block_delta":
-            slot = state.blocks.get(int(getattr(event, "index", -1)))
+            current = state.blocks.get(int(getattr(event, "index", -1)))
             delta = getattr(event, "delta", None)
             delta_kind = getattr(delta, "type", None)
-            if slot is None:
+            if current is None:
                 raise MalformedResponseError(
                     "a delta for a block never started", provider=PROVIDER_NAME
                 )
             if delta_kind == "text_delta":
                 text = str(getattr(delta, "text", ""))
-                slot.parts.append(text)
+                current.parts.append(text)
                 return text
             if delta_kind == "input_json_delta":
-                slot.parts.append(str(getattr(delta, "partial_json", "")))
+                current.parts.append(str(getattr(delta, "partial_json", "")))
         elif kind == "message_delta":
             delta = getattr(event, "delta", None)
             reason = getattr(delta, "stop_reason", None)

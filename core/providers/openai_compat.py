@@ -321,10 +321,10 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
                 if getattr(call, "id", None) and not slot.id:
                     slot.id = str(call.id)
                 function = getattr(call, "function", None)
-                if getattr(function, "name", None):
-                    slot.name += str(function.name)
-                if getattr(function, "arguments", None):
-                    slot.arguments.append(str(function.arguments))
+                if name := getattr(function, "name", None):
+                    slot.name += str(name)
+                if arguments := getattr(function, "arguments", None):
+                    slot.arguments.append(str(arguments))
             reason = getattr(choice, "finish_reason", None)
             if reason:
                 state.finish_reason = str(reason)

@@ -61,12 +61,17 @@ GaugeValue = float | dict[tuple[str, ...], float]
 
 
 class UsageLike(Protocol):
-    """What `tokens()` reads; `core.messages.Usage` has it."""
+    """What `tokens()` reads; `core.messages.Usage` has it. Read-only properties, so a
+    frozen dataclass matches."""
 
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cache_read_tokens(self) -> int: ...
+    @property
+    def cache_write_tokens(self) -> int: ...
 
 
 def bounded_label(value: str) -> str:

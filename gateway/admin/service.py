@@ -169,7 +169,7 @@ class AdminService:
         )
         return s.ContextBreakdown(
             session_id=record.session_id,
-            status=record.status,  # type: ignore[arg-type]
+            status=record.status,
             total_tokens=report.total_tokens,
             window_tokens=report.window,
             share=round(report.share, 4),
@@ -440,7 +440,7 @@ def _summary(record: SessionRecord) -> s.SessionSummary:
         account=record.account,
         chat_type=record.chat_type,
         display_name=record.display_name,
-        status=record.status,  # type: ignore[arg-type]
+        status=record.status,
         created_at=record.created_at.isoformat(),
         updated_at=record.updated_at.isoformat(),
         archived_reason=record.archived_reason,

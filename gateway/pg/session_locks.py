@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import psycopg
+from psycopg.rows import TupleRow
 
 from gateway.errors import StateError
 
@@ -32,8 +33,8 @@ class SessionLocks:
     def __init__(self, url: str, *, poll_seconds: float = DEFAULT_POLL_SECONDS) -> None:
         self._url = url
         self._poll = poll_seconds
-        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
-        self._listener: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._conn: psycopg.AsyncConnection[TupleRow] | None = None
+        self._listener: psycopg.AsyncConnection[TupleRow] | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._released: dict[str, asyncio.Event] = {}
         self._statement = asyncio.Lock()  # one statement at a time on the lock connection
@@ -133,7 +134,7 @@ class SessionLocks:
             raise StateError(f"cannot reopen the session lock connection: {exc}") from exc
         self.pid = int(row[0]) if row else None
 
-    def _connection(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    def _connection(self) -> psycopg.AsyncConnection[TupleRow]:
         if self._conn is None:
             raise StateError("session locks are not open")
         return self._conn
