@@ -8,6 +8,7 @@ GatewayError
 ├── PairingError         a pairing code is unknown, expired or already decided
 ├── ChannelFailure       a channel adapter could not start (bad token, unreachable API)
 ├── LaneBusy             a session's lane cannot take more work now
+├── NotStarted           a part built at start was asked for before the gateway started
 ├── AdminServerError     the HTTP server cannot start (no token on a public address, port taken)
 └── ApiError             an admin API request cannot be served; carries the HTTP status
 """
@@ -52,6 +53,11 @@ class ChannelFailure(GatewayError):
 
 class LaneBusy(GatewayError):
     pass
+
+
+class NotStarted(GatewayError, RuntimeError):
+    """Also a RuntimeError: asking a stopped gateway for its provider is a caller's
+    mistake, as it was before this class existed."""
 
 
 class AdminServerError(GatewayError):

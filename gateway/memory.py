@@ -1,4 +1,4 @@
-"""Long-term memory in the gateway: where memory.db lives, audiences, and what /memory says.
+"""Long-term memory in the gateway: where memory.db lives, audiences, task records.
 
 Audiences (``gateway.audiences``, the rule in ``core.memory.audience``): a direct chat's
 transcripts, notes and task records belong to its person, a group's to that group, and
@@ -26,9 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.memory.audience import audience_label
 from core.memory.embedders import build_embedder
-from core.memory.index import AsyncResource, MemoryIndex, MemoryStatus, SearchResult
+from core.memory.index import AsyncResource, MemoryIndex
 from core.memory.sources import StoreTranscriptSource
 from core.memory.tasks import task_record_from_turn
 from core.transcript import Entry
@@ -37,7 +36,6 @@ from gateway.config import LoadedConfig
 
 log = logging.getLogger("parley.gateway.memory")
 
-SNIPPET_PREVIEW_CHARS = 300
 # A memory index that opens its own PostgreSQL pool (the CLI, doctor) needs few
 # connections: one writer, one reader and the transcript reads of a sync.
 OWN_POOL_SIZE = 4
@@ -179,76 +177,3 @@ def _own_pool(loaded: LoadedConfig) -> PgDatabase:
     storage = loaded.config.storage
     assert storage.url is not None  # the config refuses postgres without one
     return PgDatabase(storage.url.get_secret_value(), pool_size=OWN_POOL_SIZE)
-
-
-def format_memory_status(status: MemoryStatus) -> str:
-    counts = status.counts
-    requested = status.requested_provider
-    provider = status.provider if status.provider != "none" else "none (keyword-only)"
-    lines = [
-        f"Provider: {provider} (requested: {requested})",
-        f"Model: {status.model or '-'}"
-        + (f" · {status.dimensions} dims" if status.dimensions else ""),
-        f"Indexed: {counts.files} files · {counts.chunks} chunks"
-        + (f" · {counts.vectors} vectors" if status.vector_available else ""),
-    ]
-    for source in counts.by_source:
-        lines.append(f"  {source.source}: {source.files} files · {source.chunks} chunks")
-    dirty = status.dirty_files
-    preview = ", ".join(dirty[:5]) + (f" (+{len(dirty) - 5} more)" if len(dirty) > 5 else "")
-    lines.append(f"Dirty: {'yes — ' + preview if dirty else 'no'}")
-    if status.reindexing:
-        lines.append("Reindexing: yes (keyword search until it finishes)")
-    elif status.reindex_pending:
-        lines.append("Rebuild pending: the embedder, driver or chunking changed (next sync)")
-    vector = (
-        "ready" if status.vector_available else f"off — {status.vector_error or 'keyword-only'}"
-    )
-    lines.append(f"Vector: {vector}")
-    lines.append(f"FTS: {'ready' if status.fts_available else 'unavailable'}")
-    lines.append(
-        f"Embedding cache: {counts.cache_entries} entries (max {status.cache_max_entries})"
-    )
-    if counts.pending_vector_files:
-        lines.append(f"Awaiting vectors: {counts.pending_vector_files} files")
-    if status.forgetting_enabled or counts.forgotten:
-        last = status.forgetting_last_run or "never"
-        lines.append(f"Forgotten: {counts.forgotten} chunks (last run: {last})")
-    embedder = status.embedder or {}
-    if embedder:
-        lines.append(
-            f"Embedder failures: {embedder.get('failures', 0)}/{embedder.get('failure_limit', 0)}"
-            + (f" · last error: {embedder['last_error']}" if embedder.get("last_error") else "")
-        )
-    if status.fallback:
-        lines.append(f"Fallback: {status.fallback}")
-    driver = status.driver
-    if driver.get("postgres"):
-        engine = f"PostgreSQL {driver['postgres']}"
-    else:
-        engine = f"SQLite {driver['sqlite']}"
-    lines.append(f"Store: {status.db_path} ({driver['driver']}, {engine})")
-    lines.append(f"Workspace: {status.workspace}")
-    return "\n".join(lines)
-
-
-def format_search(query: str, result: SearchResult, *, audiences: bool = False) -> str:
-    """What ``/memory search`` and ``parley memory search`` print; ``audiences``: label
-    each hit with whose it is (the operator's view of every audience)."""
-    if not result.hits:
-        head = f'No memory matches "{query}".'
-    else:
-        timing = f"{result.mode}, {result.search_ms:.0f} ms"
-        head = f'{len(result.hits)} result(s) for "{query}" ({timing}):'
-    lines = [head]
-    for number, hit in enumerate(result.hits, start=1):
-        snippet = hit.snippet.replace("\n", " ⏎ ")
-        if len(snippet) > SNIPPET_PREVIEW_CHARS:
-            snippet = snippet[: SNIPPET_PREVIEW_CHARS - 1] + "…"
-        whose = f" · {audience_label(hit.scope)}" if audiences else ""
-        lines.append(
-            f"{number}. {hit.citation} · {hit.score:.2f} · {hit.source}{whose}\n   {snippet}"
-        )
-    if result.fallback:
-        lines.append(f"(keyword-only: {result.fallback})")
-    return "\n".join(lines)

@@ -15,7 +15,8 @@ from core.memory.index import MemoryIndex
 from core.memory.tasks import format_task_stats
 from gateway.audiences import PersonLinks, scope_for_key, viewer_for
 from gateway.config import LoadedConfig
-from gateway.memory import build_memory_index, format_memory_status, format_search
+from gateway.memory import build_memory_index
+from gateway.runtime.commands.texts import format_memory_status, format_search
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

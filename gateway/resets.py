@@ -1,4 +1,4 @@
-"""When a session goes stale, and the manual reset triggers.
+"""When a session goes stale (the manual reset triggers: ``gateway.runtime.commands``).
 
 Rules the gateway follows around these functions:
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Literal
@@ -38,11 +37,6 @@ _MAX_DAY_STEPS = 6
 _ONE_SECOND = timedelta(seconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-# Telegram appends "@botname" to commands in groups; usernames are [A-Za-z0-9_].
-_BOT_SUFFIX_RE = re.compile(r"@([A-Za-z0-9_]+)")
-# Used only when the adapter left the leading mention in: "@bot", "<@123>", "<@!123>".
-_LEADING_MENTION_RE = re.compile(r"\s*(?:<@!?\d+>|@[\w.]+)[:,]?\s+")
-
 StaleKind = Literal["daily", "idle"]
 
 
@@ -52,14 +46,6 @@ class StaleReason:
 
     reason: StaleKind
     expired_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class ResetCommand:
-    """A manual reset: the trigger as configured, and the text that follows it."""
-
-    trigger: str
-    remainder: str
 
 
 def resolve_reset_policy(config: SessionConfig, channel: str, chat_type: ResetType) -> ResetConfig:
@@ -199,39 +185,3 @@ def should_reset(
     if automated:
         return None
     return is_stale(updated_at, now, policy, tz)
-
-
-def match_reset_trigger(
-    text: str,
-    triggers: list[str] | tuple[str, ...],
-    *,
-    bot_mention_stripped: bool = True,
-    bot_username: str | None = None,
-) -> ResetCommand | None:
-    """A manual reset, if ``text`` is a trigger alone or a trigger, whitespace and more.
-
-    Case-insensitive. ``/new@botname`` counts as ``/new``; with ``bot_username`` set, a
-    suffix naming another bot does not. When ``bot_mention_stripped`` is false a leading
-    mention (``@bot``, ``<@123>``) is skipped first. The longest matching trigger wins.
-    """
-    body = text.lstrip()
-    if not bot_mention_stripped:
-        mention = _LEADING_MENTION_RE.match(body)
-        if mention is not None:
-            body = body[mention.end() :]
-    wanted_bot = bot_username.lstrip("@").lower() if bot_username else None
-    for trigger in sorted(triggers, key=len, reverse=True):
-        # Compare slices of the original so that indices stay aligned even where
-        # lowercasing changes a string's length.
-        if not trigger or body[: len(trigger)].lower() != trigger.lower():
-            continue
-        tail = body[len(trigger) :]
-        suffix = _BOT_SUFFIX_RE.match(tail)
-        if suffix is not None:
-            if wanted_bot is not None and suffix.group(1).lower() != wanted_bot:
-                continue
-            tail = tail[suffix.end() :]
-        if tail and not tail[0].isspace():
-            continue
-        return ResetCommand(trigger=trigger, remainder=tail.strip())
-    return None

@@ -344,7 +344,7 @@ async def test_a_reply_the_platform_could_not_take_is_sent_again_later(
     stack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gateway, channel, _ = stack
-    monkeypatch.setattr("gateway.app.DELIVERY_BACKOFF_SECONDS", (0.0, 0.0))
+    monkeypatch.setattr("gateway.runtime.delivery.DELIVERY_BACKOFF_SECONDS", (0.0, 0.0))
     down = DeliveryError("the platform is unreachable", retryable=True)
     channel.fail_next.extend([down] * 3)  # every attempt of the first delivery
     await gateway.handle_inbound(channel.inbound("are you there?"))
@@ -369,7 +369,7 @@ async def test_a_reply_the_platform_could_not_take_is_sent_again_later(
     channel.fail_next.extend([down] * 3)
     await gateway.handle_inbound(channel.inbound("and now?"))
     await gateway.wait_idle()
-    monkeypatch.setattr("gateway.app.REDELIVERY_GIVE_UP", timedelta(0))
+    monkeypatch.setattr("gateway.runtime.redelivery.REDELIVERY_GIVE_UP", timedelta(0))
     assert await gateway.redeliver_now() == 0
     counts = await gateway.inbox.counts()
     assert counts == {"delivered": 1, "failed": 1}

@@ -29,9 +29,9 @@ from gateway.audiences import (
     scope_resolver,
     viewer_for,
 )
-from gateway.commands import MEMORY_USAGE
 from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute
+from gateway.runtime.commands.texts import MEMORY_USAGE
 from gateway.session_config import SessionConfig
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text

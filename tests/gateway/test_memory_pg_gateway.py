@@ -24,10 +24,11 @@ from gateway.app import Gateway
 from gateway.cli import build_parser
 from gateway.config import LoadedConfig
 from gateway.errors import ConfigFileError, StateError
-from gateway.memory import build_memory_index, format_memory_status
+from gateway.memory import build_memory_index
 from gateway.memory_cli import memory_command
 from gateway.pg.database import Connection
 from gateway.pg.memory_store import PgMemoryBackend
+from gateway.runtime.commands.texts import format_memory_status
 from gateway.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel

@@ -131,7 +131,7 @@ async def test_the_suite_catches_a_broken_audience_rule(
     from core.memory.audience import Viewer
 
     hashing_embedder(monkeypatch)
-    monkeypatch.setattr("gateway.app.viewer_for", lambda *_: Viewer.for_operator())
+    monkeypatch.setattr("gateway.runtime.context.viewer_for", lambda *_: Viewer.for_operator())
     settings = Settings(1905, "summary", "per-channel-peer", "always", 40, erase=False)
     world = await run_world(tmp_path, settings)
     places = {v.where for v in world.checker.violations}

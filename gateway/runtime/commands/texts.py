@@ -1,19 +1,17 @@
-"""Slash commands: parsing and the texts they answer with.
-
-``/new`` and ``/reset`` (the configured reset triggers) start a new session; the text
-after the trigger becomes its first message. ``/compact [focus]`` runs in the session's
-lane like a turn (it writes the transcript). ``/status``, ``/context [list|detail|json]``,
-``/memory status|search <q>|stats`` and ``/help`` answer at once, without touching the model.
-Any other ``/word`` is ordinary text for the model.
+"""What slash commands answer with: the help text, usage lines, ``/status``, and what
+``/memory status`` and ``/memory search`` print (``parley memory`` prints the same).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from core.compaction_stats import CompactionStats
+from core.memory.audience import audience_label
+from core.memory.index import MemoryStatus, SearchResult
 from gateway.registry import SessionRecord
+
+SNIPPET_PREVIEW_CHARS = 300
 
 HELP_TEXT = """Commands:
 /new [text]   start a new session (the old one is archived, not deleted);
@@ -38,51 +36,9 @@ HELP_TEXT = """Commands:
               remove your notes that contain the text (or the cited lines)
 /help         this list"""
 
-CONTEXT_MODES = ("list", "detail", "json")
 MEMORY_USAGE = "Usage: /memory status | /memory search <query> | /memory stats"
 REMEMBER_USAGE = "Usage: /remember <text to keep>"
 FORGET_USAGE = "Usage: /forget <text the note contains, or its citation notes/…#Lx>"
-
-
-@dataclass(frozen=True, slots=True)
-class InfoCommand:
-    name: str  # "status" | "help" | "context" | "memory" | "remember" | "forget"
-    argument: str = ""  # /context's mode, /memory's action and query, a note's text
-
-
-def _command_word(text: str) -> tuple[str, str] | None:
-    """(name, rest) of a ``/name[@bot] rest`` message, name lowercased; None otherwise."""
-    parts = text.strip().split(maxsplit=1)
-    if not parts or not parts[0].startswith("/"):
-        return None
-    name = parts[0][1:].split("@", 1)[0].lower()
-    return name, parts[1].strip() if len(parts) > 1 else ""
-
-
-def parse_info_command(text: str) -> InfoCommand | None:
-    """``/status``, ``/help`` (nothing after) or ``/context [mode]``, also ``/cmd@botname``."""
-    parsed = _command_word(text)
-    if parsed is None:
-        return None
-    name, rest = parsed
-    if name in ("status", "help") and not rest:
-        return InfoCommand(name)
-    if name == "context" and (not rest or rest.lower() in CONTEXT_MODES or " " not in rest):
-        return InfoCommand(name, rest.lower())
-    if name == "memory":
-        action, _, query = rest.partition(" ")
-        return InfoCommand(name, f"{action.lower()} {query.strip()}".strip())
-    if name in ("remember", "forget"):
-        return InfoCommand(name, rest.strip())  # the note's own words, case kept
-    return None
-
-
-def parse_compact_command(text: str) -> str | None:
-    """The focus text of ``/compact [focus]`` ("" for none); None for any other message."""
-    parsed = _command_word(text)
-    if parsed is None or parsed[0] != "compact":
-        return None
-    return parsed[1]
 
 
 def format_status(
@@ -146,3 +102,76 @@ def _ago(then: datetime, now: datetime) -> str:
     if seconds < 86400:
         return f"{seconds // 3600}h {seconds % 3600 // 60}m ago"
     return f"{seconds // 86400}d ago ({then:%Y-%m-%d %H:%M} UTC)"
+
+
+def format_memory_status(status: MemoryStatus) -> str:
+    counts = status.counts
+    requested = status.requested_provider
+    provider = status.provider if status.provider != "none" else "none (keyword-only)"
+    lines = [
+        f"Provider: {provider} (requested: {requested})",
+        f"Model: {status.model or '-'}"
+        + (f" · {status.dimensions} dims" if status.dimensions else ""),
+        f"Indexed: {counts.files} files · {counts.chunks} chunks"
+        + (f" · {counts.vectors} vectors" if status.vector_available else ""),
+    ]
+    for source in counts.by_source:
+        lines.append(f"  {source.source}: {source.files} files · {source.chunks} chunks")
+    dirty = status.dirty_files
+    preview = ", ".join(dirty[:5]) + (f" (+{len(dirty) - 5} more)" if len(dirty) > 5 else "")
+    lines.append(f"Dirty: {'yes — ' + preview if dirty else 'no'}")
+    if status.reindexing:
+        lines.append("Reindexing: yes (keyword search until it finishes)")
+    elif status.reindex_pending:
+        lines.append("Rebuild pending: the embedder, driver or chunking changed (next sync)")
+    vector = (
+        "ready" if status.vector_available else f"off — {status.vector_error or 'keyword-only'}"
+    )
+    lines.append(f"Vector: {vector}")
+    lines.append(f"FTS: {'ready' if status.fts_available else 'unavailable'}")
+    lines.append(
+        f"Embedding cache: {counts.cache_entries} entries (max {status.cache_max_entries})"
+    )
+    if counts.pending_vector_files:
+        lines.append(f"Awaiting vectors: {counts.pending_vector_files} files")
+    if status.forgetting_enabled or counts.forgotten:
+        last = status.forgetting_last_run or "never"
+        lines.append(f"Forgotten: {counts.forgotten} chunks (last run: {last})")
+    embedder = status.embedder or {}
+    if embedder:
+        lines.append(
+            f"Embedder failures: {embedder.get('failures', 0)}/{embedder.get('failure_limit', 0)}"
+            + (f" · last error: {embedder['last_error']}" if embedder.get("last_error") else "")
+        )
+    if status.fallback:
+        lines.append(f"Fallback: {status.fallback}")
+    driver = status.driver
+    if driver.get("postgres"):
+        engine = f"PostgreSQL {driver['postgres']}"
+    else:
+        engine = f"SQLite {driver['sqlite']}"
+    lines.append(f"Store: {status.db_path} ({driver['driver']}, {engine})")
+    lines.append(f"Workspace: {status.workspace}")
+    return "\n".join(lines)
+
+
+def format_search(query: str, result: SearchResult, *, audiences: bool = False) -> str:
+    """What ``/memory search`` and ``parley memory search`` print; ``audiences``: label
+    each hit with whose it is (the operator's view of every audience)."""
+    if not result.hits:
+        head = f'No memory matches "{query}".'
+    else:
+        timing = f"{result.mode}, {result.search_ms:.0f} ms"
+        head = f'{len(result.hits)} result(s) for "{query}" ({timing}):'
+    lines = [head]
+    for number, hit in enumerate(result.hits, start=1):
+        snippet = hit.snippet.replace("\n", " ⏎ ")
+        if len(snippet) > SNIPPET_PREVIEW_CHARS:
+            snippet = snippet[: SNIPPET_PREVIEW_CHARS - 1] + "…"
+        whose = f" · {audience_label(hit.scope)}" if audiences else ""
+        lines.append(
+            f"{number}. {hit.citation} · {hit.score:.2f} · {hit.source}{whose}\n   {snippet}"
+        )
+    if result.fallback:
+        lines.append(f"(keyword-only: {result.fallback})")
+    return "\n".join(lines)

@@ -35,16 +35,18 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.commands import parse_info_command
 from gateway.inbox import InboxItem
 from gateway.lane_items import LaneItem, LaneTask
+from gateway.lanes import LaneManager
+from gateway.runtime.commands.parsing import parse_info_command
+from gateway.runtime.context import Runtime
+from gateway.runtime.dispatch import Dispatch
+from gateway.runtime.redelivery import Redelivery
+from gateway.runtime.transcripts import TranscriptCache
 
 if TYPE_CHECKING:
-    from core.transcript_store import SessionTranscript
-    from gateway.app import Gateway
     from gateway.pg.inbox import PgInbox
     from gateway.pg.session_locks import SessionLocks
-    from gateway.registry import SessionRecord
 
 log = logging.getLogger("parley.gateway.replicas")
 
@@ -54,10 +56,24 @@ ORPHAN_SCAN_SECONDS = 5.0
 class ReplicaCoordinator:
     """The PostgreSQL backend's share of a gateway's lane runs (see the module doc)."""
 
-    def __init__(self, gateway: Gateway, locks: SessionLocks, inbox: PgInbox) -> None:
-        self.gateway = gateway
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        locks: SessionLocks,
+        inbox: PgInbox,
+        lanes: LaneManager[LaneItem | LaneTask],
+        transcripts: TranscriptCache,
+        dispatch: Dispatch,
+        redelivery: Redelivery,
+    ) -> None:
+        self.rt = rt
         self.locks = locks
         self.inbox = inbox
+        self.lanes = lanes
+        self.transcripts = transcripts
+        self.dispatch = dispatch
+        self.redelivery = redelivery
         self.scan_seconds = ORPHAN_SCAN_SECONDS
         # Lane items whose session lock could not be taken (the lock connection was
         # down): queued again by the next scan instead of waiting for a restart.
@@ -85,7 +101,7 @@ class ReplicaCoordinator:
             await self.locks.acquire(key)
         except Exception as exc:  # the lock connection is down and did not come back
             log.error("cannot lock session %s: %s; its messages are tried again", key, exc)
-            self.gateway.metrics.error("storage")
+            self.rt.metrics.error("storage")
             for item in items:
                 if isinstance(item, LaneItem):
                     self._stranded[item.inbox_id] = item
@@ -94,14 +110,13 @@ class ReplicaCoordinator:
             return
         try:
             batch = await self._claim_batch(key, items)
-            await self.gateway._run_batch(key, batch)
+            await self.dispatch.run_batch(key, batch)
         finally:
             await self.locks.release(key)
 
     async def _claim_batch(
         self, key: str, items: Sequence[LaneItem | LaneTask]
     ) -> list[LaneItem | LaneTask]:
-        gateway = self.gateway
         local = {i.inbox_id: i for i in items if isinstance(i, LaneItem)}
         batch: list[LaneItem | LaneTask] = [i for i in items if not isinstance(i, LaneItem)]
         rows = await self.inbox.open_for_session(key, list(local))
@@ -131,7 +146,7 @@ class ReplicaCoordinator:
         dropped = set(local) - {r.id for r in rows}
         if dropped:
             log.debug("inbox %s answered by another replica", sorted(dropped))
-            gateway._redelivering.difference_update(dropped)
+            self.dispatch.redelivering.difference_update(dropped)
         return batch
 
     def _foreign_item(self, key: str, row: InboxItem, *, mine: bool) -> LaneItem | None:
@@ -141,47 +156,37 @@ class ReplicaCoordinator:
             return None  # a failed send: its claimant's redelivery schedule owns it
         if parse_info_command(row.message.text) is not None:
             return None  # /status and the like: answered by the receiver, outside lanes
-        if row.message.channel not in self.gateway.channels:
+        if row.message.channel not in self.rt.channels:
             return None  # no adapter here to reply through
-        route = self.gateway._route(row.message)
+        route = self.rt.route(row.message)
         if route.key != key:
             return None  # routed differently here (configs differ): not under this lock
-        return self.gateway._lane_item(row.id, row.message, route)
+        return self.dispatch.lane_item(row.id, row.message, route)
 
     async def _started_ids(self, key: str) -> set[int]:
         """Inbox ids of the session's latest user message: a turn on them was begun."""
-        gateway = self.gateway
-        record = await gateway.registry.get_active(key)
+        record = await self.rt.registry.get_active(key)
         if record is None:
             return set()
-        transcript = await self.current_transcript(record)
+        transcript = await self.transcripts.current(record)
         for entry in reversed(transcript.live_entries()):
             if entry.type == "message" and entry.message.role == "user":
                 meta = entry.payload.get("meta") or {}
                 return {int(i) for i in meta.get("inbox_ids") or ()}
         return set()
 
-    async def current_transcript(self, record: SessionRecord) -> SessionTranscript:
-        """The session's transcript, reopened if another replica appended to it since
-        this one cached it."""
-        gateway = self.gateway
-        if await gateway.cached_transcript(record) is None:
-            gateway._forget_transcript(record.session_id)  # stale (or not open): reopen
-        return await gateway.transcript(record)
-
     # -- orphans ------------------------------------------------------------------------
 
     async def adopt_orphans(self) -> int:
         """Claim the open items of replicas that died and queue them here; queue again
         the stranded ones. Returns how many were queued."""
-        gateway = self.gateway
         queued = 0
         stranded, self._stranded = self._stranded, {}
         for item in stranded.values():
-            if (await gateway.lanes.submit(item.route.key, item, force=True)).accepted:
+            if (await self.lanes.submit(item.route.key, item, force=True)).accepted:
                 queued += 1
-        for row in await self.inbox.claim_orphans(channels=list(gateway.channels)):
-            queued += await gateway._requeue(row)
+        for row in await self.inbox.claim_orphans(channels=list(self.rt.channels)):
+            queued += await self.redelivery.requeue(row)
         if queued:
             log.info("took over %d unanswered message(s) from stopped replicas", queued)
         return queued

@@ -1,0 +1,166 @@
+"""The answers of the commands answered at once (``parsing.parse_info_command``):
+read-only views of the session and this conversation's own memory, and the notes
+``/remember`` and ``/forget`` change. None of them waits for the session's lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from channels.base import InboundMessage
+from core.context_engine import ContextView
+from core.context_report import ContextReport, build_context_report, render_context
+from core.errors import CoreError, TranscriptError
+from core.memory.notes import NoteError
+from core.memory.recall import last_recall
+from core.memory.tasks import format_task_stats
+from core.transcript_store import SessionTranscript
+from gateway.registry import SessionRecord
+from gateway.routing import SessionRoute
+from gateway.runtime.commands.parsing import InfoCommand
+from gateway.runtime.commands.texts import (
+    FORGET_USAGE,
+    HELP_TEXT,
+    MEMORY_USAGE,
+    REMEMBER_USAGE,
+    format_memory_status,
+    format_search,
+    format_status,
+)
+from gateway.runtime.context import Runtime
+from gateway.runtime.transcripts import TranscriptCache
+
+MEMORY_OFF_TEXT = "Long-term memory is turned off ([memory] enabled = false)."
+
+
+class CommandReplies:
+    def __init__(self, rt: Runtime, transcripts: TranscriptCache) -> None:
+        self.rt = rt
+        self.transcripts = transcripts
+
+    async def answer(self, info: InfoCommand, route: SessionRoute, message: InboundMessage) -> str:
+        if info.name == "help":
+            return HELP_TEXT
+        if info.name == "context":
+            return await self.context_text(route, info.argument)
+        if info.name == "memory":
+            return await self.memory_text(route, message, info.argument)
+        if info.name in ("remember", "forget"):
+            return await self.note_text(route, message, info.name, info.argument)
+        return await self.status_text(route.key)
+
+    async def status_text(self, key: str) -> str:
+        rt = self.rt
+        record = await rt.registry.get_active(key)
+        # What the session's last turn or compaction in this process left: /status runs
+        # outside the lane and must not read the transcript while a turn writes it.
+        stats = rt.figures.peek(record.session_id) if record is not None else None
+        return format_status(
+            record,
+            key=key,
+            model=rt.provider.model,
+            window=rt.window_for(record),
+            now=rt.clock(),
+            compactions=stats,
+        )
+
+    async def context_text(self, route: SessionRoute, mode: str) -> str:
+        """``/context [list|detail|json]``: what the next request would hold, by part."""
+        record = await self.rt.registry.get_active(route.key)
+        transcript = opened = None
+        if record is not None:
+            transcript = await self.transcripts.cached(record)
+            if transcript is None:
+                # Outside the lane: a read-only copy for this read (none yet: the lane
+                # may be creating it), never the lane's way of opening.
+                with contextlib.suppress(TranscriptError):
+                    transcript = opened = await asyncio.to_thread(
+                        self.rt.state.transcripts.open, record.session_id, read_only=True
+                    )
+        try:
+            report, _ = await self.context_report(record, transcript, route.chat_type)
+        finally:
+            if opened is not None:
+                opened.close()
+        return render_context(report, mode or "list")
+
+    async def context_report(
+        self, record: SessionRecord | None, transcript: SessionTranscript | None, chat_type: str
+    ) -> tuple[ContextReport, ContextView | None]:
+        """What the next request would hold, by part, and how the history was cut."""
+        rt = self.rt
+        engine, runner = rt.engine, rt.runner
+        prompt = await asyncio.to_thread(rt.prompt.build)
+        tools = runner.tools.specs() if runner.offer_tools else ()
+        history: list[Any] = []
+        view = None
+        recall = None
+        if transcript is not None:
+            live = transcript.live_entries()
+            view = engine.inspect_view(live, chat_type, window=rt.window_for(record))
+            history = view.messages
+            recall = last_recall(live)  # what the last turn recalled from memory
+        report = await asyncio.to_thread(
+            build_context_report,
+            prompt=prompt,
+            tools=tools,
+            history=history,
+            counter=engine.counter,
+            window=rt.window_for(record),
+            workspace=rt.loaded.workspace,
+            file_max_chars=rt.config.context.file_max_chars,
+            total_max_chars=rt.config.context.total_max_chars,
+            session_tokens=record.context_tokens if record else None,
+            recall=recall,
+        )
+        return report, view
+
+    async def memory_text(self, route: SessionRoute, message: InboundMessage, argument: str) -> str:
+        """``/memory status``, ``search <query>`` and ``stats``: this conversation's
+        audiences only, as its own searches see them."""
+        memory = self.rt.memory
+        if memory is None:
+            return MEMORY_OFF_TEXT
+        action, _, query = argument.partition(" ")
+        try:
+            viewer = self.rt.viewer(route, message)
+            if action in ("", "status"):
+                return format_memory_status(await memory.status(viewer))
+            if action == "search" and query.strip():
+                scopes = await memory.visible_scopes(viewer)
+                result = await memory.search(query.strip(), scopes=scopes)
+                return format_search(query.strip(), result)
+            if action == "stats" and not query.strip():
+                scopes = await memory.visible_scopes(viewer)
+                return format_task_stats(await memory.task_stats(scopes))
+        except CoreError as exc:
+            return f"Memory is unavailable: {exc}"
+        return MEMORY_USAGE
+
+    async def note_text(
+        self, route: SessionRoute, message: InboundMessage, name: str, argument: str
+    ) -> str:
+        """``/remember <text>`` and ``/forget <text or citation>``: the notes of this
+        conversation's own audience (the person's, or the group's), nobody else's."""
+        memory = self.rt.memory
+        if memory is None:
+            return MEMORY_OFF_TEXT
+        if not argument:
+            return REMEMBER_USAGE if name == "remember" else FORGET_USAGE
+        audience = self.rt.audience(route, message)
+        where = "your memory" if audience.kind == "person" else "this group's memory"
+        try:
+            if name == "remember":
+                citation = await memory.remember(audience, argument)
+                return f"Remembered in {where} ({citation})."
+            removed = await memory.forget_note(audience, argument)
+        except (NoteError, OSError) as exc:
+            return f"Could not change {where}: {exc}"
+        if not removed:
+            return f"Nothing in {where} matches that."
+        lines = sum(len(f.lines) for f in removed)
+        return f"Forgot {lines} line(s) from {where}: " + "; ".join(
+            f"{f.path} ({len(f.lines)})" for f in removed
+        )

@@ -1,0 +1,223 @@
+"""``Runtime``: what every stage of the gateway's work shares.
+
+Built with the gateway; the model-side parts (provider, engine, runner, prompt,
+memory index) are filled in by ``Gateway.start`` and read through properties that
+fail loudly before then. The rules every stage applies the same way live here too:
+which session a message belongs to, whose memory it writes and reads, the context
+window of a session's model, and how a state write that must not fail a message is
+made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from channels.base import Channel, InboundMessage
+from core.compaction_stats import CompactionStats
+from core.context_engine import ContextEngine
+from core.memory.audience import Audience, Viewer
+from core.memory.index import MemoryIndex
+from core.prompt import SystemPromptBuilder
+from core.providers.base import Provider
+from core.runner import Runner
+from core.transcript_store import SessionTranscript
+from gateway.admin.metrics import GatewayMetrics
+from gateway.audiences import PersonLinks, audience_for, viewer_for
+from gateway.config import LoadedConfig
+from gateway.errors import NotStarted
+from gateway.registry import SessionRecord
+from gateway.routing import SessionRoute, resolve_session_key
+from gateway.session_figures import SessionFiguresCache
+from gateway.session_figures import figures as session_figures
+from gateway.storage_errors import storage_failure
+from gateway.stores import StateStores
+
+if TYPE_CHECKING:
+    from gateway.stores import InboxStore, Pairing, Registry
+
+log = logging.getLogger("parley.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderHealth:
+    """What the last provider call said; ``ok`` is False only when it was unreachable."""
+
+    ok: bool = True
+    detail: str = "no call yet"
+    at: datetime | None = None
+
+
+class Runtime:
+    """The shared parts of one gateway (see the module doc)."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        channels: Mapping[str, Channel],
+        state: StateStores,
+        metrics: GatewayMetrics,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self.channels = channels
+        self.state = state
+        self.metrics = metrics
+        self.figures = SessionFiguresCache()
+        self.clock = clock
+        self.zone = ZoneInfo("UTC")  # the configured zone, resolved at start (reads files)
+        # The identity links as memory reads them: which person ids are one person.
+        self.person_links = PersonLinks(loaded.config.session)
+        self.provider_health = ProviderHealth()
+        self._provider: Provider | None = None
+        self._engine: ContextEngine | None = None
+        self._runner: Runner | None = None
+        self._prompt: SystemPromptBuilder | None = None
+        # None until start, and for good when [memory] enabled = false.
+        self.memory: MemoryIndex | None = None
+
+    # -- the state stores (read through: an operator's tool may swap one) --------------------
+
+    @property
+    def registry(self) -> Registry:
+        return self.state.registry
+
+    @property
+    def inbox(self) -> InboxStore:
+        return self.state.inbox
+
+    @property
+    def pairing(self) -> Pairing:
+        return self.state.pairing
+
+    # -- the parts built at start ---------------------------------------------------------
+
+    @property
+    def provider(self) -> Provider:
+        if self._provider is None:
+            raise NotStarted("the gateway is not started")
+        return self._provider
+
+    @provider.setter
+    def provider(self, provider: Provider) -> None:
+        self._provider = provider
+
+    @property
+    def has_provider(self) -> bool:
+        return self._provider is not None
+
+    @property
+    def engine(self) -> ContextEngine:
+        if self._engine is None:
+            raise NotStarted("the gateway is not started")
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: ContextEngine) -> None:
+        self._engine = engine
+
+    @property
+    def engine_or_none(self) -> ContextEngine | None:
+        return self._engine
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            raise NotStarted("the gateway is not started")
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner: Runner) -> None:
+        self._runner = runner
+
+    @property
+    def runner_or_none(self) -> Runner | None:
+        return self._runner
+
+    @property
+    def prompt(self) -> SystemPromptBuilder:
+        if self._prompt is None:
+            raise NotStarted("the gateway is not started")
+        return self._prompt
+
+    @prompt.setter
+    def prompt(self, prompt: SystemPromptBuilder) -> None:
+        self._prompt = prompt
+
+    @property
+    def prompt_or_none(self) -> SystemPromptBuilder | None:
+        return self._prompt
+
+    # -- rules every stage applies --------------------------------------------------------
+
+    def route(self, message: InboundMessage) -> SessionRoute:
+        """The session a message belongs to."""
+        return resolve_session_key(
+            agent_id=self.config.agent.id,
+            channel=message.channel,
+            account=message.account,
+            chat_type=message.chat_type,
+            chat_id=message.chat_id,
+            sender_id=message.sender_id,
+            thread_id=message.thread_id,
+            config=self.config.session,
+        )
+
+    def audience(self, route: SessionRoute, message: InboundMessage) -> Audience:
+        """Where this conversation's memory goes (``gateway.audiences``)."""
+        return audience_for(
+            route,
+            channel=message.channel,
+            sender_id=message.sender_id,
+            chat_id=message.chat_id,
+            config=self.config.session,
+        )
+
+    def viewer(self, route: SessionRoute, message: InboundMessage) -> Viewer:
+        """What this conversation may read of memory (``core.memory.audience``)."""
+        return viewer_for(self.audience(route, message), self.config.session, self.person_links)
+
+    def window_for(self, record: SessionRecord | None) -> int:
+        """The context window of the session's model, in tokens."""
+        model = (record.settings.get("model") if record else None) or self.provider.model
+        return self.engine.window(model).tokens
+
+    async def note_figures(
+        self,
+        record: SessionRecord,
+        transcript: SessionTranscript,
+        used: int,
+        *,
+        compacted: bool = False,
+    ) -> CompactionStats:
+        """Refresh the session's figures (and its metrics) after a turn or compaction."""
+        stats = await self.figures.stats(record.session_id, transcript, changed=compacted)
+        self.metrics.session(
+            record.session_id, session_figures(stats, used, self.window_for(record))
+        )
+        return stats
+
+    async def bookkeep(self, what: str, write: Awaitable[Any]) -> bool:
+        """Await a state write that must not fail the message; a storage failure is
+        logged (and counted) instead of raised. False when it failed."""
+        try:
+            await write
+        except Exception as exc:
+            detail = storage_failure(exc)
+            if detail is None:
+                raise
+            log.error("storage failure: could not %s: %s", what, detail)
+            self.metrics.error("storage")
+            return False
+        return True
+
+
+def last_entry_id(transcript: SessionTranscript) -> str | None:
+    last = transcript.last_entry
+    return last.id if last is not None else None

@@ -1,0 +1,204 @@
+"""A reply's way out: stored in the inbox with the chat's send mark, sent (the parts
+a platform already has are not sent again after a crash), and its result recorded in
+the inbox, the transcript and the registry.
+
+When the state cannot take the reply it is still sent (the transcript holds it and
+its delivery, which recovery checks); nothing after the send raises for storage, so a
+reply never gets a second, error, message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from channels.base import (
+    DeliveryError,
+    DeliveryResult,
+    InboundMessage,
+    OutboundMessage,
+    RecipientBlocked,
+)
+from core.prompt import SILENT_REPLY
+from gateway.inbox import InboxItem, SentMessages
+from gateway.registry import SessionRecord
+from gateway.runtime.context import Runtime, last_entry_id
+from gateway.runtime.transcripts import TranscriptCache
+from gateway.send_recovery import parts_already_sent, send_mark
+
+log = logging.getLogger("parley.gateway")
+
+DELIVERY_ATTEMPTS = 3
+DELIVERY_BACKOFF_SECONDS = (0.5, 2.0)
+
+
+class Delivery:
+    def __init__(self, rt: Runtime, transcripts: TranscriptCache) -> None:
+        self.rt = rt
+        self.transcripts = transcripts
+
+    async def deliver(
+        self,
+        ids: list[int],
+        message: InboundMessage,
+        record: SessionRecord | None,
+        text: str,
+        *,
+        final_status: str = "delivered",
+        failure: str | None = None,
+        resumed: InboxItem | None = None,
+        first_message: InboundMessage | None = None,
+    ) -> None:
+        """Store the reply to inbox items ``ids`` in the inbox, send it, record the
+        result. ``resumed``: the open item of a reply stored before (a restart, a
+        failed send); the parts the platform already has are not sent again
+        (``gateway.send_recovery``). The reply's idempotency key names the first
+        message it answers (``first_message``, else ``message``): every send of this
+        reply, and only of this one, carries it."""
+        rt = self.rt
+        session_id = record.session_id if record else None
+        channel = rt.channels.get(message.channel)
+        outbound = dataclasses.replace(
+            reply_to(message, text), idempotency_key=reply_key(first_message or message)
+        )
+        # Where the chat's numbering stands before the send, stored with the reply
+        # (an earlier mark is kept: an earlier send of this reply came after it).
+        mark = await send_mark(channel, outbound) if channel is not None else None
+        await rt.bookkeep(
+            "store the reply in the inbox",
+            rt.inbox.mark_replied(ids, session_id, [text], send_mark=mark),
+        )
+        if text.strip() == SILENT_REPLY:
+            await rt.bookkeep("mark the reply delivered", rt.inbox.mark_delivered(ids))
+            return
+        if channel is None:
+            log.warning("no running channel %s: reply kept for later", message.channel)
+            return
+        found: tuple[str, ...] = ()
+        if resumed is not None:
+            found = await parts_already_sent(channel, rt.inbox, resumed, outbound)
+            outbound = dataclasses.replace(outbound, first_part=len(found))
+            if not found and mark is not None:
+                # Nothing above the old mark: look above this one after another kill
+                # (the chat may have moved on by more than a look covers since).
+                await rt.bookkeep("renew the send mark", rt.inbox.renew_send_mark(ids, mark))
+        error: str | None = None
+        result = None
+        partial: tuple[str, ...] = ()
+        retryable = False
+        for attempt in range(DELIVERY_ATTEMPTS):
+            try:
+                result = _after_found(found, await channel.send(outbound))
+                break
+            except RecipientBlocked as exc:
+                error = f"recipient blocked the bot: {exc}"
+                partial = found + exc.delivered
+                break
+            except DeliveryError as exc:
+                error = str(exc)
+                partial = found + exc.delivered
+                retryable = exc.retryable and not partial
+                # Parts already out would be sent twice: only a clean failure is retried.
+                if partial or not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
+                    break
+                await asyncio.sleep(DELIVERY_BACKOFF_SECONDS[min(attempt, 1)])
+        route = {
+            "channel": outbound.channel,
+            "account": outbound.account,
+            "chat_id": outbound.chat_id,
+            "thread_id": outbound.thread_id,
+        }
+
+        def sent(platform_ids: tuple[str, ...]) -> SentMessages:
+            return SentMessages(outbound.channel, outbound.account, platform_ids)
+
+        if result is None and retryable and final_status == "delivered":
+            # The platform is unreachable for now: keep the reply and send it later.
+            await rt.bookkeep(
+                "keep the reply for another send",
+                rt.inbox.note_undelivered(ids, error or "delivery failed"),
+            )
+            log.warning("delivery to %s failed, will try again: %s", route, error)
+            rt.metrics.reply(message.channel, "failed")
+            rt.metrics.error("delivery_failed")
+        elif result is None:
+            await rt.bookkeep(
+                "mark the delivery failed",
+                rt.inbox.mark_failed(ids, failure or error or "delivery failed", sent(partial)),
+            )
+            log.warning("delivery to %s failed: %s", route, error)
+            rt.metrics.reply(message.channel, "failed")
+            rt.metrics.error("delivery_failed")
+        elif final_status == "rejected":
+            await rt.bookkeep(
+                "mark the message rejected",
+                rt.inbox.mark_rejected(ids, "queue full", sent(result.platform_message_ids)),
+            )
+            rt.metrics.reply(message.channel, "rejected")
+        elif final_status == "failed":  # told why; the message itself was not processed
+            await rt.bookkeep(
+                "mark the message failed",
+                rt.inbox.mark_failed(ids, failure or "failed", sent(result.platform_message_ids)),
+            )
+            rt.metrics.reply(message.channel, "delivered")
+        else:
+            await rt.bookkeep(
+                "mark the reply delivered",
+                rt.inbox.mark_delivered(ids, sent(result.platform_message_ids)),
+            )
+            rt.metrics.reply(message.channel, "delivered")
+        if record is None:
+            return
+        platform_ids = list(result.platform_message_ids if result else partial)
+        delivery = {
+            "inbox_ids": ids,
+            "ok": result is not None,
+            "platform_message_ids": platform_ids,
+            "parts": result.parts if result else len(partial),
+            "error": error,
+            **route,
+        }
+        transcript = await self.transcripts.get(record)
+        await rt.bookkeep(
+            "record the delivery in the transcript",
+            asyncio.to_thread(transcript.append_custom, "delivery", delivery),
+        )
+        await rt.bookkeep(
+            "record the delivery in the registry",
+            rt.registry.record_delivery(
+                record.session_id,
+                route,
+                error,
+                entry_count=transcript.entry_count,
+                last_entry_id=last_entry_id(transcript),
+                message_ids=platform_ids,
+            ),
+        )
+
+
+def reply_to(message: InboundMessage, text: str, *, quote: bool = True) -> OutboundMessage:
+    """``text`` back to where ``message`` came from (quoting it unless ``quote`` is off)."""
+    return OutboundMessage(
+        channel=message.channel,
+        account=message.account,
+        chat_id=message.chat_id,
+        text=text,
+        thread_id=message.thread_id,
+        reply_to_message_id=message.message_id if quote else None,
+    )
+
+
+def reply_key(message: InboundMessage) -> str:
+    """The idempotency key of the reply to ``message``: the inbox stores one reply per
+    message (its unique channel, account and platform id), so the key names that
+    reply across restarts, and no other (notices sent outside the inbox carry none)."""
+    return f"reply:{message.channel}:{message.account}:{message.message_id}"
+
+
+def _after_found(found: tuple[str, ...], result: DeliveryResult) -> DeliveryResult:
+    """The delivery of a whole reply: the parts found out already, then those sent now."""
+    if not found:
+        return result
+    ids = found + result.platform_message_ids
+    return dataclasses.replace(result, platform_message_ids=ids, parts=len(ids))

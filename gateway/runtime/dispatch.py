@@ -1,0 +1,239 @@
+"""One lane run: a session's batch of messages and tasks, in order.
+
+Plain messages next to each other share one turn (collect mode); a reset, a
+``/compact``, a recovered message or a task runs on its own. A recovered message
+whose reply was stored before the crash is delivered, not answered again; one whose
+delivery the transcript records is marked delivered, not sent twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from channels.base import InboundMessage
+from core.transcript_store import SessionTranscript
+from gateway.inbox import InboxItem, SentMessages
+from gateway.lane_items import LaneItem, LaneTask
+from gateway.registry import SessionRecord
+from gateway.routing import SessionRoute
+from gateway.runtime.commands.parsing import match_reset_trigger, parse_compact_command
+from gateway.runtime.context import Runtime
+from gateway.runtime.delivery import Delivery
+from gateway.runtime.sessions import Sessions
+from gateway.runtime.transcripts import TranscriptCache
+from gateway.runtime.turn import Turns
+from gateway.storage_errors import storage_failure
+from gateway.user_errors import INTERNAL_ERROR_TEXT, STORAGE_ERROR_TEXT
+
+log = logging.getLogger("parley.gateway")
+
+
+class Dispatch:
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        transcripts: TranscriptCache,
+        sessions: Sessions,
+        turns: Turns,
+        delivery: Delivery,
+    ) -> None:
+        self.rt = rt
+        self.transcripts = transcripts
+        self.sessions = sessions
+        self.turns = turns
+        self.delivery = delivery
+        self.redelivering: set[int] = set()  # inbox ids queued for another send
+
+    def lane_item(
+        self,
+        item_id: int,
+        message: InboundMessage,
+        route: SessionRoute,
+        recovered: InboxItem | None = None,
+    ) -> LaneItem:
+        """What the lane carries for a message: with the reset or /compact it asks for."""
+        reset = None
+        focus = None
+        if not message.automated:  # automated events never reset a session
+            reset = match_reset_trigger(message.text, self.rt.config.session.reset_triggers)
+            focus = parse_compact_command(message.text)
+        return LaneItem(
+            item_id,
+            message,
+            route,
+            reset_text=reset.remainder if reset is not None else None,
+            compact_focus=focus if reset is None else None,
+            recovered=recovered,
+        )
+
+    async def run_batch(self, key: str, items: list[LaneItem | LaneTask]) -> None:
+        """Process a batch in order; plain messages next to each other share one turn."""
+        group: list[LaneItem] = []
+        # A batch holds several messages in collect mode, or (several replicas) when the
+        # session's lock holder answers what other replicas received: queue mode still
+        # answers each in its own turn.
+        fold = self.rt.config.lanes.mode == "collect"
+        for item in items:
+            if isinstance(item, LaneTask):
+                if group:
+                    await self._answer(key, group)
+                    group = []
+                await item.execute()
+                continue
+            plain = (
+                fold
+                and item.reset_text is None
+                and item.recovered is None
+                and item.compact_focus is None
+            )
+            # One reply goes to one place: a session can span bot accounts or chats (a
+            # person writing to two bots under dm_scope "per-channel-peer"), and a folded
+            # turn must not leave one of them unanswered.
+            if plain and (not group or _reply_route(group[0]) == _reply_route(item)):
+                group.append(item)
+                continue
+            if plain:
+                await self._answer(key, group)
+                group = [item]
+                continue
+            if group:
+                await self._answer(key, group)
+                group = []
+            await self._answer(key, [item])
+        if group:
+            await self._answer(key, group)
+
+    async def _answer(self, key: str, items: list[LaneItem]) -> None:
+        try:
+            await self._answer_items(key, items)
+        finally:
+            self.redelivering.difference_update(i.inbox_id for i in items)
+
+    async def _answer_items(self, key: str, items: list[LaneItem]) -> None:
+        rt, deliver = self.rt, self.delivery.deliver
+        first, last = items[0], items[-1]
+        ids = [i.inbox_id for i in items]
+        try:
+            recovered = first.recovered
+            if recovered is not None and recovered.status == "replied":
+                await self._deliver_stored(recovered, ids, last.message)
+                return
+            if first.compact_focus is not None:
+                outcome = await self.sessions.compact_command(key, first)
+                await deliver(ids, last.message, *outcome, first_message=first.message)
+                return
+            if first.reset_text is not None:
+                record = await self.sessions.reset(key, first, reason="command")
+                if not first.reset_text.strip():
+                    text = (
+                        f"Started a new session ({record.session_id[:8]}). The old one is archived."
+                    )
+                    await deliver(ids, last.message, record, text, first_message=first.message)
+                    return
+                text = first.reset_text
+            else:
+                record = await self.sessions.session_for(key, first)
+                text = "\n\n".join(_turn_text(i.message) for i in items)
+            if first.recovered is not None and await self._delivered_before(record, ids):
+                return
+            reply = await self.turns.run(record, items, text)
+            await deliver(ids, last.message, record, reply, first_message=first.message)
+        except Exception as exc:
+            detail = storage_failure(exc)
+            if detail is None:
+                log.exception("answering %s in session %s failed", ids, key)
+                rt.metrics.error("internal")
+                await deliver(
+                    ids, last.message, None, INTERNAL_ERROR_TEXT, first_message=first.message
+                )
+                return
+            log.error(
+                "storage failure answering %s in session %s: %s (free disk space or make "
+                "%s writable); the message is marked failed in the inbox",
+                ids,
+                key,
+                detail,
+                rt.loaded.home,
+            )
+            rt.metrics.error("storage")
+            await deliver(
+                ids,
+                last.message,
+                None,
+                STORAGE_ERROR_TEXT,
+                final_status="failed",
+                failure=f"storage: {detail}",
+                first_message=first.message,
+            )
+
+    async def _deliver_stored(
+        self, recovered: InboxItem, ids: list[int], message: InboundMessage
+    ) -> None:
+        """Deliver a reply stored before a restart or a failed send."""
+        rt = self.rt
+        # Read again: a folded turn's reply answers several items, and the first of
+        # them to come back here delivers it for all.
+        stored = await rt.inbox.get(recovered.id)
+        if stored is None or stored.status != "replied":
+            return
+        ids = sorted({*ids, *stored.reply_for})
+        record = await rt.registry.get(stored.session_id or "")
+        if record is not None and await self._delivered_before(record, ids):
+            return
+        text = (stored.reply or [""])[0]
+        head = stored if ids[0] == stored.id else await rt.inbox.get(ids[0])
+        await self.delivery.deliver(
+            ids,
+            message,
+            record,
+            text,
+            resumed=stored,
+            first_message=head.message if head is not None else None,
+        )
+
+    async def _delivered_before(self, record: SessionRecord, ids: list[int]) -> bool:
+        """A recovered item whose reply the transcript says went out (state.db could not
+        record it): mark it delivered rather than send it twice."""
+        transcript = await self.transcripts.get(record)
+        delivery = _delivery_recorded(transcript, ids)
+        if delivery is None:
+            return False
+        log.info("inbox %s was delivered before the restart; not sent again", ids)
+        # Its platform ids go on record too: a later look for another reply in that
+        # chat must not take these messages for its own.
+        sent = SentMessages(
+            str(delivery.get("channel") or ""),
+            str(delivery.get("account") or ""),
+            tuple(str(i) for i in delivery.get("platform_message_ids") or ()),
+        )
+        await self.rt.inbox.mark_delivered(ids, sent)
+        return True
+
+
+def _reply_route(item: LaneItem) -> tuple[str, str, str, str | None]:
+    message = item.message
+    return (message.channel, message.account, message.chat_id, message.thread_id)
+
+
+def _turn_text(message: InboundMessage) -> str:
+    """The user turn as the model sees it: who spoke in a group, and what they answer."""
+    text = message.text
+    if message.chat_type != "direct":
+        text = f"{message.sender_name}: {text}"
+    if message.reply_to_text:
+        text = f"[in reply to {message.reply_to_text}]\n{text}"
+    return text
+
+
+def _delivery_recorded(transcript: SessionTranscript, ids: list[int]) -> dict[str, Any] | None:
+    """The live transcript's record of a successful delivery for any of ``ids``."""
+    wanted = set(ids)
+    for entry in reversed(transcript.live_entries()):
+        if entry.type != "custom" or entry.payload.get("custom_type") != "delivery":
+            continue
+        data = entry.payload.get("data") or {}
+        if data.get("ok") and wanted & set(data.get("inbox_ids") or ()):
+            return dict(data)
+    return None

@@ -1,0 +1,129 @@
+"""A message's way in: admitted (access and group activation, ``gateway.access``),
+recorded in the durable inbox (a platform's redelivery is answered once), the
+commands answered at once, then handed to its session's lane.
+
+A message the inbox cannot record is not accepted: the adapter reports it, and the
+platform (or the browser) may deliver it again once the state takes writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+
+from channels.base import Channel, ChannelError, InboundMessage, InboundNotStored
+from gateway.access import AccessGate
+from gateway.inbox import well_formed
+from gateway.lane_items import LaneItem, LaneTask
+from gateway.lanes import LaneManager
+from gateway.runtime.commands.parsing import parse_info_command
+from gateway.runtime.commands.replies import CommandReplies
+from gateway.runtime.context import Runtime
+from gateway.runtime.delivery import Delivery, reply_to
+from gateway.runtime.dispatch import Dispatch
+from gateway.storage_errors import storage_failure
+from gateway.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
+
+log = logging.getLogger("parley.gateway")
+
+# How many refused messages are remembered, so a platform's redelivery is told once.
+NOT_RECORDED_MEMORY = 1000
+
+
+class Inbound:
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        access: AccessGate,
+        lanes: LaneManager[LaneItem | LaneTask],
+        dispatch: Dispatch,
+        delivery: Delivery,
+        commands: CommandReplies,
+        ready: asyncio.Event,
+    ) -> None:
+        self.rt = rt
+        self.access = access
+        self.lanes = lanes
+        self.dispatch = dispatch
+        self.delivery = delivery
+        self.commands = commands
+        self.ready = ready  # set once the gateway has started and recovered
+        self._not_recorded: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    async def handle(self, message: InboundMessage) -> None:
+        """The channels' entry point: admitted, durable, then routed."""
+        rt = self.rt
+        message = well_formed(message)
+        channel = rt.channels.get(message.channel)
+        if channel is not None:
+            admission = await self.access.admit(channel, message)
+            if not admission.allowed:
+                if admission.notice is not None:
+                    await self._notify(channel, message, admission.notice)
+                return
+        route = rt.route(message)
+        try:
+            recorded = await rt.inbox.record(message, session_key=route.key)
+        except Exception as exc:
+            detail = storage_failure(exc)
+            if detail is None:
+                raise
+            # Not durable, so not accepted: the adapter reports it and the platform (or
+            # the browser) may deliver it again once state.db takes writes.
+            log.error(
+                "storage failure: cannot record %s message %s in the inbox: %s",
+                message.channel,
+                message.message_id,
+                detail,
+            )
+            rt.metrics.error("storage")
+            if channel is not None:
+                await self._tell_not_recorded(channel, message)
+            raise InboundNotStored(f"the message was not recorded: {detail}") from exc
+        if not recorded.is_new:
+            log.info(
+                "duplicate %s message %s ignored (%s)",
+                message.channel,
+                message.message_id,
+                recorded.item.status,
+            )
+            return
+        rt.metrics.inbound(message.channel)
+        await self.ready.wait()
+        item_id = recorded.item.id
+        info = parse_info_command(message.text)
+        if info is not None:
+            text = await self.commands.answer(info, route, message)
+            await self.delivery.deliver([item_id], message, None, text)
+            return
+        item = self.dispatch.lane_item(item_id, message, route)
+        submitted = await self.lanes.submit(route.key, item)
+        if not submitted.accepted:
+            await self.delivery.deliver(
+                [item_id], message, None, BUSY_TEXT, final_status="rejected"
+            )
+
+    async def _tell_not_recorded(self, channel: Channel, message: InboundMessage) -> None:
+        """Tell the sender their message could not be saved: once per message, however
+        often the platform delivers it again; best effort (nothing can be stored)."""
+        key = (message.channel, message.account, message.message_id)
+        if key in self._not_recorded:
+            return
+        self._not_recorded[key] = None
+        while len(self._not_recorded) > NOT_RECORDED_MEMORY:
+            self._not_recorded.popitem(last=False)
+        try:
+            await channel.send(reply_to(message, NOT_RECORDED_TEXT))
+        except ChannelError as exc:
+            log.warning("telling %s %s failed: %s", message.channel, message.sender_id, exc)
+
+    async def _notify(self, channel: Channel, message: InboundMessage, text: str) -> None:
+        """A reply outside any session (a pairing code): sent once, not stored."""
+        try:
+            await channel.send(reply_to(message, text, quote=False))
+        except ChannelError as exc:
+            log.warning("notice to %s %s failed: %s", message.channel, message.sender_id, exc)
+            return
+        await self.rt.pairing.mark_notified(message.channel, message.sender_id)

@@ -1,0 +1,253 @@
+"""One turn: the user's words through ``core``'s runner, and what the gateway records
+of it (metrics, the session's figures, the memory index's hints, task records, the
+registry's counters). A turn a crash interrupted resumes from its transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+
+from channels.base import Channel, InboundMessage
+from core.compaction_stats import DEFAULT_STRATEGY
+from core.errors import (
+    AuthenticationError,
+    ContextError,
+    OverloadedError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderTimeoutError,
+    ServerError,
+)
+from core.memory.audience import Viewer, visible_scopes
+from core.prompt import render_turn_context
+from core.runner import TurnRequest
+from core.transcript import ENTRY_COMPACTION
+from core.transcript_store import SessionTranscript
+from gateway.lane_items import LaneItem
+from gateway.memory import record_turn_task
+from gateway.registry import SessionRecord
+from gateway.runtime.context import ProviderHealth, Runtime, last_entry_id
+from gateway.runtime.transcripts import TranscriptCache
+from gateway.user_errors import (
+    EMPTY_REPLY_TEXT,
+    describe_context_error,
+    describe_provider_error,
+)
+
+log = logging.getLogger("parley.gateway")
+
+# How long the end of a turn waits for a typing indicator still on its way.
+TYPING_STOP_SECONDS = 5.0
+
+# Provider failures that mean it could not be reached (as opposed to a refusal).
+_UNREACHABLE = (
+    ProviderConnectionError,
+    ProviderTimeoutError,
+    ServerError,
+    OverloadedError,
+    AuthenticationError,
+)
+
+
+class Turns:
+    def __init__(self, rt: Runtime, transcripts: TranscriptCache) -> None:
+        self.rt = rt
+        self.transcripts = transcripts
+
+    async def run(self, record: SessionRecord, items: list[LaneItem], text: str) -> str:
+        """The reply to ``items`` (their words folded into ``text``): the model's, or
+        an error text the person can act on."""
+        rt = self.rt
+        runner = rt.runner
+        transcript = await self.transcripts.get(record)
+        first, last = items[0], items[-1]
+        message = last.message
+        ids = [i.inbox_id for i in items]
+        resume = False
+        if first.recovered is not None:
+            done, reply = recovered_progress(transcript, first.inbox_id)
+            if reply is not None:
+                return reply  # answered before the crash, not yet delivered
+            resume = done
+        attempts = 1
+
+        def on_retry(attempt: int, exc: ProviderError, delay: float) -> None:
+            nonlocal attempts
+            attempts = attempt + 1
+            log.warning("provider %s; retry %d in %.1fs", type(exc).__name__, attempt, delay)
+
+        viewer = rt.viewer(first.route, message)
+        turn = TurnRequest(
+            session_key=record.key,
+            user_text=text,
+            context_text=render_turn_context(
+                now=rt.clock().astimezone(rt.zone),
+                channel=message.channel,
+                chat_type=first.route.chat_type,
+                sender_name=message.sender_name,
+                sender_id=message.sender_id,
+            ),
+            meta={"inbox_ids": ids, "message_ids": [i.message.message_id for i in items]},
+            resume=resume,
+            model=record.settings.get("model"),
+            chat_type=first.route.chat_type,
+            memory_scopes=await self._memory_scopes(viewer),
+            memory_viewer=viewer,
+        )
+        entries_before = transcript.entry_count
+        started = time.perf_counter()
+        started_at = rt.clock()  # the task record's start (wall clock)
+        try:
+            async with self._typing(message):
+                result = await runner.run_turn(transcript, turn, on_retry=on_retry)
+        except (ProviderError, ContextError) as exc:
+            rt.metrics.turn(message.channel, time.perf_counter() - started, ok=False)
+            rt.metrics.error(error_kind(exc))
+            if isinstance(exc, ProviderError):
+                self.note_provider(exc)
+            await rt.bookkeep(
+                "record the session's entries",
+                rt.registry.record_entries(
+                    record.session_id, transcript.entry_count, last_entry_id(transcript)
+                ),
+            )
+            if isinstance(exc, ContextError):
+                return describe_context_error(exc)
+            return describe_provider_error(exc, attempts)
+        rt.metrics.turn(message.channel, time.perf_counter() - started, ok=True)
+        rt.metrics.tokens(result.usage)
+        self.note_provider(None)
+        if result.compactions:
+            for trigger, strategy in await asyncio.to_thread(
+                new_compactions, transcript, entries_before
+            ):
+                rt.metrics.compaction(trigger, strategy)
+        await rt.note_figures(
+            record, transcript, result.context_tokens, compacted=bool(result.compactions)
+        )
+        if rt.memory is not None:
+            rt.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
+            if result.compactions:
+                rt.memory.notify_compaction()
+            if result.tool_calls:
+                await record_turn_task(
+                    rt.memory,
+                    user_text=text,
+                    entries=result.entries,
+                    started_at=started_at,
+                    finished_at=rt.clock(),
+                    scope=viewer.audience.scope,
+                )
+        # The reply is in the transcript (the source of truth): a registry that cannot
+        # take the counters must not cost the person their answer.
+        await rt.bookkeep(
+            "record the turn in the registry",
+            rt.registry.record_turn(
+                record.session_id,
+                usage=result.usage,
+                compactions=result.compactions,
+                context_tokens=result.context_tokens,
+                entry_count=transcript.entry_count,
+                last_entry_id=last_entry_id(transcript),
+                model=rt.provider.model if not record.settings.get("model") else None,
+                now=rt.clock(),
+            ),
+        )
+        return result.reply or EMPTY_REPLY_TEXT
+
+    async def _memory_scopes(self, viewer: Viewer) -> tuple[str, ...]:
+        """What this turn's recall and memory_search may see. An index that cannot list
+        its scopes costs a linked person the other ids' memory for this turn, nothing more."""
+        memory = self.rt.memory
+        if memory is None:
+            return ()
+        try:
+            return await memory.visible_scopes(viewer)
+        except Exception as exc:  # the driver's errors too: the turn must go on
+            log.warning("memory scopes unavailable, this turn sees its own only: %s", exc)
+            return visible_scopes(viewer)
+
+    def note_provider(self, error: ProviderError | None) -> None:
+        """Remember whether the provider could be reached, for /health."""
+        rt = self.rt
+        now = rt.clock()
+        if error is None:
+            rt.provider_health = ProviderHealth(True, "last call succeeded", now)
+        elif isinstance(error, _UNREACHABLE):
+            rt.provider_health = ProviderHealth(False, f"last call failed: {error}", now)
+        else:  # it answered, with a refusal about this request: reachable
+            rt.provider_health = ProviderHealth(True, f"last call refused: {error}", now)
+
+    @contextlib.asynccontextmanager
+    async def _typing(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Keep the platform's typing indicator on while the agent works."""
+        channel = self.rt.channels.get(message.channel)
+        done = asyncio.Event()
+        task = asyncio.create_task(_keep_typing(channel, message, done)) if channel else None
+        try:
+            yield
+        finally:
+            done.set()
+            if task is not None:
+                # Let an indicator in flight finish rather than cancel it: a request
+                # cancelled mid-flight can leak its pooled connection in the platform's
+                # HTTP client, and the indicator must not land after the reply.
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), TYPING_STOP_SECONDS)
+                except TimeoutError:
+                    task.cancel()
+
+
+async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.Event) -> None:
+    refresh = channel.capabilities.typing_refresh_seconds
+    while not done.is_set():
+        try:
+            await channel.typing(message.chat_id, message.thread_id, message.account)
+        except Exception as exc:  # best effort: a typing failure never fails a turn
+            log.debug("typing indicator on %s failed: %s", message.channel, exc)
+        if refresh is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), refresh)
+
+
+def error_kind(exc: Exception) -> str:
+    """A bounded metrics label: ContextOverflowError -> context_overflow."""
+    name = type(exc).__name__.removesuffix("Error") or "error"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def new_compactions(transcript: SessionTranscript, since: int) -> list[tuple[str, str]]:
+    """(trigger, strategy) of the compactions written after entry line ``since``."""
+    return [
+        (
+            str(entry.payload.get("trigger") or "unknown"),
+            str((entry.payload.get("details") or {}).get("strategy") or DEFAULT_STRATEGY),
+        )
+        for entry in transcript.entries(since)
+        if entry.type == ENTRY_COMPACTION
+    ]
+
+
+def recovered_progress(transcript: SessionTranscript, inbox_id: int) -> tuple[bool, str | None]:
+    """Was this inbox item's user message written, and was a final reply written after it?"""
+    found = False
+    reply: str | None = None
+    for entry in transcript.live_entries():
+        if entry.type != "message":
+            continue
+        message = entry.message
+        meta = entry.payload.get("meta") or {}
+        if message.role == "user" and inbox_id in (meta.get("inbox_ids") or ()):
+            found, reply = True, None
+        elif found and message.role == "assistant":
+            final = not message.tool_uses
+            reply = message.text.strip() if final and message.text.strip() else reply
+        elif found and message.role == "user":
+            break
+    return found, reply
