@@ -34,14 +34,20 @@ $(VENV)/pg16/.complete: tests/fetch_pg16.py | $(BIN)/python
 
 test: $(VENV)/.test-deps $(VENV)/pg16/.complete
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test-deps
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# ruff; mypy on core, gateway and channels ([tool.mypy]); the import contracts
+# (layers, no cycles, nothing imports the CLI: [tool.importlinter]).
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

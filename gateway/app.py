@@ -38,7 +38,9 @@ from core.tools.builtin import default_registry
 from core.tools.memory import memory_tools
 from core.transcript_store import SessionTranscript
 from gateway.access import AccessGate
+from gateway.admin.gateway_view import ProviderHealth
 from gateway.admin.metrics import GatewayMetrics
+from gateway.admin.session_figures import SessionFiguresCache
 from gateway.audience_migration import log_legacy_memory
 from gateway.audiences import header_audience
 from gateway.config import LoadedConfig
@@ -52,7 +54,7 @@ from gateway.registry import SessionRecord, utcnow
 from gateway.resets import resolve_timezone
 from gateway.routing import SessionRoute
 from gateway.runtime.commands.replies import CommandReplies
-from gateway.runtime.context import ProviderHealth, Runtime
+from gateway.runtime.context import Runtime
 from gateway.runtime.delivery import Delivery
 from gateway.runtime.dispatch import Dispatch
 from gateway.runtime.inbound import Inbound
@@ -61,7 +63,6 @@ from gateway.runtime.replicas import ReplicaCoordinator
 from gateway.runtime.sessions import Sessions
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.runtime.turn import Turns
-from gateway.session_figures import SessionFiguresCache
 from gateway.stores import StateStores
 from gateway.workspace import ensure_workspace
 

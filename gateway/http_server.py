@@ -36,7 +36,7 @@ from gateway.http_limits import (
 )
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.admin.gateway_view import AdminGateway
 
 log = logging.getLogger("parley.gateway.http")
 
@@ -50,7 +50,7 @@ class HttpServer:
         routes: Sequence[WebhookRoute],
         *,
         token_file: Path,
-        gateway: Gateway,
+        gateway: AdminGateway,
         metrics: GatewayMetrics,
     ) -> None:
         self.config = config

@@ -36,7 +36,7 @@ from gateway.errors import ApiError, LaneBusy
 from gateway.registry import SessionRecord
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.admin.gateway_view import AdminGateway
 
 log = logging.getLogger("parley.gateway.admin")
 
@@ -48,7 +48,7 @@ ADMIN_RESET_REASON = "admin"
 
 
 class AdminService:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: AdminGateway) -> None:
         self.gateway = gateway
         # session id -> (the store's stamp when opened, the read-only transcript)
         self._read_only: OrderedDict[str, tuple[tuple[int, ...], SessionTranscript]] = OrderedDict()
@@ -488,7 +488,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _provider_detail(gateway: Gateway, detail: str) -> str:
+def _provider_detail(gateway: AdminGateway, detail: str) -> str:
     try:
         provider = gateway.provider
     except RuntimeError:

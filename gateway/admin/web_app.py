@@ -18,7 +18,7 @@ from gateway.admin.openapi import build_openapi
 from gateway.admin.service import AdminService
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.admin.gateway_view import AdminGateway
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -51,7 +51,7 @@ PAGE_OPERATIONS: tuple[api.Operation, ...] = (
 
 
 def build_app(
-    gateway: Gateway,
+    gateway: AdminGateway,
     *,
     token: AdminToken,
     metrics: GatewayMetrics,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -26,14 +25,15 @@ from core.prompt import SystemPromptBuilder
 from core.providers.base import Provider
 from core.runner import Runner
 from core.transcript_store import SessionTranscript
+from gateway.admin.gateway_view import ProviderHealth
 from gateway.admin.metrics import GatewayMetrics
+from gateway.admin.session_figures import SessionFiguresCache
+from gateway.admin.session_figures import figures as session_figures
 from gateway.audiences import PersonLinks, audience_for, viewer_for
 from gateway.config import LoadedConfig
 from gateway.errors import NotStarted
 from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute, resolve_session_key
-from gateway.session_figures import SessionFiguresCache
-from gateway.session_figures import figures as session_figures
 from gateway.storage_errors import storage_failure
 from gateway.stores import StateStores
 
@@ -41,15 +41,6 @@ if TYPE_CHECKING:
     from gateway.stores import InboxStore, Pairing, Registry
 
 log = logging.getLogger("parley.gateway")
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderHealth:
-    """What the last provider call said; ``ok`` is False only when it was unreachable."""
-
-    ok: bool = True
-    detail: str = "no call yet"
-    at: datetime | None = None
 
 
 class Runtime:

@@ -28,10 +28,11 @@ from core.prompt import render_turn_context
 from core.runner import TurnRequest
 from core.transcript import ENTRY_COMPACTION
 from core.transcript_store import SessionTranscript
+from gateway.admin.gateway_view import ProviderHealth
 from gateway.lane_items import LaneItem
 from gateway.memory import record_turn_task
 from gateway.registry import SessionRecord
-from gateway.runtime.context import ProviderHealth, Runtime, last_entry_id
+from gateway.runtime.context import Runtime, last_entry_id
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.user_errors import (
     EMPTY_REPLY_TEXT,

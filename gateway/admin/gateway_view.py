@@ -1,0 +1,83 @@
+"""What the admin API and the HTTP server need of the gateway, as a protocol.
+
+The admin side reads sessions, transcripts and memory, and asks for compactions and
+resets, which run in the session's lane; it never reaches into the gateway's
+runtime. ``gateway.app.Gateway`` satisfies this protocol (the type checker proves it
+where the server is built), and the admin package never imports the gateway class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from channels.base import Channel
+from core.compaction import CompactionOutcome
+from core.context_engine import ContextView
+from core.context_report import ContextReport
+from core.memory.index import MemoryIndex
+from core.providers.base import Provider
+from core.transcript_store import SessionTranscript
+from gateway.admin.session_figures import SessionFiguresCache
+from gateway.config import ParleyConfig
+from gateway.registry import SessionRecord
+
+if TYPE_CHECKING:
+    from gateway.stores import Registry, StateStores
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderHealth:
+    """What the last provider call said (``/health``); ``ok`` is False only when it
+    was unreachable. Written by the turn, read here."""
+
+    ok: bool = True
+    detail: str = "no call yet"
+    at: datetime | None = None
+
+
+class AdminGateway(Protocol):
+    @property
+    def config(self) -> ParleyConfig: ...
+
+    @property
+    def state(self) -> StateStores: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def channels(self) -> Mapping[str, Channel]: ...
+
+    @property
+    def memory(self) -> MemoryIndex | None: ...
+
+    @property
+    def figures(self) -> SessionFiguresCache: ...
+
+    @property
+    def provider(self) -> Provider: ...
+
+    @property
+    def provider_health(self) -> ProviderHealth: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def window_for(self, record: SessionRecord | None) -> int: ...
+
+    async def cached_transcript(self, record: SessionRecord) -> SessionTranscript | None: ...
+
+    async def context_report(
+        self, record: SessionRecord | None, transcript: SessionTranscript | None, chat_type: str
+    ) -> tuple[ContextReport, ContextView | None]: ...
+
+    async def compact_session(
+        self, record: SessionRecord, chat_type: str, focus: str
+    ) -> CompactionOutcome: ...
+
+    async def archive_session(self, record: SessionRecord, reason: str) -> None: ...
+
+    async def run_in_lane(self, key: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
