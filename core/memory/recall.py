@@ -37,7 +37,7 @@ import asyncio
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from core.fences import RECALL_CLOSE, RECALL_OPEN, fenced, neutralise
 from core.memory.recall_rules import recall_reason
@@ -45,13 +45,6 @@ from core.messages import FENCE_RECALLED_MEMORY, Message, TextBlock, ToolResultB
 from core.prompt import is_recall_block, is_turn_context
 from core.tokens import default_counter
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
-
-if TYPE_CHECKING:
-    # Types only: the runner imports this module, and the index, search and settings
-    # modules bring numpy and the embedder clients with them.
-    from core.memory.index import MemoryIndex
-    from core.memory.search import SearchHit
-    from core.memory.settings import MemorySettings
 
 RecallMode = Literal["off", "auto", "always"]
 DEFAULT_RECALL_MODE: RecallMode = "auto"
@@ -90,18 +83,68 @@ class RecallCounter(Protocol):
     def prefix(self, s: str, tokens: int) -> str: ...
 
 
+# What recall needs of memory, as protocols only: the runner imports this module, and
+# the index, search and settings modules bring numpy, the stores and the embedder
+# clients with them (and import this module's recall modes: ``core.memory.settings``).
+
+
+class RecallHit(Protocol):
+    """A search hit as recall reads it (``core.memory.rows.SearchHit`` fits)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def start_line(self) -> int: ...
+    @property
+    def end_line(self) -> int: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def snippet(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def entry_ids(self) -> tuple[str, ...]: ...
+    @property
+    def citation(self) -> str: ...
+
+
+class RecallSearchResult(Protocol):
+    """What a search answers (``core.memory.index.SearchResult`` fits)."""
+
+    @property
+    def hits(self) -> Sequence[RecallHit]: ...
+
+
+class RecallIndex(Protocol):
+    """The memory index recall searches (``core.memory.index.MemoryIndex`` fits)."""
+
+    async def search(
+        self, query: str, *, scopes: Sequence[str], catch_up: bool = ...
+    ) -> RecallSearchResult: ...
+
+
+class RecallSettings(Protocol):
+    """The ``[memory]`` keys recall reads (``core.memory.settings.MemorySettings`` fits)."""
+
+    @property
+    def recall(self) -> RecallMode: ...
+    @property
+    def recall_budget_tokens(self) -> int: ...
+
+
 class RecallSearch(Protocol):
     """A memory search restricted to ``scopes`` (``MemoryIndex.search``'s hits)."""
 
-    async def __call__(self, query: str, *, scopes: Sequence[str]) -> Sequence[SearchHit]: ...
+    async def __call__(self, query: str, *, scopes: Sequence[str]) -> Sequence[RecallHit]: ...
 
 
-def index_search(index: MemoryIndex) -> RecallSearch:
+def index_search(index: RecallIndex) -> RecallSearch:
     """``index``'s hybrid search with its configured defaults, as recall calls it: from
     what is indexed, without a sync first (a turn must not wait for one; what changed
     in the last seconds is this conversation, which the live context holds)."""
 
-    async def search(query: str, *, scopes: Sequence[str]) -> Sequence[SearchHit]:
+    async def search(query: str, *, scopes: Sequence[str]) -> Sequence[RecallHit]:
         return (await index.search(query, scopes=scopes, catch_up=False)).hits
 
     return search
@@ -183,7 +226,7 @@ class LiveContext:
                 parts.append(str(entry.payload.get("summary", "")))
         return cls(_collapse("\n".join(parts)), frozenset(ids))
 
-    def holds(self, hit: SearchHit) -> bool:
+    def holds(self, hit: RecallHit) -> bool:
         if hit.entry_ids and all(i in self.entry_ids for i in hit.entry_ids):
             return True  # a stretch of this very conversation, still in view
         if hit.citation in self.text or neutralise(hit.citation) in self.text:
@@ -257,7 +300,7 @@ class Recaller:
 
     @classmethod
     def for_index(
-        cls, index: MemoryIndex, settings: MemorySettings, counter: RecallCounter
+        cls, index: RecallIndex, settings: RecallSettings, counter: RecallCounter
     ) -> Recaller:
         """A recaller over ``index`` configured by ``[memory]``."""
         return cls(
@@ -307,7 +350,7 @@ class Recaller:
             skipped_present=len(hits) - len(fresh),
         )
 
-    def render(self, hits: Sequence[SearchHit]) -> tuple[tuple[RecalledHit, ...], str, int]:
+    def render(self, hits: Sequence[RecallHit]) -> tuple[tuple[RecalledHit, ...], str, int]:
         """The block for ``hits`` (best first) within the budget: (kept, text, tokens)."""
         lines: list[str] = []
         kept: list[RecalledHit] = []
@@ -341,7 +384,7 @@ class Recaller:
             return (), "", 0
         return tuple(kept), _block(lines), tokens
 
-    def _cut(self, lines: list[str], hit: SearchHit) -> str:
+    def _cut(self, lines: list[str], hit: RecallHit) -> str:
         """``hit``'s line shortened so the block fits ("" when too little room is left)."""
         head = _head(hit)
         room = self.budget_tokens - self.counter.text(_block([*lines, head + CUT_MARK.strip()]))
@@ -364,7 +407,7 @@ def build_query(message: str, previous: str = "") -> str:
     return message
 
 
-def _head(hit: SearchHit) -> str:
+def _head(hit: RecallHit) -> str:
     """A hit's line starts with its citation. Citation and snippet are untrusted (a path
     or anyone's words): neutralised, they cannot close the block or open another."""
     return f"[{neutralise(hit.citation)}] "
@@ -376,7 +419,7 @@ def _block(lines: Sequence[str]) -> str:
 
 
 async def recall_for_benchmark(
-    index: MemoryIndex,
+    index: RecallIndex,
     question: str,
     scopes: Sequence[str],
     *,
