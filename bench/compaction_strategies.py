@@ -95,7 +95,7 @@ from core.importance import (
 from core.memory.embedders import EmbedderSettings, build_embedder
 from core.memory.index import MemoryIndex
 from core.memory.recall import Recaller, RecallSearch, index_search
-from core.memory.search import SearchHit
+from core.memory.rows import SearchHit
 from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback

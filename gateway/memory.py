@@ -41,8 +41,8 @@ log = logging.getLogger("parley.gateway.memory")
 OWN_POOL_SIZE = 4
 
 if TYPE_CHECKING:
-    from core.memory.backend import StoreBackend
     from core.memory.sources import TranscriptSource
+    from core.memory.store_protocol import StoreBackend
     from gateway.pg.database import PgDatabase
 
 

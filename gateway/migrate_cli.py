@@ -37,7 +37,8 @@ from gateway.db import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from gateway.errors import StateError
 
 if TYPE_CHECKING:
-    from core.memory.store import CacheEntry, FileRow, MemoryStore, StoredChunk
+    from core.memory.rows import CacheEntry, FileRow, StoredChunk
+    from core.memory.store import MemoryStore
     from gateway.pg.database import Connection, PgDatabase
     from gateway.pg.memory_store import PgMemoryStore, VectorIndex
 

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Literal
 
 from core.memory import store as memory_store
+from core.memory.rows import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
 from core.memory.store import META_KEY
-from core.memory.store import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
 from core.transcript import TRANSCRIPT_VERSION
 from gateway.config import DEFAULT_HOME, LoadedConfig
 from gateway.db import MIGRATIONS, Database

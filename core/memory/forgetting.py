@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from core.importance import DEFAULT, NOTHING, text_importance
 from core.memory.decay import is_evergreen, iso_timestamp
+from core.memory.rows import ForgettableChunk, Tombstone
 from core.memory.settings import ForgettingSettings
 from core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
-from core.memory.store import ForgettableChunk, Tombstone
 
 Policy = Literal["age", "importance", "capacity"]
 POLICIES: tuple[Policy, ...] = ("age", "importance", "capacity")

@@ -1,4 +1,4 @@
-"""Hybrid memory search over one ``MemoryStore``: keyword + vector, merged, then ranked.
+"""Hybrid memory search over one store: keyword + vector, merged, then ranked.
 
 Pipeline (runs on the store's thread; the query vector is computed before):
 
@@ -16,6 +16,9 @@ Pipeline (runs on the store's thread; the query vector is computed before):
    relaxed re-filter of keyword hits when nothing passes), and transcript
    chunks that mostly repeat turns already returned are dropped (they overlap).
 5. Snippets ≤ ``snippet_chars``: the chunk when it fits, else its best window of lines.
+
+The store is any ``SearchStore`` (SQLite's FTS5 and sqlite-vec, or PostgreSQL's
+full-text search and pgvector, which reproduce them); the hits are ``rows.SearchHit``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from core.memory.query import (
     quote_fts,
     tokenize,
 )
+from core.memory.rows import ChunkRow, SearchHit
 from core.memory.settings import SearchSettings
-from core.memory.store import ChunkRow, MemoryStore
+from core.memory.store_protocol import SearchStore
 
 # A transcript result whose turns were at least this much returned already is dropped.
 _OVERLAP_DROP = 0.5
@@ -87,36 +91,6 @@ class SearchParams:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class SearchHit:
-    path: str
-    start_line: int
-    end_line: int
-    score: float
-    snippet: str
-    source: str
-    scope: str
-    entry_ids: tuple[str, ...] = ()
-    ts: str | None = None
-    vector_score: float | None = None
-    text_score: float | None = None
-
-    @property
-    def citation(self) -> str:
-        return f"{self.path}#L{self.start_line}-L{self.end_line}"
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "start_line": self.start_line,
-            "end_line": self.end_line,
-            "score": round(self.score, 4),
-            "snippet": self.snippet,
-            "source": self.source,
-            "citation": self.citation,
-        }
-
-
 @dataclass(slots=True)
 class _Candidate:
     row: ChunkRow
@@ -138,7 +112,7 @@ class SearchTrace:
 
 
 def _keyword_side(
-    store: MemoryStore, query: str, scopes: Sequence[str], limit: int, trace: SearchTrace
+    store: SearchStore, query: str, scopes: Sequence[str], limit: int, trace: SearchTrace
 ) -> dict[int, float]:
     """chunk id → BM25 relevance relative to the best hit (1.0 for the best).
 
@@ -177,7 +151,7 @@ def _rescale(similarity: float, floor: float) -> float:
 
 
 def run_search(
-    store: MemoryStore,
+    store: SearchStore,
     query: str,
     query_vector: np.ndarray | None,
     scopes: Sequence[str],

@@ -1,28 +1,15 @@
-"""memory.db: the tables of one agent's long-term memory index, and nothing else.
+"""memory.db's rows: one connection to one agent's SQLite memory index, and nothing else.
 
-Tables (one SQLite file per agent, WAL):
+``MemoryStore`` replaces a file's chunks (with their keyword, CJK and vector rows), keeps
+the embedding cache, answers the search primitives (BM25 over FTS5, KNN over
+sqlite-vec), exports rows for ``parley migrate``, applies forgetting's evictions and
+counts what is there. The tables and their upgrades are ``core.memory.store_schema``'s;
+the row types are ``core.memory.rows``'s, shared with the PostgreSQL store, and
+``core.memory.store_protocol`` says what the index and search need of either store.
 
-- ``meta(key, value)``: ``index`` holds the JSON ``IndexMeta`` the rows were built with
-  (embedder, model, dimensions, chunking, tokenizer). A mismatch means a full reindex.
-- ``files(path, source, scope, hash, mtime, size, chunks, vectors_pending, indexed_at)``.
-- ``chunks(id, path, source, scope, start_line, end_line, hash, text, ts, entry_ids,
-  created_at, updated_at)``.
-- ``chunks_fts`` (FTS5, ``porter unicode61``) and ``chunks_cjk`` (FTS5 over CJK bigrams,
-  which ``unicode61`` would otherwise keep as one token per run), rowid = chunk id.
-- ``chunks_vec`` (sqlite-vec ``vec0``, cosine, ``scope`` partition key), rowid = chunk id;
-  created once the embedder's width is known, absent in FTS-only mode.
-- ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``,
-  bounded by ``prune_cache``.
-- ``forgotten(path, hash, scope, source, start_line, end_line, reason, evicted_at,
-  preview)`` (file version 2): tombstones of evicted chunks, so a sync never indexes
-  them again; a rebuild copies them into the new file.
-
-The file's own layout version is ``PRAGMA user_version`` (``STORE_VERSION``), moved
-forward at open by ``_UPGRADES``; it is not part of ``IndexMeta``, so adding a table
-never forces a rebuild.
-
-Every method is synchronous and meant for one thread (see ``MemoryDB``); a file's
-chunks change in one transaction, so a kill leaves each file either old or new.
+Every method is synchronous and meant for one thread (``MemoryIndex`` gives its writer
+and its reader thread a connection each); a file's chunks change in one transaction,
+so a kill leaves each file either old or new.
 """
 
 from __future__ import annotations
@@ -30,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,275 +24,34 @@ import numpy as np
 
 from core.errors import MemoryIndexError
 from core.memory.driver import DriverChoice, DriverInfo, open_connection
+from core.memory.rows import (
+    CacheEntry,
+    ChunkRow,
+    FileRow,
+    ForgettableChunk,
+    IndexMeta,
+    NewChunk,
+    SourceCount,
+    StoreCounts,
+    StoredChunk,
+    Tombstone,
+    blob_vector,
+    vector_blob,
+)
+from core.memory.store_schema import STORE_VERSION as STORE_VERSION
+from core.memory.store_schema import create_tables
 
-# 2: scopes name audiences (core.memory.audience); an index made under 1 filed direct
-# chats under dm:… and notes agent-wide, so it is rebuilt.
-SCHEMA_VERSION = 2
+# STORE_VERSION is re-exported (``as``): gateway.state_migration reads it from this module
+# with getattr, so it must stay here. The row types come from core.memory.rows; importers
+# that still name them here (gateway/migrate_cli.py) get the same classes.
 META_KEY = "index"
-# memory.db's table layout (PRAGMA user_version); 1 is the layout of issue 8.
-STORE_VERSION = 2
 # SQLite's default limit on host parameters is 32766 in new builds, 999 in old ones.
 _IN_BATCH = 500
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS files (
-    path TEXT PRIMARY KEY,
-    source TEXT NOT NULL DEFAULT 'memory',
-    scope TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    mtime REAL NOT NULL,
-    size INTEGER NOT NULL,
-    chunks INTEGER NOT NULL DEFAULT 0,
-    vectors_pending INTEGER NOT NULL DEFAULT 0,
-    indexed_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS chunks (
-    id INTEGER PRIMARY KEY,
-    path TEXT NOT NULL,
-    source TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    start_line INTEGER NOT NULL,
-    end_line INTEGER NOT NULL,
-    hash TEXT NOT NULL,
-    text TEXT NOT NULL,
-    ts TEXT,
-    entry_ids TEXT NOT NULL DEFAULT '[]',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS chunks_path ON chunks(path);
-CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source);
-CREATE INDEX IF NOT EXISTS chunks_scope ON chunks(scope);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
-    text, tokenize = 'porter unicode61 remove_diacritics 2'
-);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_cjk USING fts5(text, tokenize = 'unicode61');
-CREATE TABLE IF NOT EXISTS embedding_cache (
-    provider TEXT NOT NULL,
-    model TEXT NOT NULL,
-    provider_key TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    embedding BLOB NOT NULL,
-    dims INTEGER NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (provider, model, provider_key, hash)
-);
-CREATE INDEX IF NOT EXISTS embedding_cache_age ON embedding_cache(updated_at);
-"""
-
-# Version i + 1's statements, applied in order to files older than STORE_VERSION.
-_UPGRADES: dict[int, str] = {
-    2: """
-CREATE TABLE IF NOT EXISTS forgotten (
-    path TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    source TEXT NOT NULL,
-    start_line INTEGER NOT NULL,
-    end_line INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    evicted_at REAL NOT NULL,
-    preview TEXT NOT NULL,
-    PRIMARY KEY (path, hash)
-);
-CREATE INDEX IF NOT EXISTS forgotten_when ON forgotten(evicted_at);
-""",
-}
-# How much of an evicted chunk's text its tombstone keeps (for ``memory pruned``).
-PREVIEW_CHARS = 160
-
-
-@dataclass(frozen=True, slots=True)
-class IndexMeta:
-    """What the rows of an index depend on; any difference means rebuilding them."""
-
-    embedder: str  # provider name, "none" in FTS-only mode
-    model: str
-    provider_key: str
-    dimensions: int
-    chunking: dict[str, Any]
-    tokenizer: str
-    schema: int = SCHEMA_VERSION
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "embedder": self.embedder,
-                "model": self.model,
-                "provider_key": self.provider_key,
-                "dimensions": self.dimensions,
-                "chunking": self.chunking,
-                "tokenizer": self.tokenizer,
-                "schema": self.schema,
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, raw: str) -> IndexMeta | None:
-        try:
-            data = json.loads(raw)
-            return cls(
-                embedder=str(data["embedder"]),
-                model=str(data["model"]),
-                provider_key=str(data["provider_key"]),
-                dimensions=int(data["dimensions"]),
-                chunking=dict(data["chunking"]),
-                tokenizer=str(data["tokenizer"]),
-                schema=int(data["schema"]),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None  # an unreadable meta row is a mismatch: rebuild
-
-
-@dataclass(frozen=True, slots=True)
-class FileRow:
-    path: str
-    source: str
-    scope: str
-    hash: str
-    mtime: float
-    size: int
-    chunks: int = 0
-    vectors_pending: bool = False
-    indexed_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class NewChunk:
-    start_line: int
-    end_line: int
-    text: str
-    hash: str
-    ts: str | None = None
-    entry_ids: tuple[str, ...] = ()
-    cjk_text: str = ""  # the bigrams for chunks_cjk; empty when the text has no CJK
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRow:
-    id: int
-    path: str
-    source: str
-    scope: str
-    start_line: int
-    end_line: int
-    hash: str
-    text: str
-    ts: str | None
-    entry_ids: tuple[str, ...]
-    updated_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class StoredChunk:
-    """A chunk as stored, with what its keyword and vector tables hold for it: what
-    copying an index to another store needs (``parley migrate``), no re-embedding."""
-
-    id: int
-    start_line: int
-    end_line: int
-    hash: str
-    text: str
-    ts: str | None
-    entry_ids: tuple[str, ...]
-    created_at: float
-    updated_at: float
-    cjk_text: str  # chunks_cjk's text ("" when the chunk has no CJK)
-    vector: np.ndarray | None  # None: no vector stored (keyword-only, or pending)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
-    provider: str
-    model: str
-    provider_key: str
-    hash: str
-    embedding: bytes  # float32, as stored
-    dims: int
-    updated_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class ForgettableChunk:
-    """What the forgetting policies weigh of a chunk: when, what, where."""
-
-    id: int
-    path: str
-    source: str
-    scope: str
-    start_line: int
-    end_line: int
-    hash: str
-    text: str
-    ts: str | None
-    file_mtime: float
-
-
-@dataclass(frozen=True, slots=True)
-class Tombstone:
-    """An evicted chunk: (path, hash) is never indexed again."""
-
-    path: str
-    hash: str
-    scope: str
-    source: str
-    start_line: int
-    end_line: int
-    reason: str
-    evicted_at: float
-    preview: str
-
-    @classmethod
-    def of(cls, chunk: ForgettableChunk, reason: str, evicted_at: float) -> Tombstone:
-        preview = " ".join(chunk.text.split())[:PREVIEW_CHARS]
-        return cls(
-            chunk.path, chunk.hash, chunk.scope, chunk.source, chunk.start_line,
-            chunk.end_line, reason, evicted_at, preview,
-        )  # fmt: skip
-
-
-@dataclass(slots=True)
-class SourceCount:
-    source: str
-    files: int = 0
-    chunks: int = 0
-
-
-@dataclass(slots=True)
-class StoreCounts:
-    files: int = 0
-    chunks: int = 0
-    vectors: int = 0
-    pending_vector_files: int = 0
-    cache_entries: int = 0
-    forgotten: int = 0  # tombstones: chunks evicted by forgetting
-    by_source: list[SourceCount] = field(default_factory=list)
-
-
-def vector_blob(vector: np.ndarray) -> bytes:
-    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
-
-
-def blob_vector(blob: bytes) -> np.ndarray:
-    return np.frombuffer(blob, dtype=np.float32)
 
 
 def _chunked(items: Sequence[Any], size: int = _IN_BATCH) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _upgrade(conn: Any) -> None:
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version == 0:
-        version = 1  # created by _SCHEMA just now, or by issue 8's parley: same layout
-    for target in range(version + 1, STORE_VERSION + 1):
-        # executescript commits first and runs each statement in autocommit: the
-        # statements are IF NOT EXISTS, so a kill between them is repaired next open.
-        conn.executescript(_UPGRADES[target])
-        conn.execute(f"PRAGMA user_version = {target}")
 
 
 class MemoryStore:
@@ -327,8 +72,7 @@ class MemoryStore:
         except Exception as exc:
             raise MemoryIndexError(f"cannot open the memory index {path}: {exc}") from exc
         try:
-            conn.executescript(_SCHEMA)
-            _upgrade(conn)
+            create_tables(conn)
         except info.module.Error as exc:
             conn.close()
             raise MemoryIndexError(f"memory index {path} is unusable: {exc}") from exc
@@ -399,7 +143,10 @@ class MemoryStore:
             "SELECT path, source, scope, hash, mtime, size, chunks, vectors_pending, indexed_at"
             " FROM files"
         ).fetchall()
-        return {row[0]: FileRow(*row[:7], bool(row[7]), row[8]) for row in rows}
+        return {
+            path: FileRow(path, source, scope, digest, mtime, size, chunks, bool(pending), indexed)
+            for path, source, scope, digest, mtime, size, chunks, pending, indexed in rows
+        }
 
     def touch_file(self, path: str, mtime: float, size: int) -> None:
         """The content is unchanged (same hash): remember the new stat only."""
@@ -619,10 +366,11 @@ class MemoryStore:
                 f" entry_ids, updated_at FROM chunks WHERE id IN ({marks})",
                 batch,
             )
-            for row in rows:
-                found[int(row[0])] = ChunkRow(
-                    *row[:9], tuple(json.loads(row[9] or "[]")), float(row[10])
-                )
+            for chunk_id, path, source, scope, start, end, digest, text, ts, entries, at in rows:
+                found[int(chunk_id)] = ChunkRow(
+                    chunk_id, path, source, scope, start, end, digest, text, ts,
+                    tuple(json.loads(entries or "[]")), float(at),
+                )  # fmt: skip
         return found
 
     def chunk_texts(self, path: str) -> list[tuple[int, str, str]]:
@@ -734,7 +482,12 @@ class MemoryStore:
             f" WHERE c.source IN ({marks}) ORDER BY c.id",
             tuple(sources),
         ).fetchall()
-        return [ForgettableChunk(*r[:9], float(r[9])) for r in rows]
+        return [
+            ForgettableChunk(
+                chunk_id, path, source, scope, start, end, digest, text, ts, float(mtime)
+            )
+            for chunk_id, path, source, scope, start, end, digest, text, ts, mtime in rows
+        ]
 
     def evict_chunks(self, evictions: Sequence[tuple[int, Tombstone]]) -> int:
         """Delete chunks by id and record their tombstones, in one transaction; the
@@ -804,7 +557,10 @@ class MemoryStore:
             " preview FROM forgotten ORDER BY evicted_at DESC, path, start_line LIMIT ?",
             (-1 if limit is None else int(limit),),
         ).fetchall()
-        return [Tombstone(*r[:7], float(r[7]), str(r[8])) for r in rows]
+        return [
+            Tombstone(path, digest, scope, source, start, end, reason, float(at), str(preview))
+            for path, digest, scope, source, start, end, reason, at, preview in rows
+        ]
 
     # -- status -------------------------------------------------------------------------
 

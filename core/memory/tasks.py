@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from core.memory.rows import NewChunk
 from core.memory.sources import AGENT_SCOPE
-from core.memory.store import NewChunk
 from core.messages import ToolResultBlock
 from core.transcript import ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
 

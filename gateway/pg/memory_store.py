@@ -43,7 +43,7 @@ import numpy as np
 import psycopg
 
 from core.errors import MemoryIndexError
-from core.memory.store import (
+from core.memory.rows import (
     ChunkRow,
     FileRow,
     ForgettableChunk,

@@ -18,7 +18,7 @@ from core.memory.recall import (
     index_search,
     is_recall_block,
 )
-from core.memory.search import SearchHit
+from core.memory.rows import SearchHit
 from core.messages import Message, TextBlock, ToolUseBlock, Usage
 from core.prompt import SystemPromptBuilder, is_turn_context
 from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse

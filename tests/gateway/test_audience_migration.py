@@ -14,7 +14,7 @@ import pytest
 
 from core.memory.audience import Audience, Viewer
 from core.memory.notes import NoteStore
-from core.memory.search import SearchHit
+from core.memory.rows import SearchHit
 from core.memory.tasks import TaskRecord, scope_file_name
 from gateway.app import Gateway
 from gateway.audience_migration import log_legacy_memory, survey_audiences

@@ -19,7 +19,8 @@ import pytest
 
 from channels.base import InboundMessage
 from core.memory.index import MemoryIndex
-from core.memory.store import MemoryStore, Tombstone
+from core.memory.rows import Tombstone
+from core.memory.store import MemoryStore
 from core.messages import Message, Usage
 from core.transcript_store import FileTranscriptStore, write_jsonl
 from gateway.audiences import scope_resolver

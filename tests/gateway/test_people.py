@@ -18,8 +18,7 @@ import pytest
 from channels.base import ChatPolicy
 from core.memory.audience import Audience, Viewer
 from core.memory.notes import NoteStore
-from core.memory.search import SearchHit
-from core.memory.store import Tombstone
+from core.memory.rows import SearchHit, Tombstone
 from core.memory.tasks import TaskRecord, scope_file_name
 from core.transcript_store import write_jsonl_file
 from gateway.app import Gateway

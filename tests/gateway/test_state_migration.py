@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.memory import rows as memory_rows
 from core.memory import store as memory_store
 from core.memory.sources import AGENT_SCOPE
 from core.transcript_store import FileTranscriptStore
@@ -105,7 +106,7 @@ async def _assert_memory_current(loaded: LoadedConfig) -> None:
     assert layout == getattr(memory_store, "STORE_VERSION", 1) or (
         layout == 0 and not hasattr(memory_store, "STORE_VERSION")
     )
-    assert meta["schema"] == memory_store.SCHEMA_VERSION
+    assert meta["schema"] == memory_rows.SCHEMA_VERSION
     index = build_memory_index(loaded)
     await index.open()
     try:

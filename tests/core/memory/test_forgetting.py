@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from core.memory.backend import SqliteBackend, StoreBackend
+from core.memory.backend import SqliteBackend
 from core.memory.forgetting import (
     LAST_RUN_KEY,
     chunk_importance,
@@ -23,8 +23,9 @@ from core.memory.forgetting import (
     policy_for,
 )
 from core.memory.index import MemoryIndex
+from core.memory.rows import ForgettableChunk
 from core.memory.settings import ChunkingSettings, ForgettingSettings, ScopeForgetting
-from core.memory.store import ForgettableChunk
+from core.memory.store_protocol import StoreBackend
 from gateway.pg.database import PgDatabase
 from gateway.pg.memory_store import PgMemoryBackend
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings

@@ -27,7 +27,7 @@ from core.memory.recall import (
     previous_user_text,
     recall_for_benchmark,
 )
-from core.memory.search import SearchHit
+from core.memory.rows import SearchHit
 from core.messages import Message, TextBlock
 from core.tokens import TokenCounter, default_counter
 from core.transcript import Transcript

@@ -12,13 +12,8 @@ import pytest
 import core.memory.store as store_module
 from core.errors import MemoryIndexError
 from core.memory.query import cjk_index_text
-from core.memory.store import (
-    FileRow,
-    IndexMeta,
-    MemoryStore,
-    NewChunk,
-    SourceCount,
-)
+from core.memory.rows import FileRow, IndexMeta, NewChunk, SourceCount
+from core.memory.store import MemoryStore
 
 DIMS = 4
 

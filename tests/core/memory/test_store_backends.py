@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from core.errors import MemoryIndexError
-from core.memory.backend import MemoryStoreProtocol, SqliteBackend, StoreBackend
+from core.memory.backend import SqliteBackend
 from core.memory.index import MemoryIndex
 from core.memory.query import build_cjk_query, build_fts_query, cjk_index_text
-from core.memory.store import FileRow, IndexMeta, NewChunk, Tombstone
+from core.memory.rows import FileRow, IndexMeta, NewChunk, Tombstone
+from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
 from gateway.pg.database import PgDatabase
 from gateway.pg.memory_store import PgMemoryBackend
 from tests.core.memory.helpers import make_layout, quiet_settings

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from core.memory.store import FileRow, NewChunk
+from core.memory.rows import FileRow, NewChunk
 from gateway.pg.database import Connection, PgDatabase
 from gateway.pg.memory_store import PgMemoryBackend, PgMemoryStore, PgStoreInfo, version_tuple
 

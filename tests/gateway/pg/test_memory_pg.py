@@ -13,8 +13,8 @@ import pytest
 
 from core.memory.embedders import EmbedderSettings
 from core.memory.query import build_fts_query, cjk_index_text
+from core.memory.rows import FileRow, NewChunk
 from core.memory.settings import MemorySettings
-from core.memory.store import FileRow, NewChunk
 from gateway.locomo import run_locomo
 from gateway.pg.database import Connection, PgDatabase
 from gateway.pg.memory_store import PgMemoryBackend, PgMemoryStore

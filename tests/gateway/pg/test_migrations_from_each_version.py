@@ -17,7 +17,7 @@ import pytest
 
 from channels.base import InboundMessage
 from core.memory.query import build_fts_query
-from core.memory.store import FileRow, NewChunk, Tombstone
+from core.memory.rows import FileRow, NewChunk, Tombstone
 from core.messages import Message
 from gateway.inbox import message_to_json
 from gateway.pg.database import Connection, PgDatabase
