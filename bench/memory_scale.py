@@ -75,15 +75,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import core.memory.index as index_module
+import core.memory.index.search as index_search
 from core.memory.driver import open_connection
 from core.memory.embedders import ResilientEmbedder
 from core.memory.index import MemoryIndex
 from core.memory.query import extract_keywords
+from core.memory.rows import vector_blob
 from core.memory.settings import ChunkingSettings, MemorySettings, SearchSettings, SyncSettings
 from core.memory.sources import AGENT_SCOPE
 from core.memory.stopwords import STOP_WORDS_EN, WORD_STOP_WORDS
-from core.memory.store import MemoryStore, vector_blob
+from core.memory.store import MemoryStore
 from core.messages import Message
 from core.tokens import TokenCounter
 from core.transcript import Transcript
@@ -368,16 +369,16 @@ def stage_timers(current: dict[str, float]) -> Iterator[None]:
         return wrapper
 
     originals = {name: getattr(MemoryStore, name) for name in STAGES}
-    run_search = index_module.run_search
+    run_search = index_search.run_search
     for name, fn in originals.items():
         setattr(MemoryStore, name, timed(name, fn))
-    index_module.run_search = timed("run_search", run_search)  # type: ignore[assignment]
+    index_search.run_search = timed("run_search", run_search)  # type: ignore[assignment]
     try:
         yield
     finally:
         for name, fn in originals.items():
             setattr(MemoryStore, name, fn)
-        index_module.run_search = run_search  # type: ignore[assignment]
+        index_search.run_search = run_search  # type: ignore[assignment]
 
 
 def summarise(samples: Sequence[float]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import core.memory.index as index_module
+import core.memory.index.watch as watch_module
 from core.errors import MemoryIndexError
 from core.memory.audience import Audience, Viewer
 from core.memory.driver import open_connection
@@ -569,14 +569,14 @@ async def test_the_watcher_syncs_a_changed_memory_file(
     files for its first snapshot, and catches the sync it asks for."""
     loop = asyncio.get_running_loop()
     listed = asyncio.Event()
-    real = index_module.memory_files
+    real = watch_module.memory_files
 
     def listing(*args: Any, **kwargs: Any) -> list[SourceFile]:
         found = real(*args, **kwargs)
         loop.call_soon_threadsafe(listed.set)  # called from a worker thread
         return found
 
-    monkeypatch.setattr(index_module, "memory_files", listing)
+    monkeypatch.setattr(watch_module, "memory_files", listing)
     settings = quiet_settings(
         sync=SyncSettings(
             on_start=False, watch=True, watch_poll_seconds=0.05, watch_debounce_seconds=0.05
