@@ -495,7 +495,7 @@ def _visible(entry: Entry) -> tuple[str, str | None]:
     parts: list[str] = []
     sender: str | None = None
     for block in entry.message.content:
-        if is_turn_context(block):
+        if isinstance(block, TextBlock) and is_turn_context(block):
             sender = _sender_name(block.text) or sender
         elif is_recall_block(block):
             # Memory shown to the model, not said by anyone: indexing it would bring
