@@ -14,7 +14,7 @@ score     what
 0.90      decisions: "we decided", "let's go with", "decision:"
 0.85      constraints and rules: "must", "never", "always", "don't", deadlines
 0.80      "remember ...", stated preferences ("I prefer", "I like", "I hate")
-0.70      exact identifiers (ids, hashes, URLs, paths; see ``core.ledger``)
+0.70      exact identifiers (ids, hashes, URLs, paths; see ``core.identifiers``)
 0.60      open asks and TODOs (questions, "please", "remind me", "todo")
 0.50      tool calls and their results (work that happened; medium)
 0.40      anything else with substance
@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from core.ledger import find_identifiers
+from core.identifiers import find_identifiers
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 
 ERROR = 0.95

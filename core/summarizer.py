@@ -40,7 +40,7 @@ from typing import Protocol
 
 from core.config import RetryConfig
 from core.errors import AuthenticationError, ContextOverflowError, ProviderError, SummaryError
-from core.ledger import absent_identifiers
+from core.identifiers import absent_identifiers
 from core.messages import (
     ImageBlock,
     Message,

@@ -30,8 +30,8 @@ from core.compaction_strategies.summary import (
     summarize_with_fallback,
 )
 from core.history import is_turn_start
+from core.identifiers import find_identifiers
 from core.importance import CONSTRAINT, DECISION, ERROR, text_importance
-from core.ledger import find_identifiers
 from core.messages import Message, TextBlock, ToolResultBlock, Usage
 from core.prompt import SILENT_REPLY
 

@@ -6,15 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.identifiers import absent_identifiers, find_identifiers
 from core.ledger import (
     DEFAULT_MAX_ASKS,
     DEFAULT_MAX_IDENTIFIERS,
     MAX_SENTENCE_CHARS,
     SHORT_TOOL_RESULT_CHARS,
     Ledger,
-    absent_identifiers,
     extract_ledger,
-    find_identifiers,
     missing_identifiers,
 )
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
