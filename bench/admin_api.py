@@ -29,7 +29,7 @@ from core.transcript import Transcript
 from gateway.admin.service import encode_cursor
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.registry import SessionOrigin
+from gateway.storage.sessions import SessionOrigin
 
 SESSIONS = 5_000
 PAGE = 50

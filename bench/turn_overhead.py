@@ -38,7 +38,7 @@ from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
 from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.registry import SessionOrigin
+from gateway.storage.sessions import SessionOrigin
 
 LIVE_ENTRIES = 100
 LONG_PREFIX = 10_000

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Protocol
 
 from channels.base import Channel, InboundMessage
-from gateway.pairing import PairingCheck, PairingRequest, pairing_text
+from gateway.storage.pairing import PairingCheck, PairingRequest, pairing_text
 
 log = logging.getLogger("parley.gateway.access")
 

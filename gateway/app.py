@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from channels.base import Channel, ChannelError, InboundMessage
 from core.compaction import CompactionOutcome
@@ -50,7 +50,6 @@ from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.memory import build_memory_index, notes_dir, private_roots
 from gateway.providers import build_provider
-from gateway.registry import SessionRecord, utcnow
 from gateway.resets import resolve_timezone
 from gateway.routing import SessionRoute
 from gateway.runtime.commands.replies import CommandReplies
@@ -63,12 +62,14 @@ from gateway.runtime.replicas import ReplicaCoordinator
 from gateway.runtime.sessions import Sessions
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.runtime.turn import Turns
-from gateway.stores import StateStores
+from gateway.storage.sessions import SessionRecord, utcnow
+from gateway.storage.stores import StateStores
 from gateway.workspace import ensure_workspace
 
 if TYPE_CHECKING:
-    from gateway.pg.inbox import PgInbox
-    from gateway.stores import InboxStore, Pairing, Registry
+    from gateway.storage.inbox import Inbox
+    from gateway.storage.pairing import PairingStore
+    from gateway.storage.sessions import SessionRegistry
 
 log = logging.getLogger("parley.gateway")
 
@@ -137,11 +138,12 @@ class Gateway:
             ready=self._ready,
         )
         self.replicas: ReplicaCoordinator | None = None
-        if self.state.locks is not None:  # PostgreSQL: the inbox is then a PgInbox
+        locks, shared_inbox = self.state.locks, self.state.replica_inbox
+        if locks is not None and shared_inbox is not None:  # PostgreSQL: several replicas
             self.replicas = ReplicaCoordinator(
                 rt,
-                locks=self.state.locks,
-                inbox=cast("PgInbox", self.state.inbox),
+                locks=locks,
+                inbox=shared_inbox,
                 lanes=self.lanes,
                 transcripts=self.transcripts,
                 dispatch=self.dispatch,
@@ -165,19 +167,19 @@ class Gateway:
     # -- what the rest of the house reads ---------------------------------------------
 
     @property
-    def registry(self) -> Registry:
+    def registry(self) -> SessionRegistry:
         return self.state.registry
 
     @property
-    def inbox(self) -> InboxStore:
+    def inbox(self) -> Inbox:
         return self.state.inbox
 
     @property
-    def pairing(self) -> Pairing:
+    def pairing(self) -> PairingStore:
         return self.state.pairing
 
     @pairing.setter
-    def pairing(self, store: Pairing) -> None:
+    def pairing(self, store: PairingStore) -> None:
         self.state.pairing = store
 
     @property

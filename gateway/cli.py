@@ -28,9 +28,9 @@ if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
 
     from core.transcript import Entry
     from core.transcript_store import TranscriptStore
-    from gateway.pairing import PairingRequest
-    from gateway.registry import SessionRecord
-    from gateway.stores import StateStores
+    from gateway.storage.pairing import PairingRequest
+    from gateway.storage.sessions import SessionRecord
+    from gateway.storage.stores import StateStores
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -248,7 +248,7 @@ async def _serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
 
 
 async def _sessions(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.stores import StateStores
+    from gateway.storage.stores import StateStores
 
     action = args.sessions_command
     if loaded.config.storage.backend == "sqlite" and not loaded.state_db.exists():
@@ -410,7 +410,7 @@ def _entry_line(entry: Entry) -> str:
 
 
 async def _pairing(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.stores import StateStores
+    from gateway.storage.stores import StateStores
 
     async with StateStores(loaded) as state:
         store = state.pairing

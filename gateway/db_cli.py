@@ -29,8 +29,8 @@ async def db_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
 
 
 async def _postgres(url: str, action: str) -> int:
-    from gateway.pg.database import PgDatabase
-    from gateway.pg.migrations import SCHEMA_VERSION, migrate, schema_version
+    from gateway.storage.postgres.database import PgDatabase
+    from gateway.storage.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
 
     async with PgDatabase(url, pool_size=2, migrate_at_open=False) as db:
         if action == "migrate":
@@ -45,7 +45,7 @@ async def _postgres(url: str, action: str) -> int:
 
 
 async def _sqlite(loaded: LoadedConfig, action: str) -> int:
-    from gateway.db import SCHEMA_VERSION, Database
+    from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
 
     # Opening state.db migrates it: "migrate" and "status" differ only in the words.
     async with Database(loaded.state_db) as db:

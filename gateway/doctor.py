@@ -35,15 +35,15 @@ from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.admin.auth import check_setup
 from gateway.audience_migration import audience_check
 from gateway.config import LoadedConfig
-from gateway.db import Database
 from gateway.errors import AdminServerError, GatewayError, StateError
 from gateway.file_modes import find_wide_modes, narrow_modes
 from gateway.providers import choose_provider
 from gateway.state_migration import StateMigrationError, Survey, migrate, survey
+from gateway.storage.sqlite.database import Database
 
 if TYPE_CHECKING:
-    from gateway.pairing import PairingRequest
-    from gateway.pg.database import PgDatabase
+    from gateway.storage.pairing import PairingRequest
+    from gateway.storage.postgres.database import PgDatabase
 
 Severity = Literal["ok", "warning", "error"]
 PROBE_TIMEOUT_SECONDS = 5.0
@@ -152,8 +152,8 @@ def _migration_findings(found: Survey, *, fixing: bool) -> list[Finding]:
 async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | None, Finding]]:
     """The shared database, open, and the state finding; None for the database when
     the other checks cannot read it (unreachable, or its schema is not this parley's)."""
-    from gateway.pg.database import PgDatabase
-    from gateway.pg.migrations import SCHEMA_VERSION, schema_version
+    from gateway.storage.postgres.database import PgDatabase
+    from gateway.storage.postgres.migrations import SCHEMA_VERSION, schema_version
 
     url = loaded.config.storage.url
     assert url is not None  # the config refuses postgres without one
@@ -184,7 +184,7 @@ async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | No
 
 
 def _pg_transcripts(db: PgDatabase) -> TranscriptStore:
-    from gateway.pg.transcripts import PgTranscriptStore
+    from gateway.storage.postgres.transcripts import PgTranscriptStore
 
     return PgTranscriptStore(db)
 
@@ -429,13 +429,13 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
 
 
 async def _check_pairing(loaded: LoadedConfig) -> Finding:
-    from gateway.pairing import PairingStore
+    from gateway.storage.sqlite.pairing import SqlitePairingStore
 
     if not await asyncio.to_thread(loaded.state_db.exists):
         return Finding("pairing", "ok", "no requests")
     try:
         async with Database(loaded.state_db) as db:
-            store = PairingStore(db)
+            store = SqlitePairingStore(db)
             pending = [r for r in await store.list("pending") if not r.expired(store.now())]
     except StateError as exc:
         return Finding("pairing", "error", str(exc))
@@ -443,7 +443,7 @@ async def _check_pairing(loaded: LoadedConfig) -> Finding:
 
 
 async def _check_pg_pairing(db: PgDatabase) -> Finding:
-    from gateway.pg.pairing import PgPairingStore
+    from gateway.storage.postgres.pairing import PgPairingStore
 
     store = PgPairingStore(db)
     try:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from channels.base import InboundMessage
-from gateway.inbox import InboxItem
 from gateway.routing import SessionRoute
+from gateway.storage.inbox import InboxItem
 
 
 @dataclass(frozen=True, slots=True)

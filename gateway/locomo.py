@@ -292,8 +292,8 @@ async def _store_backend(
     if backend == "sqlite":
         yield None, "sqlite"
         return
-    from gateway.pg.database import PgDatabase
-    from gateway.pg.memory_store import PgMemoryBackend
+    from gateway.storage.postgres.database import PgDatabase
+    from gateway.storage.postgres.memory_store import PgMemoryBackend
 
     url = database_url or os.environ.get("PARLEY_DATABASE_URL")
     server = None

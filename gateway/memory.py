@@ -43,7 +43,7 @@ OWN_POOL_SIZE = 4
 if TYPE_CHECKING:
     from core.memory.sources import TranscriptSource
     from core.memory.store_protocol import StoreBackend
-    from gateway.pg.database import PgDatabase
+    from gateway.storage.postgres.database import PgDatabase
 
 
 def memory_db_path(loaded: LoadedConfig) -> Path:
@@ -100,8 +100,8 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
     resource: AsyncResource | None = None
     storage = loaded.config.storage
     if storage.backend == "postgres":
-        from gateway.pg.memory_store import PgMemoryBackend
-        from gateway.pg.transcripts import PgTranscriptStore
+        from gateway.storage.postgres.memory_store import PgMemoryBackend
+        from gateway.storage.postgres.transcripts import PgTranscriptStore
 
         if db is None:
             db = _own_pool(loaded)
@@ -172,7 +172,7 @@ async def record_turn_task(
 
 
 def _own_pool(loaded: LoadedConfig) -> PgDatabase:
-    from gateway.pg.database import PgDatabase
+    from gateway.storage.postgres.database import PgDatabase
 
     storage = loaded.config.storage
     assert storage.url is not None  # the config refuses postgres without one

@@ -33,14 +33,14 @@ from core.errors import CoreError
 from core.transcript import ENTRY_COMPACTION, TranscriptHeader, parse_entry_or_none
 from core.transcript_store import FileTranscriptStore, TranscriptInfo
 from gateway.config import LoadedConfig
-from gateway.db import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from gateway.errors import StateError
+from gateway.storage.sqlite.database import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from core.memory.rows import CacheEntry, FileRow, StoredChunk
     from core.memory.store import MemoryStore
-    from gateway.pg.database import Connection, PgDatabase
-    from gateway.pg.memory_store import PgMemoryStore, VectorIndex
+    from gateway.storage.postgres.database import Connection, PgDatabase
+    from gateway.storage.postgres.memory_store import PgMemoryStore, VectorIndex
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -133,8 +133,8 @@ async def migrate_command(loaded: LoadedConfig, args: argparse.Namespace) -> int
 
     import psycopg
 
-    from gateway.pg.database import PgDatabase, redact_url
-    from gateway.pg.migrations import SCHEMA_VERSION, migrate, schema_version
+    from gateway.storage.postgres.database import PgDatabase, redact_url
+    from gateway.storage.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
 
     dry_run = bool(args.dry_run)
     try:
@@ -398,7 +398,7 @@ class Migration:
         return total, self.pg.call(_stored_lines, sid), copied
 
     def _flush_lines(self, sid: str, pending: list[tuple[int, str, str, int | None]]) -> int:
-        from gateway.pg.transcripts import insert_line
+        from gateway.storage.postgres.transcripts import insert_line
 
         def write(conn: Connection) -> None:
             for seq, kind, line, kept in pending:
@@ -430,7 +430,7 @@ class Migration:
             source.close()
 
     def _memory_target(self) -> PgMemoryStore | None:
-        from gateway.pg.memory_store import LIVE, PgMemoryBackend
+        from gateway.storage.postgres.memory_store import LIVE, PgMemoryBackend
 
         name = self.loaded.config.agent.id
         if self.dry_run:
@@ -674,7 +674,7 @@ def _write_memory_file(
 ) -> None:
     """A file and its chunks as they are in the source (times and all), in one
     transaction: a kill leaves the file either absent, as it was, or complete."""
-    from gateway.pg.memory_store import chunk_params, insert_chunks, upsert_file_row
+    from gateway.storage.postgres.memory_store import chunk_params, insert_chunks, upsert_file_row
 
     ix = _index_id(conn, target)
     # The store's own per-file lock: a replica syncing the same file waits for us.

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from channels.base import Channel, OutboundMessage, SendRecovery
-from gateway.inbox import UNKNOWN_SEND_MARK, InboxItem
+from gateway.storage.inbox import UNKNOWN_SEND_MARK, InboxItem
 
 log = logging.getLogger("parley.gateway.send_recovery")
 

@@ -50,9 +50,9 @@ from core.memory.rows import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
 from core.memory.store import META_KEY
 from core.transcript import TRANSCRIPT_VERSION
 from gateway.config import DEFAULT_HOME, LoadedConfig
-from gateway.db import MIGRATIONS, Database
-from gateway.db import SCHEMA_VERSION as STATE_SCHEMA_VERSION
 from gateway.errors import StateError
+from gateway.storage.sqlite.database import MIGRATIONS, Database
+from gateway.storage.sqlite.database import SCHEMA_VERSION as STATE_SCHEMA_VERSION
 
 BACKUPS_DIR = "backups"
 # Not state: logs can be large and are not read back; backups would nest.

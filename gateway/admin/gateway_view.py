@@ -22,10 +22,11 @@ from core.providers.base import Provider
 from core.transcript_store import SessionTranscript
 from gateway.admin.session_figures import SessionFiguresCache
 from gateway.config import ParleyConfig
-from gateway.registry import SessionRecord
+from gateway.storage.sessions import SessionRecord
 
 if TYPE_CHECKING:
-    from gateway.stores import Registry, StateStores
+    from gateway.storage.sessions import SessionRegistry
+    from gateway.storage.stores import StateStores
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class AdminGateway(Protocol):
     def state(self) -> StateStores: ...
 
     @property
-    def registry(self) -> Registry: ...
+    def registry(self) -> SessionRegistry: ...
 
     @property
     def channels(self) -> Mapping[str, Channel]: ...

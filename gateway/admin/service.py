@@ -33,7 +33,7 @@ from core.transcript import ENTRY_COMPACTION
 from core.transcript_store import SessionTranscript
 from gateway.admin import schemas as s
 from gateway.errors import ApiError, LaneBusy
-from gateway.registry import SessionRecord
+from gateway.storage.sessions import SessionRecord
 
 if TYPE_CHECKING:
     from gateway.admin.gateway_view import AdminGateway

@@ -27,11 +27,11 @@ from gateway.audiences import scope_resolver
 from gateway.config import LoadedConfig
 from gateway.errors import GatewayError
 from gateway.memory import memory_db_path, notes_dir, tasks_dir
-from gateway.pairing import PairingRequest
 from gateway.people import inventory
 from gateway.people.inventory import SessionInfo, State, TaskFile
 from gateway.people.who import Person, resolve_person
 from gateway.routing import normalise_channel, normalise_peer_id
+from gateway.storage.pairing import PairingRequest
 
 # Items named per line of output; the rest are counted.
 LISTED = 8

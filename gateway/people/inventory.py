@@ -21,7 +21,7 @@ from gateway.audiences import PersonLinks, scope_for_key, scope_resolver
 from gateway.config import LoadedConfig
 from gateway.memory import memory_db_path, tasks_dir
 from gateway.people.who import PersonError
-from gateway.registry import SessionRecord
+from gateway.storage.sessions import SessionRecord
 
 _MAX_HEADER_BYTES = 64 * 1024
 # The listener every replica's session locks keep on PostgreSQL (gateway/pg/session_locks.py).
@@ -72,12 +72,12 @@ class State:
 async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
     storage = loaded.config.storage
     if storage.backend == "postgres":
-        from gateway.pg.database import PgDatabase
-        from gateway.pg.inbox import PgInbox
-        from gateway.pg.migrations import SCHEMA_VERSION, schema_version
-        from gateway.pg.pairing import PgPairingStore
-        from gateway.pg.registry import PgSessionRegistry
-        from gateway.pg.transcripts import PgTranscriptStore
+        from gateway.storage.postgres.database import PgDatabase
+        from gateway.storage.postgres.inbox import PgInbox
+        from gateway.storage.postgres.migrations import SCHEMA_VERSION, schema_version
+        from gateway.storage.postgres.pairing import PgPairingStore
+        from gateway.storage.postgres.session_registry import PgSessionRegistry
+        from gateway.storage.postgres.transcripts import PgTranscriptStore
 
         assert storage.url is not None  # the config refuses postgres without one
         # Not migrated here: an erase (or a dry run) changes nothing but the person's rows.
@@ -100,17 +100,19 @@ async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
                 pg,
             )
         return
-    from gateway.db import Database
-    from gateway.inbox import Inbox
-    from gateway.pairing import PairingStore
-    from gateway.registry import SessionRegistry
+    from gateway.storage.sqlite.database import Database
+    from gateway.storage.sqlite.inbox import SqliteInbox
+    from gateway.storage.sqlite.pairing import SqlitePairingStore
+    from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
     transcripts = FileTranscriptStore(loaded.sessions_dir, fsync=storage.fsync)
     if not await asyncio.to_thread(loaded.state_db.exists):
         yield State(loaded, transcripts)  # nothing registered yet: nothing to open
         return
     async with Database(loaded.state_db, fsync=storage.fsync) as db:
-        yield State(loaded, transcripts, SessionRegistry(db), Inbox(db), PairingStore(db))
+        yield State(
+            loaded, transcripts, SqliteSessionRegistry(db), SqliteInbox(db), SqlitePairingStore(db)
+        )
 
 
 def refuse_outdated(loaded: LoadedConfig) -> None:

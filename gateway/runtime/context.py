@@ -32,13 +32,15 @@ from gateway.admin.session_figures import figures as session_figures
 from gateway.audiences import PersonLinks, audience_for, viewer_for
 from gateway.config import LoadedConfig
 from gateway.errors import NotStarted
-from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute, resolve_session_key
-from gateway.storage_errors import storage_failure
-from gateway.stores import StateStores
+from gateway.storage.errors import storage_failure
+from gateway.storage.sessions import SessionRecord
+from gateway.storage.stores import StateStores
 
 if TYPE_CHECKING:
-    from gateway.stores import InboxStore, Pairing, Registry
+    from gateway.storage.inbox import Inbox
+    from gateway.storage.pairing import PairingStore
+    from gateway.storage.sessions import SessionRegistry
 
 log = logging.getLogger("parley.gateway")
 
@@ -76,15 +78,15 @@ class Runtime:
     # -- the state stores (read through: an operator's tool may swap one) --------------------
 
     @property
-    def registry(self) -> Registry:
+    def registry(self) -> SessionRegistry:
         return self.state.registry
 
     @property
-    def inbox(self) -> InboxStore:
+    def inbox(self) -> Inbox:
         return self.state.inbox
 
     @property
-    def pairing(self) -> Pairing:
+    def pairing(self) -> PairingStore:
         return self.state.pairing
 
     # -- the parts built at start ---------------------------------------------------------

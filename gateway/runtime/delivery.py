@@ -21,11 +21,11 @@ from channels.base import (
     RecipientBlocked,
 )
 from core.prompt import SILENT_REPLY
-from gateway.inbox import InboxItem, SentMessages
-from gateway.registry import SessionRecord
 from gateway.runtime.context import Runtime, last_entry_id
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.send_recovery import parts_already_sent, send_mark
+from gateway.storage.inbox import InboxItem, SentMessages
+from gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

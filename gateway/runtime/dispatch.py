@@ -13,9 +13,7 @@ from typing import Any
 
 from channels.base import InboundMessage
 from core.transcript_store import SessionTranscript
-from gateway.inbox import InboxItem, SentMessages
 from gateway.lane_items import LaneItem, LaneTask
-from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute
 from gateway.runtime.commands.parsing import match_reset_trigger, parse_compact_command
 from gateway.runtime.context import Runtime
@@ -23,7 +21,9 @@ from gateway.runtime.delivery import Delivery
 from gateway.runtime.sessions import Sessions
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.runtime.turn import Turns
-from gateway.storage_errors import storage_failure
+from gateway.storage.errors import storage_failure
+from gateway.storage.inbox import InboxItem, SentMessages
+from gateway.storage.sessions import SessionRecord
 from gateway.user_errors import INTERNAL_ERROR_TEXT, STORAGE_ERROR_TEXT
 
 log = logging.getLogger("parley.gateway")

@@ -14,7 +14,6 @@ from collections import OrderedDict
 
 from channels.base import Channel, ChannelError, InboundMessage, InboundNotStored
 from gateway.access import AccessGate
-from gateway.inbox import well_formed
 from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.runtime.commands.parsing import parse_info_command
@@ -22,7 +21,8 @@ from gateway.runtime.commands.replies import CommandReplies
 from gateway.runtime.context import Runtime
 from gateway.runtime.delivery import Delivery, reply_to
 from gateway.runtime.dispatch import Dispatch
-from gateway.storage_errors import storage_failure
+from gateway.storage.errors import storage_failure
+from gateway.storage.inbox import well_formed
 from gateway.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
 
 log = logging.getLogger("parley.gateway")

@@ -10,12 +10,12 @@ import logging
 import time
 from datetime import timedelta
 
-from gateway.inbox import InboxItem
 from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
-from gateway.registry import utcnow
 from gateway.runtime.context import Runtime
 from gateway.runtime.dispatch import Dispatch
+from gateway.storage.inbox import InboxItem
+from gateway.storage.sessions import utcnow
 
 log = logging.getLogger("parley.gateway")
 

@@ -35,7 +35,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.inbox import InboxItem
 from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.runtime.commands.parsing import parse_info_command
@@ -43,10 +42,10 @@ from gateway.runtime.context import Runtime
 from gateway.runtime.dispatch import Dispatch
 from gateway.runtime.redelivery import Redelivery
 from gateway.runtime.transcripts import TranscriptCache
+from gateway.storage.inbox import InboxItem, ReplicaInbox
 
 if TYPE_CHECKING:
-    from gateway.pg.inbox import PgInbox
-    from gateway.pg.session_locks import SessionLocks
+    from gateway.storage.postgres.session_locks import SessionLocks
 
 log = logging.getLogger("parley.gateway.replicas")
 
@@ -61,7 +60,7 @@ class ReplicaCoordinator:
         rt: Runtime,
         *,
         locks: SessionLocks,
-        inbox: PgInbox,
+        inbox: ReplicaInbox,
         lanes: LaneManager[LaneItem | LaneTask],
         transcripts: TranscriptCache,
         dispatch: Dispatch,

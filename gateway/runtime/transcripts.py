@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from core.errors import TranscriptError
 from core.transcript_store import SessionTranscript, TranscriptStore
-from gateway.registry import SessionRecord
+from gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

@@ -31,9 +31,9 @@ from core.transcript_store import SessionTranscript
 from gateway.admin.gateway_view import ProviderHealth
 from gateway.lane_items import LaneItem
 from gateway.memory import record_turn_task
-from gateway.registry import SessionRecord
 from gateway.runtime.context import Runtime, last_entry_id
 from gateway.runtime.transcripts import TranscriptCache
+from gateway.storage.sessions import SessionRecord
 from gateway.user_errors import (
     EMPTY_REPLY_TEXT,
     describe_context_error,

@@ -18,20 +18,21 @@ from typing import Any
 
 import pytest
 
-from gateway.db import Database
-from gateway.inbox import Inbox
-from gateway.pairing import PairingStore
-from gateway.pg.database import Connection, PgDatabase
-from gateway.pg.inbox import PgInbox
-from gateway.pg.pairing import PgPairingStore
-from gateway.pg.registry import PgSessionRegistry
-from gateway.registry import SessionRegistry, utcnow
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.postgres.inbox import PgInbox
+from gateway.storage.postgres.pairing import PgPairingStore
+from gateway.storage.postgres.session_registry import PgSessionRegistry
+from gateway.storage.sessions import utcnow
+from gateway.storage.sqlite.database import Database
+from gateway.storage.sqlite.inbox import SqliteInbox
+from gateway.storage.sqlite.pairing import SqlitePairingStore
+from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 BACKENDS = ("sqlite", "postgres")
 
-AnyRegistry = SessionRegistry | PgSessionRegistry
-AnyInbox = Inbox | PgInbox
-AnyPairingStore = PairingStore | PgPairingStore
+AnyRegistry = SqliteSessionRegistry | PgSessionRegistry
+AnyInbox = SqliteInbox | PgInbox
+AnyPairingStore = SqlitePairingStore | PgPairingStore
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,9 @@ async def _sqlite(path: Path) -> AsyncIterator[StateBackend]:
         yield StateBackend(
             "sqlite",
             path,
-            SessionRegistry(db),
-            Inbox(db),
-            lambda now: PairingStore(db, now=now),
+            SqliteSessionRegistry(db),
+            SqliteInbox(db),
+            lambda now: SqlitePairingStore(db, now=now),
             execute,
         )
 

@@ -25,7 +25,12 @@ from core.transcript import Transcript
 from gateway import cli
 from gateway.app import Gateway
 from gateway.errors import PairingError
-from gateway.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, normalise_code
+from gateway.storage.pairing import (
+    CODE_TTL,
+    MAX_PENDING_PER_CHANNEL,
+    RENOTIFY_AFTER,
+    normalise_code,
+)
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 from tests.gateway.state_backends import open_backend, state_location

@@ -19,8 +19,8 @@ from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
 from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
-from gateway.db import Database
-from gateway.inbox import Inbox
+from gateway.storage.sqlite.database import Database
+from gateway.storage.sqlite.inbox import SqliteInbox
 from gateway.user_errors import BUSY_TEXT
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -277,7 +277,7 @@ async def test_messages_recorded_before_a_crash_are_answered_on_restart(
     channel = RecordingChannel()
     # A process that died right after recording two messages, before answering them.
     async with Database(config.state_db) as db:
-        inbox = Inbox(db)
+        inbox = SqliteInbox(db)
         await inbox.record(channel.inbound("lost one", message_id="c1"))
         await inbox.record(channel.inbound("lost two", message_id="c2"))
     provider = ScriptedProvider()
@@ -302,7 +302,7 @@ async def test_reply_written_before_a_crash_is_delivered_without_a_model_call(
     # Simulate a kill after the reply reached the transcript but before delivery:
     # the inbox row is still "received" and the transcript holds user + assistant.
     async with Database(config.state_db) as db:
-        inbox = Inbox(db)
+        inbox = SqliteInbox(db)
         recorded = await inbox.record(channel.inbound("late", message_id="k1"))
     transcript = Transcript.open(config.sessions_dir / f"{record.session_id}.jsonl")
     from core.messages import Message

@@ -27,7 +27,7 @@ from core.tokens import default_counter
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
-from gateway.registry import SessionRecord
+from gateway.storage.sessions import SessionRecord
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 

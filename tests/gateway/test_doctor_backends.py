@@ -13,8 +13,8 @@ from core.messages import Message
 from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.config import LoadedConfig
 from gateway.doctor import Finding, _check_transcripts, run_doctor
-from gateway.pg.database import Connection, PgDatabase
-from gateway.stores import StateStores
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.gateway.memory_helpers import memory_config
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from core.memory.store import MemoryStore
-from gateway.db import Database
 from gateway.doctor import _check_file_modes
 from gateway.file_modes import find_wide_modes, narrow_modes, secure_home
 from gateway.logs import setup_logging
+from gateway.storage.sqlite.database import Database
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.gateway.test_cli import anthropic_env, parley
 

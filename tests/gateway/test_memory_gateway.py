@@ -29,10 +29,10 @@ from gateway.audiences import (
     scope_resolver,
     viewer_for,
 )
-from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute
 from gateway.runtime.commands.texts import MEMORY_USAGE
 from gateway.session_config import SessionConfig
+from gateway.storage.sessions import SessionRecord
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 from tests.gateway.memory_helpers import (

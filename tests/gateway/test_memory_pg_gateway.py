@@ -26,10 +26,10 @@ from gateway.config import LoadedConfig
 from gateway.errors import ConfigFileError, StateError
 from gateway.memory import build_memory_index
 from gateway.memory_cli import memory_command
-from gateway.pg.database import Connection
-from gateway.pg.memory_store import PgMemoryBackend
 from gateway.runtime.commands.texts import format_memory_status
-from gateway.stores import StateStores
+from gateway.storage.postgres.database import Connection
+from gateway.storage.postgres.memory_store import PgMemoryBackend
+from gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider

@@ -25,18 +25,19 @@ from core.messages import Message, Usage
 from core.transcript_store import FileTranscriptStore, write_jsonl
 from gateway.audiences import scope_resolver
 from gateway.config import LoadedConfig, load_config
-from gateway.db import Database
 from gateway.errors import StateError
-from gateway.inbox import Inbox
 from gateway.memory import memory_db_path
 from gateway.migrate_cli import add_migrate_commands, migrate_command
-from gateway.pairing import PairingStore
-from gateway.pg.database import Connection, PgDatabase
-from gateway.pg.inbox import PgInbox
-from gateway.pg.memory_store import PgMemoryBackend
-from gateway.pg.migrations import schema_version
-from gateway.pg.transcripts import PgTranscriptStore
-from gateway.registry import SessionOrigin, SessionRegistry
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.postgres.inbox import PgInbox
+from gateway.storage.postgres.memory_store import PgMemoryBackend
+from gateway.storage.postgres.migrations import schema_version
+from gateway.storage.postgres.transcripts import PgTranscriptStore
+from gateway.storage.sessions import SessionOrigin
+from gateway.storage.sqlite.database import Database
+from gateway.storage.sqlite.inbox import SqliteInbox
+from gateway.storage.sqlite.pairing import SqlitePairingStore
+from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 from tests.fakes.embedder import HashingEmbedder, resilient
 
 T = TypeVar("T")
@@ -118,7 +119,7 @@ async def build_state(home: Path) -> Built:
     loaded = config(home)
     sessions = FileTranscriptStore(loaded.sessions_dir)
     async with Database(loaded.state_db) as db:
-        registry = SessionRegistry(db)
+        registry = SqliteSessionRegistry(db)
         ids = []
         for n, peer in enumerate(("42", "43", "44")):
             origin = SessionOrigin(
@@ -159,7 +160,7 @@ async def build_state(home: Path) -> Built:
         )
         ids.append(fresh.session_id)
 
-        inbox = Inbox(db)
+        inbox = SqliteInbox(db)
         items = [(await inbox.record(message(n, f"hello {n}"))).item.id for n in range(5)]
         await inbox.mark_replied([items[0], items[1]], ids[0], ["hi", "there"])
         await inbox.mark_delivered([items[0]])
@@ -167,7 +168,7 @@ async def build_state(home: Path) -> Built:
         await inbox.mark_failed([items[2]], "storage: disk full")
         await inbox.mark_rejected([items[3]], "busy")
 
-        pairing = PairingStore(db)
+        pairing = SqlitePairingStore(db)
         first = await pairing.check("telegram", "default", "100", "Bob")
         await pairing.check("telegram", "default", "101", None)
         await pairing.check("discord", "default", "102", "Cy")

@@ -27,8 +27,8 @@ from gateway.config import LoadedConfig
 from gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
 from gateway.people import PersonError, erase_person, list_people, resolve_person
 from gateway.people_cli import people_command
-from gateway.registry import SessionOrigin
-from gateway.stores import StateStores
+from gateway.storage.sessions import SessionOrigin
+from gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider

@@ -21,8 +21,9 @@ from channels.discord_adapter import DiscordChannel
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
-from gateway.db import Database
-from gateway.inbox import Inbox, SentMessages
+from gateway.storage.inbox import SentMessages
+from gateway.storage.sqlite.database import Database
+from gateway.storage.sqlite.inbox import SqliteInbox
 from tests.channels.discord_support import ANN, BOT_ID, LIMIT, fake_discord
 from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
 from tests.channels.telegram_helpers import FAST_BACKOFF, TOKEN, Sleeps, loopback_only
@@ -123,7 +124,7 @@ async def test_a_reply_telegram_accepted_before_the_kill_is_not_sent_again(
         await crash_during(loaded, crash, lambda: dm(fake, "hello"))
         assert texts(fake) == ["echo: hello"]
         async with Database(loaded.state_db) as db:
-            [item] = await Inbox(db).open_items()
+            [item] = await SqliteInbox(db).open_items()
         assert item.status == "replied" and item.send_mark is not None
         assert await restart(loaded) == {"delivered": 1}
         assert texts(fake) == ["echo: hello"]  # found, not sent again
@@ -210,7 +211,7 @@ async def test_a_folded_turns_reply_found_out_answers_all_its_messages(
         try:
             messages = await received.wait(2)
             async with Database(loaded.state_db) as db:
-                inbox = Inbox(db)
+                inbox = SqliteInbox(db)
                 ids = [(await inbox.record(m)).item.id for m in messages]
                 outbound = OutboundMessage(
                     "telegram", "default", str(ALICE), "one reply to both",
@@ -254,7 +255,7 @@ async def test_with_another_reply_open_in_the_chat_the_reply_is_sent_again(
         crash = Crash(fake, accept=True)
         await crash_during(loaded, crash, lambda: dm(fake, "hello"))
         async with Database(loaded.state_db) as db:
-            inbox = Inbox(db)
+            inbox = SqliteInbox(db)
             [first] = await inbox.open_items()
             other = (await inbox.record(_other_message(first.message))).item
             await inbox.mark_replied([other.id], None, ["the other reply"], send_mark="1")
@@ -276,7 +277,7 @@ async def test_a_bot_message_recorded_for_another_reply_is_not_taken_for_this_on
         # reply (sent, say, by the replica that answered it).
         assert texts(fake) == []
         async with Database(loaded.state_db) as db:
-            inbox = Inbox(db)
+            inbox = SqliteInbox(db)
             [lost] = await inbox.open_items()
         channel = TelegramChannel(
             loaded.config.channels.telegram, sleep=Sleeps(), backoff=FAST_BACKOFF
@@ -289,7 +290,7 @@ async def test_a_bot_message_recorded_for_another_reply_is_not_taken_for_this_on
         finally:
             await channel.stop()
         async with Database(loaded.state_db) as db:
-            inbox = Inbox(db)
+            inbox = SqliteInbox(db)
             earlier = (await inbox.record(_other_message(lost.message))).item
             await inbox.mark_delivered(
                 [earlier.id], SentMessages("telegram", "default", sent.platform_message_ids)
@@ -336,7 +337,7 @@ async def test_discord_gets_the_same_reply_again_and_keeps_one_message(
             await asyncio.wait_for(crash.done.wait(), 20)
             await gateway.lanes.stop(drain=False, timeout=0)
         async with Database(loaded.state_db) as db:
-            [open_item] = await Inbox(db).open_items()
+            [open_item] = await SqliteInbox(db).open_items()
         assert open_item.status == "replied"
         async with discord_gateway() as gateway:
             await gateway.wait_idle()

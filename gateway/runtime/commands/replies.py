@@ -17,7 +17,6 @@ from core.memory.notes import NoteError
 from core.memory.recall import last_recall
 from core.memory.tasks import format_task_stats
 from core.transcript_store import SessionTranscript
-from gateway.registry import SessionRecord
 from gateway.routing import SessionRoute
 from gateway.runtime.commands.parsing import InfoCommand
 from gateway.runtime.commands.texts import (
@@ -31,6 +30,7 @@ from gateway.runtime.commands.texts import (
 )
 from gateway.runtime.context import Runtime
 from gateway.runtime.transcripts import TranscriptCache
+from gateway.storage.sessions import SessionRecord
 
 MEMORY_OFF_TEXT = "Long-term memory is turned off ([memory] enabled = false)."
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from core.compaction_stats import CompactionStats
 from core.memory.audience import audience_label
 from core.memory.index import MemoryStatus, SearchResult
-from gateway.registry import SessionRecord
+from gateway.storage.sessions import SessionRecord
 
 SNIPPET_PREVIEW_CHARS = 300
 

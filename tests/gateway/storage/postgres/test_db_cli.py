@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.pg.migrations import SCHEMA_VERSION
+from gateway.storage.postgres.migrations import SCHEMA_VERSION
 
 
 def test_postgres_migrate_is_idempotent_and_status_tells_the_version(
@@ -48,7 +48,7 @@ def test_postgres_unreachable_is_a_clear_failure(
 def test_sqlite_migrate_creates_state_db(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gateway.db import SCHEMA_VERSION as SQLITE_VERSION
+    from gateway.storage.sqlite.database import SCHEMA_VERSION as SQLITE_VERSION
 
     monkeypatch.setenv("PARLEY_HOME", str(tmp_path))
     assert main(["db", "migrate"]) == 0

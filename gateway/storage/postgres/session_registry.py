@@ -16,8 +16,8 @@ from typing import Any
 
 from core.messages import Usage
 from gateway.errors import StateError
-from gateway.pg.database import Connection, PgDatabase
-from gateway.registry import (
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.sessions import (
     SESSION_COLUMNS,
     SessionOrigin,
     SessionPage,

@@ -13,9 +13,9 @@ import pytest
 from core.errors import TranscriptError
 from core.messages import Message
 from gateway.errors import StateError
-from gateway.pg.database import PgDatabase
-from gateway.pg.transcripts import PgTranscriptStore, TranscriptConflictError
-from gateway.storage_errors import storage_failure
+from gateway.storage.errors import storage_failure
+from gateway.storage.postgres.database import PgDatabase
+from gateway.storage.postgres.transcripts import PgTranscriptStore, TranscriptConflictError
 
 SID = "0123456789abcdef0123456789abcdef"
 KEY = "agent:main:telegram:direct:42"

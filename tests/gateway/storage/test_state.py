@@ -13,11 +13,12 @@ import pytest
 
 from channels.base import InboundMessage, SeenMark
 from core.messages import Usage
-from gateway.db import SCHEMA_VERSION, Database
 from gateway.errors import PairingError, SchemaTooNewError
-from gateway.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
-from gateway.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, format_code
-from gateway.registry import SessionOrigin, SessionRegistry
+from gateway.storage.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
+from gateway.storage.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, format_code
+from gateway.storage.sessions import SessionOrigin
+from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
+from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 from tests.gateway.state_backends import StateBackend, state, state_location
 
 __all__ = ["state", "state_location"]  # the shared fixtures
@@ -55,13 +56,13 @@ async def test_schema_created_and_newer_schema_refused(tmp_path: Path) -> None:
 async def test_a_version_2_database_without_last_message_ids_opens(tmp_path: Path) -> None:
     """209179a's state.db says version 2 but predates last_message_ids (added to the
     released migration 2 later): opening it adds the column, and the registry works."""
-    fixture = Path(__file__).parent / "fixtures" / "state" / "state2-nolastids-209179a"
+    fixture = Path(__file__).parents[1] / "fixtures" / "state" / "state2-nolastids-209179a"
     path = tmp_path / "state.db"
     path.write_bytes((fixture / "state.db").read_bytes())
     columns = {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(sessions)")}
     assert "last_message_ids" not in columns
     async with Database(path) as db:
-        registry = SessionRegistry(db)
+        registry = SqliteSessionRegistry(db)
         sessions = (await registry.list()).sessions
         assert sessions and all(s.last_message_ids == [] for s in sessions)
         assert await db.run(db.integrity_check) == []

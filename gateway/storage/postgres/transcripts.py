@@ -45,7 +45,7 @@ from core.transcript import (
 )
 from core.transcript_store import TranscriptInfo, check_session_id
 from gateway.errors import StateError
-from gateway.pg.database import Connection, PgDatabase
+from gateway.storage.postgres.database import Connection, PgDatabase
 
 T = TypeVar("T")
 

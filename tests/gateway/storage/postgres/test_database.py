@@ -9,8 +9,8 @@ import psycopg
 import pytest
 
 from gateway.errors import SchemaTooNewError, StateError
-from gateway.pg.database import PgDatabase, redact_url
-from gateway.pg.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from gateway.storage.postgres.database import PgDatabase, redact_url
+from gateway.storage.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 
 
 def _tables(conn: psycopg.Connection[Any]) -> set[str]:

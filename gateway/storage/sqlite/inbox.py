@@ -19,105 +19,28 @@ whether the reply is already there (``gateway.send_recovery``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import re
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from channels.base import InboundMessage, SeenMark
-from gateway.db import Database, delete_rows_in
-from gateway.routing import normalise_channel, normalise_peer_id
-
-OPEN_STATES = ("received", "replied")
-# The send mark of a reply whose chat had several replies in doubt at once: a message
-# found there could be any one's, so this reply is never looked for, only resent.
-UNKNOWN_SEND_MARK = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class InboxItem:
-    id: int
-    message: InboundMessage
-    status: str
-    session_id: str | None
-    reply: list[str] | None
-    error: str | None
-    received_at: datetime | None = None
-    # PostgreSQL only (several replicas): the route key it was recorded under, and the
-    # backend pid of the replica answerable for it (None: unclaimed).
-    session_key: str | None = None
-    claimed_by: int | None = None
-    # Stored with the reply: the channel's send mark, and every item the reply answers.
-    send_mark: str | None = None
-    reply_for: tuple[int, ...] = ()
+from gateway.storage.inbox import (
+    DELETE_BATCH,
+    UNKNOWN_SEND_MARK,
+    InboxItem,
+    RecordResult,
+    SentMessages,
+    item_from_row,
+    message_to_json,
+    newest_marks,
+    sender_matches,
+)
+from gateway.storage.sqlite.database import Database, delete_rows_in
 
 
-@dataclass(frozen=True, slots=True)
-class SentMessages:
-    """What went out for a reply: recorded with its final status, in one transaction."""
-
-    channel: str
-    account: str
-    message_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RecordResult:
-    item: InboxItem
-    is_new: bool
-
-
-# json.loads joins a valid surrogate pair into one code point: any left is alone.
-# NUL: PostgreSQL text (and its JSON types) cannot hold it at all.
-_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
-
-
-def well_formed(message: InboundMessage) -> InboundMessage:
-    """``message`` with lone UTF-16 surrogates and NUL characters replaced by U+FFFD in
-    every text field.
-
-    JSON allows ``"\\ud800"`` and ``"\\u0000"`` and Python decodes them into a str
-    that UTF-8 cannot encode (a surrogate) or that PostgreSQL refuses (NUL): the
-    stores, the transcript and the platforms would refuse it later. A platform (or a
-    browser) can send one; it must cost a character, never the message.
-    """
-    # Any: each value replaces a field that held a str, which mypy cannot tie to its name.
-    changes: dict[str, Any] = {
-        name: _scrub(value)
-        for name in InboundMessage.__dataclass_fields__
-        if isinstance(value := getattr(message, name), str) and _has_unstorable(value)
-    }
-    return dataclasses.replace(message, **changes) if changes else message
-
-
-def _has_unstorable(text: str) -> bool:
-    return _UNSTORABLE.search(text) is not None
-
-
-def _scrub(text: str) -> str:
-    return _UNSTORABLE.sub("\ufffd", text)
-
-
-def message_to_json(message: InboundMessage) -> str:
-    data: dict[str, Any] = {
-        name: getattr(message, name) for name in InboundMessage.__dataclass_fields__
-    }
-    data["timestamp"] = message.timestamp.isoformat()
-    return json.dumps(data, ensure_ascii=False)
-
-
-def message_from_json(raw: str) -> InboundMessage:
-    data = json.loads(raw)
-    data["timestamp"] = datetime.fromisoformat(data["timestamp"])
-    return InboundMessage(**data)
-
-
-class Inbox:
+class SqliteInbox:
     def __init__(self, db: Database) -> None:
         self._db = db
 
@@ -351,59 +274,3 @@ class Inbox:
     def _counts_sync(self) -> dict[str, int]:
         rows = self._db.conn.execute("SELECT status, count(*) FROM inbox GROUP BY status")
         return {status: n for status, n in rows}
-
-
-# Ids per DELETE statement (SQLite's default limit on parameters is far above it).
-DELETE_BATCH = 500
-
-
-def sender_matches(row_channel: str, payload: str, channel: str | None, sender_id: str) -> bool:
-    """Is a stored message (its channel and JSON payload) from ``sender_id`` of
-    ``channel`` (None: any)? Ids compare as session keys do (``normalise_peer_id``):
-    case-insensitive, and an id a key had to escape matches its escaped form."""
-    if channel is not None and normalise_channel(row_channel) != normalise_channel(channel):
-        return False
-    try:
-        sender = json.loads(payload).get("sender_id")
-    except (ValueError, AttributeError):
-        return False
-    if not isinstance(sender, str) or not sender:
-        return False
-    found = normalise_peer_id(sender)
-    return found in (sender_id.lower(), normalise_peer_id(sender_id))
-
-
-def newest_marks(rows: Iterable[Sequence[Any]], since: str, limit: int) -> list[SeenMark]:
-    """The first (newest) message per conversation from ``rows`` of (account, chat_id,
-    thread_id, platform message id, received_at), newest first; stops at the first row
-    received before ``since`` or once ``limit`` conversations are found."""
-    marks: dict[tuple[str, str, str | None], SeenMark] = {}
-    for account, chat_id, thread_id, message_id, received_at in rows:
-        if received_at < since or len(marks) >= limit:
-            break
-        key = (account, str(chat_id), None if thread_id is None else str(thread_id))
-        if key not in marks:
-            marks[key] = SeenMark(account, key[1], key[2], message_id)
-    return list(marks.values())
-
-
-def item_from_row(row: Mapping[str, Any]) -> InboxItem:
-    """From an inbox row of either backend (sqlite3.Row or a psycopg dict row)."""
-    return InboxItem(
-        id=row["id"],
-        message=message_from_json(row["payload"]),
-        status=row["status"],
-        session_id=row["session_id"],
-        reply=json.loads(row["reply"]) if row["reply"] else None,
-        error=row["error"],
-        received_at=datetime.fromisoformat(row["received_at"]),
-        session_key=_column(row, "session_key"),
-        claimed_by=_column(row, "claimed_by"),
-        send_mark=_column(row, "send_mark"),
-        reply_for=tuple(json.loads(row["reply_for"])) if _column(row, "reply_for") else (),
-    )
-
-
-def _column(row: Mapping[str, Any], name: str) -> Any:
-    """A column only one backend's table has (sqlite3.Row has no ``get``)."""
-    return row[name] if name in row.keys() else None  # noqa: SIM118 (Row: `in` reads values)

@@ -15,21 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.config import LoadedConfig
-from gateway.db import Database
-from gateway.inbox import Inbox
-from gateway.pairing import PairingStore
-from gateway.registry import SessionRegistry, utcnow
+from gateway.storage.inbox import Inbox, ReplicaInbox
+from gateway.storage.pairing import PairingStore
+from gateway.storage.sessions import SessionRegistry, utcnow
+from gateway.storage.sqlite.database import Database
+from gateway.storage.sqlite.inbox import SqliteInbox
+from gateway.storage.sqlite.pairing import SqlitePairingStore
+from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 if TYPE_CHECKING:
-    from gateway.pg.database import PgDatabase
-    from gateway.pg.inbox import PgInbox
-    from gateway.pg.pairing import PgPairingStore
-    from gateway.pg.registry import PgSessionRegistry
-    from gateway.pg.session_locks import SessionLocks
-
-    Registry = SessionRegistry | PgSessionRegistry
-    InboxStore = Inbox | PgInbox
-    Pairing = PairingStore | PgPairingStore
+    from gateway.storage.postgres.database import PgDatabase
+    from gateway.storage.postgres.session_locks import SessionLocks
 
 
 class StateStores:
@@ -40,35 +36,38 @@ class StateStores:
         self.backend = storage.backend
         self.sqlite: Database | None = None
         self.pg: PgDatabase | None = None
-        self.registry: Registry
-        self.inbox: InboxStore
-        self.pairing: Pairing
+        self.registry: SessionRegistry
+        self.inbox: Inbox
+        self.pairing: PairingStore
         self.transcripts: TranscriptStore
+        # PostgreSQL: the same inbox, with what several replicas need; None for SQLite.
+        self.replica_inbox: ReplicaInbox | None = None
         # PostgreSQL: the replica's session locks (opened with the stores); None for
         # SQLite, where one process owns the state and its lanes are lock enough.
         self.locks: SessionLocks | None = None
         if storage.backend == "postgres":
-            from gateway.pg.database import PgDatabase
-            from gateway.pg.inbox import PgInbox
-            from gateway.pg.pairing import PgPairingStore
-            from gateway.pg.registry import PgSessionRegistry
-            from gateway.pg.session_locks import SessionLocks
-            from gateway.pg.transcripts import PgTranscriptStore
+            from gateway.storage.postgres.database import PgDatabase
+            from gateway.storage.postgres.inbox import PgInbox
+            from gateway.storage.postgres.pairing import PgPairingStore
+            from gateway.storage.postgres.session_locks import SessionLocks
+            from gateway.storage.postgres.session_registry import PgSessionRegistry
+            from gateway.storage.postgres.transcripts import PgTranscriptStore
 
             assert storage.url is not None  # the config refuses postgres without one
             self.pg = PgDatabase(storage.url.get_secret_value(), pool_size=storage.pool_size)
             self.registry = PgSessionRegistry(self.pg)
-            self.inbox = PgInbox(self.pg)
             self.pairing = PgPairingStore(self.pg, now=now)
             self.transcripts = PgTranscriptStore(self.pg)
             self.locks = SessionLocks(storage.url.get_secret_value())
-            self.inbox.locks = self.locks
+            inbox = PgInbox(self.pg)
+            inbox.locks = self.locks
+            self.inbox = self.replica_inbox = inbox
             self.where = f"postgres {self.pg.where}"
         else:
             self.sqlite = Database(loaded.state_db, fsync=storage.fsync)
-            self.registry = SessionRegistry(self.sqlite)
-            self.inbox = Inbox(self.sqlite)
-            self.pairing = PairingStore(self.sqlite, now=now)
+            self.registry = SqliteSessionRegistry(self.sqlite)
+            self.inbox = SqliteInbox(self.sqlite)
+            self.pairing = SqlitePairingStore(self.sqlite, now=now)
             self.transcripts = FileTranscriptStore(loaded.sessions_dir, fsync=storage.fsync)
             self.where = str(loaded.state_db)
 

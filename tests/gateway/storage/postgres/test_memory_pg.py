@@ -16,8 +16,8 @@ from core.memory.query import build_fts_query, cjk_index_text
 from core.memory.rows import FileRow, NewChunk
 from core.memory.settings import MemorySettings
 from gateway.locomo import run_locomo
-from gateway.pg.database import Connection, PgDatabase
-from gateway.pg.memory_store import PgMemoryBackend, PgMemoryStore
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.postgres.memory_store import PgMemoryBackend, PgMemoryStore
 from tests.gateway.test_locomo import locomo_data
 
 T = TypeVar("T")

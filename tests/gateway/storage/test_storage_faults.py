@@ -35,7 +35,7 @@ from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.audiences import scope_for_key
 from gateway.config import load_config
-from gateway.db import Database
+from gateway.storage.sqlite.database import Database
 from gateway.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider

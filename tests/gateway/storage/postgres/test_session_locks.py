@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from gateway.pg.session_locks import SessionLocks
+from gateway.storage.postgres.session_locks import SessionLocks
 
 LIMIT = 10.0
 

@@ -55,7 +55,7 @@ from core.memory.rows import (
     blob_vector,
     vector_blob,
 )
-from gateway.pg.database import Connection, PgDatabase
+from gateway.storage.postgres.database import Connection, PgDatabase
 
 T = TypeVar("T")
 # "exact": no ANN index and no pgvector operator: the scope's vectors are read and

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from channels.base import InboundMessage, SeenMark
-from gateway.inbox import (
+from gateway.storage.inbox import (
     UNKNOWN_SEND_MARK,
     InboxItem,
     RecordResult,
@@ -31,8 +31,8 @@ from gateway.inbox import (
     newest_marks,
     sender_matches,
 )
-from gateway.pg.database import Connection, PgDatabase
-from gateway.pg.session_locks import SessionLocks
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.postgres.session_locks import SessionLocks
 
 # Rows fetched per round trip while scanning for the newest message per conversation.
 NEWEST_BATCH = 500

@@ -16,8 +16,13 @@ import numpy as np
 import pytest
 
 from core.memory.rows import FileRow, NewChunk
-from gateway.pg.database import Connection, PgDatabase
-from gateway.pg.memory_store import PgMemoryBackend, PgMemoryStore, PgStoreInfo, version_tuple
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.postgres.memory_store import (
+    PgMemoryBackend,
+    PgMemoryStore,
+    PgStoreInfo,
+    version_tuple,
+)
 
 T = TypeVar("T")
 DIMS = 32

@@ -14,108 +14,29 @@ table or the operator's screen.
 from __future__ import annotations
 
 import builtins
-import secrets
 import sqlite3
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from collections.abc import Callable
+from datetime import datetime
 
-from gateway.db import Database
 from gateway.errors import PairingError
-from gateway.registry import utcnow
-
-CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
-CODE_LENGTH = 8
-CODE_TTL = timedelta(hours=1)
-RENOTIFY_AFTER = timedelta(minutes=10)
-MAX_PENDING_PER_CHANNEL = 3
-
-PairingStatus = Literal["pending", "approved", "denied"]
-
-
-@dataclass(frozen=True, slots=True)
-class PairingRequest:
-    channel: str
-    sender_id: str
-    account: str
-    sender_name: str | None
-    code: str
-    status: PairingStatus
-    created_at: datetime
-    expires_at: datetime
-    notified_at: datetime | None
-    decided_at: datetime | None
-
-    @property
-    def display_code(self) -> str:
-        return format_code(self.code)
-
-    def expired(self, now: datetime) -> bool:
-        return self.status == "pending" and now >= self.expires_at
+from gateway.storage.pairing import (
+    CODE_TTL,
+    MAX_PENDING_PER_CHANNEL,
+    PairingCheck,
+    PairingRequest,
+    PairingStatus,
+    cannot_decide,
+    check_existing,
+    draw_code,
+    format_code,
+    normalise_code,
+    request_from_row,
+)
+from gateway.storage.sessions import utcnow
+from gateway.storage.sqlite.database import Database
 
 
-@dataclass(frozen=True, slots=True)
-class PairingCheck:
-    """The answer for one direct message: let it through, or (maybe) send the code."""
-
-    allowed: bool
-    request: PairingRequest | None = None
-    notify: bool = False  # send the code to the sender now
-    reason: str = ""
-
-
-def format_code(code: str) -> str:
-    return f"{code[:4]}-{code[4:]}"
-
-
-def normalise_code(text: str) -> str:
-    return "".join(c for c in text.upper() if c.isalnum())
-
-
-def pairing_text(request: PairingRequest, now: datetime) -> str:
-    minutes = max(1, int((request.expires_at - now).total_seconds() // 60))
-    return (
-        "Hi! I don't know you yet, so I can't chat until the person who runs me lets you in.\n"
-        f"Your pairing code is {request.display_code}. Ask them to run:\n"
-        f"  parley pairing approve {request.display_code}\n"
-        f"The code is valid for {minutes} more minute(s)."
-    )
-
-
-def check_existing(current: PairingRequest | None, now: datetime) -> PairingCheck | None:
-    """The answer the sender's current request gives, or None when a new code is due
-    (no request yet, or an expired one)."""
-    if current is not None and current.status == "approved":
-        return PairingCheck(allowed=True, request=current)
-    if current is not None and current.status == "denied":
-        return PairingCheck(allowed=False, request=current, reason="denied")
-    if current is not None and not current.expired(now):
-        due = current.notified_at is None or now - current.notified_at >= RENOTIFY_AFTER
-        return PairingCheck(allowed=False, request=current, notify=due, reason="pending")
-    return None
-
-
-def cannot_decide(request: PairingRequest, now: datetime) -> str | None:
-    """Why ``request`` can no longer be approved or denied; None when it can."""
-    if request.status != "pending":
-        return (
-            f"{request.display_code} was already {request.status}"
-            f" ({request.channel} user {request.sender_id})"
-        )
-    if request.expired(now):
-        return (
-            f"{request.display_code} expired at {request.expires_at:%Y-%m-%d %H:%M} UTC;"
-            " the person gets a new code when they write again"
-        )
-    return None
-
-
-def draw_code() -> str:
-    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
-
-
-class PairingStore:
+class SqlitePairingStore:
     def __init__(self, db: Database, *, now: Callable[[], datetime] = utcnow) -> None:
         self._db = db
         self._now = now
@@ -235,23 +156,3 @@ class PairingStore:
             "DELETE FROM pairing WHERE channel = ? AND sender_id = ?", (channel, sender_id)
         )
         return cursor.rowcount > 0
-
-
-def _when(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
-
-
-def request_from_row(row: Mapping[str, Any]) -> PairingRequest:
-    """From a pairing row of either backend (sqlite3.Row or a psycopg dict row)."""
-    return PairingRequest(
-        channel=row["channel"],
-        sender_id=row["sender_id"],
-        account=row["account"],
-        sender_name=row["sender_name"],
-        code=row["code"],
-        status=row["status"],
-        created_at=datetime.fromisoformat(row["created_at"]),
-        expires_at=datetime.fromisoformat(row["expires_at"]),
-        notified_at=_when(row["notified_at"]),
-        decided_at=_when(row["decided_at"]),
-    )

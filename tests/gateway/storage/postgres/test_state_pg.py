@@ -16,14 +16,16 @@ import pytest
 
 from channels.base import InboundMessage
 from gateway.errors import PairingError, StateError
-from gateway.inbox import Inbox
-from gateway.pairing import MAX_PENDING_PER_CHANNEL, PairingStore
-from gateway.pg.database import PgDatabase
-from gateway.pg.inbox import PgInbox
-from gateway.pg.pairing import PgPairingStore
-from gateway.pg.registry import PgSessionRegistry
-from gateway.registry import SessionOrigin, SessionRegistry
-from gateway.storage_errors import storage_failure
+from gateway.storage.errors import storage_failure
+from gateway.storage.pairing import MAX_PENDING_PER_CHANNEL
+from gateway.storage.postgres.database import PgDatabase
+from gateway.storage.postgres.inbox import PgInbox
+from gateway.storage.postgres.pairing import PgPairingStore
+from gateway.storage.postgres.session_registry import PgSessionRegistry
+from gateway.storage.sessions import SessionOrigin
+from gateway.storage.sqlite.inbox import SqliteInbox
+from gateway.storage.sqlite.pairing import SqlitePairingStore
+from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default", "direct", "alice")
 RACERS = 24  # concurrent callers, split over the two replicas
@@ -73,7 +75,11 @@ REPLICAS_ONLY = {PgInbox: {"open_for_session", "claim_orphans"}}
 
 @pytest.mark.parametrize(
     ("sqlite_cls", "pg_cls"),
-    [(SessionRegistry, PgSessionRegistry), (Inbox, PgInbox), (PairingStore, PgPairingStore)],
+    [
+        (SqliteSessionRegistry, PgSessionRegistry),
+        (SqliteInbox, PgInbox),
+        (SqlitePairingStore, PgPairingStore),
+    ],
 )
 def test_the_postgres_classes_have_the_sqlite_api(sqlite_cls: type, pg_cls: type) -> None:
     sqlite_api, pg_api = public_api(sqlite_cls), public_api(pg_cls)

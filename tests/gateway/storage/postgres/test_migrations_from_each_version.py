@@ -19,15 +19,15 @@ from channels.base import InboundMessage
 from core.memory.query import build_fts_query
 from core.memory.rows import FileRow, NewChunk, Tombstone
 from core.messages import Message
-from gateway.inbox import message_to_json
-from gateway.pg.database import Connection, PgDatabase
-from gateway.pg.inbox import PgInbox
-from gateway.pg.memory_store import PgMemoryBackend
-from gateway.pg.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
-from gateway.pg.pairing import PgPairingStore
-from gateway.pg.registry import PgSessionRegistry
-from gateway.pg.transcripts import PgTranscriptStore
-from gateway.registry import SessionOrigin
+from gateway.storage.inbox import message_to_json
+from gateway.storage.postgres.database import Connection, PgDatabase
+from gateway.storage.postgres.inbox import PgInbox
+from gateway.storage.postgres.memory_store import PgMemoryBackend
+from gateway.storage.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from gateway.storage.postgres.pairing import PgPairingStore
+from gateway.storage.postgres.session_registry import PgSessionRegistry
+from gateway.storage.postgres.transcripts import PgTranscriptStore
+from gateway.storage.sessions import SessionOrigin
 
 ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default", "direct", "alice")
 # The versions that introduced each part (see gateway/pg/migrations.py).

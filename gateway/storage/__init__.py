@@ -1,0 +1,1 @@
+"""The gateway's state: sessions, inbox and pairing (see the modules)."""

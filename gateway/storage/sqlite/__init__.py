@@ -1,0 +1,1 @@
+"""The state in one SQLite file, state.db (the default backend)."""
