@@ -23,8 +23,8 @@ from core.transcript_store import (
     export_transcript,
     write_jsonl,
 )
-from gateway.pg.database import PgDatabase
-from gateway.pg.transcripts import PgTranscriptStore
+from gateway.storage.postgres.database import PgDatabase
+from gateway.storage.postgres.transcripts import PgTranscriptStore
 
 SID = "0123456789abcdef0123456789abcdef"
 KEY = "agent:main:telegram:direct:42"

@@ -19,8 +19,8 @@ from core.messages import Message, TextBlock, ToolUseBlock, Usage
 from core.transcript_store import FileTranscriptStore, SessionTranscript, TranscriptStore
 from gateway.cli import EXIT_OK, EXIT_PROBLEM, main
 from gateway.config import LoadedConfig, load_config
-from gateway.registry import SessionOrigin
-from gateway.stores import StateStores
+from gateway.storage.sessions import SessionOrigin
+from gateway.storage.stores import StateStores
 from tests.gateway.memory_helpers import restored_logging
 
 ALICE_KEY = "agent:main:test:direct:alice"
@@ -89,8 +89,10 @@ def seed(
 ) -> dict[str, bytes]:
     """Alice, Bob and Carol in the backend; each one's expected export by session id."""
     ids = iter([ALICE_ID, BOB_ID, CAROL_ID])
-    monkeypatch.setattr("gateway.registry.new_session_id", lambda: next(ids))
-    monkeypatch.setattr("gateway.pg.registry.new_session_id", lambda: next(ids), raising=False)
+    monkeypatch.setattr("gateway.storage.sqlite.session_registry.new_session_id", lambda: next(ids))
+    monkeypatch.setattr(
+        "gateway.storage.postgres.session_registry.new_session_id", lambda: next(ids), raising=False
+    )
     people = [("alice", ALICE_KEY), ("bob", BOB_KEY), ("carol", "agent:main:test:direct:carol")]
 
     loaded.sessions_dir.mkdir(parents=True)  # the gateway's start makes it

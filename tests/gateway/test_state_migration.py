@@ -16,13 +16,13 @@ from core.memory import store as memory_store
 from core.memory.sources import AGENT_SCOPE
 from core.transcript_store import FileTranscriptStore
 from gateway.config import LoadedConfig, load_config
-from gateway.db import SCHEMA_VERSION, Database
 from gateway.doctor import Finding, run_doctor
-from gateway.inbox import Inbox
 from gateway.memory import build_memory_index, memory_db_path
-from gateway.pairing import PairingStore
-from gateway.registry import SessionRegistry
 from gateway.state_migration import BACKUPS_DIR, StateMigrationError, migrate, survey
+from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
+from gateway.storage.sqlite.inbox import SqliteInbox
+from gateway.storage.sqlite.pairing import SqlitePairingStore
+from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 FIXTURES = Path(__file__).parent / "fixtures" / "state"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -78,11 +78,11 @@ async def test_fixture_migrates_and_opens_with_todays_code(home: Path) -> None:
     async with Database(loaded.state_db) as db:
         version = await db.run(lambda: db.conn.execute("PRAGMA user_version").fetchone()[0])
         assert version == SCHEMA_VERSION
-        sessions = await SessionRegistry(db).list(limit=10)
+        sessions = await SqliteSessionRegistry(db).list(limit=10)
         assert {s.key for s in sessions.sessions} == KEYS
-        assert await Inbox(db).counts() == {"received": 2}
+        assert await SqliteInbox(db).counts() == {"received": 2}
         if had_pairing:
-            pending = await PairingStore(db).list("pending")
+            pending = await SqlitePairingStore(db).list("pending")
             assert [(r.channel, r.sender_id) for r in pending] == [("telegram", "bob")]
 
     store = FileTranscriptStore(loaded.sessions_dir)

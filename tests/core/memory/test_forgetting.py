@@ -26,8 +26,8 @@ from core.memory.index import MemoryIndex
 from core.memory.rows import ForgettableChunk
 from core.memory.settings import ChunkingSettings, ForgettingSettings, ScopeForgetting
 from core.memory.store_protocol import StoreBackend
-from gateway.pg.database import PgDatabase
-from gateway.pg.memory_store import PgMemoryBackend
+from gateway.storage.postgres.database import PgDatabase
+from gateway.storage.postgres.memory_store import PgMemoryBackend
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
