@@ -13,9 +13,10 @@ messages: user requests, assistant replies, tool calls with results, chatter suc
 Facts sit in the first ``PLANT_SHARE`` of each conversation, so every strategy has to
 fold them (what stays verbatim at the end proves nothing). Each conversation is written
 to a real transcript (``FileTranscriptStore``) once per strategy and compacted once by
-the real ``core.compaction.Compactor`` with the product's ``CompactionConfig`` defaults
-and only ``strategy`` changed, at the threshold of a ``--window`` token model
-(``core.window.compaction_threshold``). The summariser is the real ``Summarizer`` over a
+the real ``core.context.compaction.compactor.Compactor`` with the product's
+``CompactionConfig`` defaults and only ``strategy`` changed, at the threshold of a
+``--window`` token model (``core.context.window.compaction_threshold``). The
+summariser is the real ``Summarizer`` over a
 deterministic stand-in provider (``ExtractiveProvider``): it answers every summary prompt
 with the five required headings and, as bullets, the prompt's sentences that
 ``core.importance.text_importance`` scores >= 0.6, highest first within the call's
@@ -73,16 +74,18 @@ from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.compaction import TRIGGER_THRESHOLD, CompactionOutcome, Compactor
-from core.compaction_strategies import (
+from core.config import RetryConfig
+from core.context.compaction.compactor import TRIGGER_THRESHOLD, CompactionOutcome, Compactor
+from core.context.compaction.strategies import (
     STRATEGY_HIERARCHICAL,
     STRATEGY_SELECTIVE,
     STRATEGY_SLIDING_WINDOW,
     STRATEGY_SUMMARY,
 )
-from core.config import RetryConfig
-from core.context_config import CompactionConfig
-from core.history import build_history
+from core.context.compaction.summarizer import REQUIRED_HEADINGS, Summarizer
+from core.context.config import CompactionConfig
+from core.context.history import build_history
+from core.context.window import compaction_threshold
 from core.importance import (
     ASK,
     CONSTRAINT,
@@ -99,10 +102,8 @@ from core.memory.rows import SearchHit
 from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
-from core.summarizer import REQUIRED_HEADINGS, Summarizer
 from core.tokens import TokenCounter, default_counter
 from core.transcript_store import FileTranscriptStore
-from core.window import compaction_threshold
 from gateway.locomo import (
     SCORED_CATEGORIES,
     Conversation,

@@ -42,17 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anthropic
 
 from core.config import AgentConfig, RetryConfig
-from core.context_config import ContextConfig
-from core.context_engine import ContextEngine
+from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from core.context.config import ContextConfig
+from core.context.engine import ContextEngine
+from core.context.flush import FLUSH_PROMPT, FlushTarget
 from core.errors import ToolError
-from core.flush import FLUSH_PROMPT, FlushTarget
 from core.memory.audience import Audience
 from core.memory.notes import NoteStore
 from core.messages import ToolUseBlock
 from core.prompt import SystemPromptBuilder, render_turn_context
 from core.providers.anthropic import AnthropicProvider
 from core.runner import Runner, TurnRequest
-from core.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.tools.registry import Tool, ToolContext, ToolRegistry
 from core.transcript import ENTRY_COMPACTION, Transcript
 from tests.fakes.anthropic_api import FakeAnthropic

@@ -67,9 +67,9 @@ from bench.reply_tags import (  # noqa: E402
     replied_to,
     tally,
 )
+from core.context.compaction.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
+from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
 from core.memory.store import MemoryStore  # noqa: E402
-from core.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
-from core.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
 from core.transcript import Transcript  # noqa: E402
 from tests.fakes.anthropic_api import FakeAnthropic  # noqa: E402
 from tests.fakes.llm_common import Reply  # noqa: E402

@@ -46,7 +46,7 @@ from tests.fakes.llm_common import Reply
 MARKER = re.compile(r"\bc(\d+) [mr](\d+)\b")
 TAG_PREFIX = "reply-to: "
 _TAG = re.compile(r"reply-to: (c\d+ [mr]\d+(?:, c\d+ [mr]\d+)*)(?=\s|$)")
-# The memory flush (core/flush.py) asks for notes in a user message of its own, which
+# The memory flush (core/context/flush.py) asks for notes in a user message of its own, which
 # the provider merges after the turn's user message: it starts with this, has no marker.
 FLUSH_OPENING = "[memory flush]"
 FLUSH_NOTE = "- the user sent numbered notes about the harbour crane and the blue teapot"

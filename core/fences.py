@@ -6,7 +6,7 @@ The gateway writes three kinds of text block around what people say:
   last block of every user message (``core.prompt.render_turn_context``);
 * recalled memory, ``<recalled-memory>…</recalled-memory>``, the first block of a user
   message when recall found something (``core.memory.recall``);
-* the compaction summary that heads the model's view (``core.history``).
+* the compaction summary that heads the model's view (``core.context.history``).
 
 Each holds text the gateway does not control: sender names and ids, snippets of what
 anyone once wrote, a model's summary of it. Two rules keep that text in its place.
@@ -25,7 +25,7 @@ anyone once wrote, a model's summary of it. Two rules keep that text in its plac
    transcript and set only by the code that renders the block (the runner for the turn
    context, ``Recall.block``, ``summary_message``), never derived from text.
    ``core.prompt.is_turn_context`` / ``is_recall_block`` / ``is_volatile`` and
-   ``core.history.is_summary_block`` read the field and nothing else.
+   ``core.context.history.is_summary_block`` read the field and nothing else.
 
 Transcripts written before fences (the legacy rule of ``read_user_message``): a user
 message none of whose blocks carries a fence was written by the runner as::

@@ -1,7 +1,7 @@
 """Exact identifiers in free text: URLs, ids, hashes, paths, addresses, ticket numbers.
 
 Found by plain code, never by a model, so a finder cannot fail or hallucinate. Shared by
-the compaction ledger (``core.ledger``), which keeps every identifier
+the compaction ledger (``core.context.compaction.ledger``), which keeps every identifier
 a summary must carry word for word, and by the importance rules (``core.importance``),
 which score a message that names one as worth keeping.
 

@@ -2,7 +2,7 @@
 
 A turn appends the user message (its volatile context at the tail, so everything
 before it stays byte-stable for the prompt cache), then for every provider call asks
-the context engine (``core.context_engine``) for the model's view: history since the
+the context engine (``core.context.engine``) for the model's view: history since the
 latest compaction, sticky pruning applied, flushed, compacted or trimmed so that it
 fits. It calls the provider (streaming, with the bounded retry policy), runs the tools
 it asks for in a bounded loop, truncating each result once where it enters the
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from core.config import AgentConfig, RetryConfig
-from core.context_config import ContextConfig
-from core.context_engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
+from core.context.config import ContextConfig
+from core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
 from core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
 from core.memory.audience import Viewer
 from core.memory.recall import RECALL_META_KEY, LiveContext, Recall, Recaller, previous_user_text

@@ -23,10 +23,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from channels.base import Channel, ChannelError, InboundMessage
-from core.compaction import CompactionOutcome
-from core.context_engine import ContextEngine, ContextView
-from core.context_report import ContextReport
-from core.flush import FlushTarget
+from core.context.compaction.compactor import CompactionOutcome
+from core.context.engine import ContextEngine, ContextView
+from core.context.flush import FlushTarget
+from core.context.report import ContextReport
 from core.memory.audience import Audience, Viewer
 from core.memory.index import MemoryIndex
 from core.memory.notes import NoteStore

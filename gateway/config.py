@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from channels.config import ChannelsConfig
 from core.config import AgentConfig, ProvidersConfig
-from core.context_config import ContextConfig
+from core.context.config import ContextConfig
 from core.memory.settings import MemorySettings
 from gateway.errors import ConfigFileError
 from gateway.lanes import LanesConfig

@@ -14,9 +14,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from channels.base import Channel
-from core.compaction import CompactionOutcome
-from core.context_engine import ContextView
-from core.context_report import ContextReport
+from core.context.compaction.compactor import CompactionOutcome
+from core.context.engine import ContextView
+from core.context.report import ContextReport
 from core.memory.index import MemoryIndex
 from core.providers.base import Provider
 from core.transcript_store import SessionTranscript

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.compaction import CompactionOutcome
-from core.compaction_stats import CompactionStats, utilisation
-from core.context_report import ContextReport
+from core.context.compaction.compactor import CompactionOutcome
+from core.context.compaction.stats import CompactionStats, utilisation
+from core.context.report import ContextReport
 from core.errors import ContextError, CoreError, TranscriptError
 from core.memory.audience import Viewer, audience_label
 from core.prompt import SECTION_PROJECT_CONTEXT

@@ -1,7 +1,7 @@
 """A session's context figures for /status, the admin API and metrics.
 
 Compaction counts (by strategy and trigger) and the last compaction's tokens come from
-the session's whole transcript (``core.compaction_stats``): the transcript is the
+the session's whole transcript (``core.context.compaction.stats``): the transcript is the
 source of truth, so the figures survive restarts and agree with the inspector. Reading
 a whole transcript is not free, so each session's figures are cached and re-read only
 when a compaction was written since (or the cache never saw the session).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from core.compaction_stats import CompactionStats, compaction_stats, utilisation
+from core.context.compaction.stats import CompactionStats, compaction_stats, utilisation
 from core.transcript_store import SessionTranscript
 from gateway.admin.metrics import SessionFigures
 

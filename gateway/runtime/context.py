@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from channels.base import Channel, InboundMessage
-from core.compaction_stats import CompactionStats
-from core.context_engine import ContextEngine
+from core.context.compaction.stats import CompactionStats
+from core.context.engine import ContextEngine
 from core.memory.audience import Audience, Viewer
 from core.memory.index import MemoryIndex
 from core.prompt import SystemPromptBuilder

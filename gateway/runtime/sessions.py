@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from core.compaction import CompactionOutcome
+from core.context.compaction.compactor import CompactionOutcome
 from core.errors import ContextError
 from core.memory.audience import Audience
 from core.transcript_store import SessionTranscript

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 
 from channels.base import Channel, InboundMessage
-from core.compaction_stats import DEFAULT_STRATEGY
+from core.context.compaction.stats import DEFAULT_STRATEGY
 from core.errors import (
     AuthenticationError,
     ContextError,

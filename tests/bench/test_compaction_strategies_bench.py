@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from core.summarizer import REQUIRED_HEADINGS
+from core.context.compaction.summarizer import REQUIRED_HEADINGS
 from core.tokens import default_counter
 from tests.gateway.test_locomo import SCORED, locomo_data
 

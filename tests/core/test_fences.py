@@ -11,6 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.context.history import (
+    COMPACTION_SUMMARY_PREFIX,
+    build_history,
+    is_summary_block,
+    summary_message,
+)
 from core.fences import (
     RECALL_CLOSE,
     RECALL_OPEN,
@@ -18,12 +24,6 @@ from core.fences import (
     neutralise,
     neutralise_line,
     read_user_message,
-)
-from core.history import (
-    COMPACTION_SUMMARY_PREFIX,
-    build_history,
-    is_summary_block,
-    summary_message,
 )
 from core.messages import (
     FENCE_RECALLED_MEMORY,

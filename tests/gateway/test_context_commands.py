@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from core.context.history import COMPACTION_SUMMARY_PREFIX
 from core.errors import OverloadedError
-from core.history import COMPACTION_SUMMARY_PREFIX
 from core.messages import TextBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.tokens import default_counter
 from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 from gateway.app import Gateway

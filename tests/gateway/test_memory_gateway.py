@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.memory.audience import Audience, visible_scopes
 from core.memory.sources import AGENT_SCOPE
 from core.messages import TextBlock, Usage
 from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.tokens import default_counter
 from core.transcript import Transcript
 from gateway.app import Gateway

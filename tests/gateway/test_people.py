@@ -179,8 +179,8 @@ async def seed(loaded: LoadedConfig) -> dict[str, str]:
         group = await gateway.registry.get_active(GROUP_KEY)
         assert alice is not None and bob is not None and group is not None
         assert first.session_id != alice.session_id
-        # What a flush of Alice's session writes (core/flush.py), and a checkpoint of it
-        # as a compaction makes them (core/compaction.py).
+        # What a flush of Alice's session writes (core/context/flush.py), and a checkpoint of it
+        # as a compaction makes them (core/context/compaction/compactor.py).
         await asyncio.to_thread(
             gateway.memory.notes.append_flush,
             Audience.person(ALICE),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from core.compaction_stats import CompactionStats
+from core.context.compaction.stats import CompactionStats
 from core.memory.audience import audience_label
 from core.memory.index import MemoryStatus, SearchResult
 from gateway.storage.sessions import SessionRecord

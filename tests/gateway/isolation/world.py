@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+from core.context.compaction.summarizer import REQUIRED_HEADINGS, SUMMARY_SYSTEM_PROMPT
 from core.messages import TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.prompt import is_turn_context
 from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
-from core.summarizer import REQUIRED_HEADINGS, SUMMARY_SYSTEM_PROMPT
 from core.tokens import default_counter
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config

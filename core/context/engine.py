@@ -1,0 +1,809 @@
+"""The context engine: what the model sees on each call, and keeping it inside the window.
+
+``prepare`` runs before every provider call of a turn:
+
+1. the view: ``build_history`` over the live window (summary first, repaired, turn
+   limits for the chat type), then every recorded pruning decision re-applied, so the
+   view is byte-identical to the previous call's up to its newest entry;
+2. cache-TTL pruning: when the provider's cache has expired, or (beyond OpenClaw) the
+   view's share of the window passes ``hard_clear_ratio``, a new decision is made and
+   recorded as a custom entry, which keeps the pruned view sticky;
+3. accounting: the session's ``ContextAccountant`` gives the context size (the last
+   call's reported input plus a calibrated, margined estimate of what came after);
+4. the guard, against ONE threshold (``window − reserve − max_output``) shared by all
+   three steps: the memory flush when within ``soft_threshold_tokens`` of it (once per
+   compaction cycle), a compaction when past it, and a deterministic trim of the view
+   when the request would still not fit the window. A request whose estimate exceeds
+   the window is never sent; when nothing can make it fit, ``ContextBudgetError`` says
+   how many tokens were needed and how many fit.
+
+Beyond the token threshold, ``prepare`` compacts when ``compaction.max_messages``
+messages were written since the last compaction or ``compaction.max_age_seconds``
+passed (``core.context.compaction.triggers``), only at the start of a user turn. The view's
+message limit is ``history_messages``, derived from the window when neither it nor
+a turn limit is configured (``core.context.window.derived_history_messages``); it hides old
+messages from the model, and the next compaction folds them from the transcript.
+While a compaction runs the session is ``compacting``; ``idle`` waits it out.
+
+``recover_overflow`` is the reactive path when the provider still says "too long":
+calibrate from the numbers in the error, flush if this cycle has not, compact, and
+shrink the trim budget, so each of the runner's bounded attempts sends less.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
+from pathlib import Path
+
+from core.config import RetryConfig
+from core.context.compaction.compactor import (
+    TRIGGER_MANUAL,
+    TRIGGER_OVERFLOW,
+    TRIGGER_THRESHOLD,
+    CompactionOutcome,
+    Compactor,
+)
+from core.context.compaction.gate import CompactionGate
+from core.context.compaction.summarizer import Summarizer
+from core.context.compaction.triggers import due_trigger
+from core.context.config import ContextConfig
+from core.context.flush import (
+    FlushOutcome,
+    FlushTarget,
+    MemoryFlusher,
+    flush_due,
+    flushed_this_cycle,
+)
+from core.context.history import build_history, is_summary_block, is_turn_start, repair_history
+from core.context.pruning import (
+    PRUNE_CUSTOM_TYPE,
+    PruneDecision,
+    apply_decisions,
+    decide,
+    recorded_decisions,
+)
+from core.context.window import (
+    WindowInfo,
+    check_window,
+    compaction_threshold,
+    derived_history_messages,
+    resolve_window,
+)
+from core.errors import ContextBudgetError, ContextOverflowError
+from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
+from core.prompt import is_recall_block, is_turn_context
+from core.providers.base import Provider
+from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
+from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from core.transcript_store import SessionTranscript
+
+log = logging.getLogger("parley.core.context")
+
+TRIMMED_RESULT = "[tool result removed from this request to fit the context window]"
+MAX_SESSION_STATES = 4096
+# After an overflow the trim budget shrinks at least this much per attempt.
+OVERFLOW_SHRINK = 0.85
+
+
+@dataclass(slots=True)
+class _SessionState:
+    model: str
+    accountant: ContextAccountant
+    # A compaction that failed or was skipped is not retried until the window changes.
+    compaction_blocked_at: str | None = None
+    budget_scale: float = 1.0  # < 1 after an overflow: trim below the window by this much
+    # The window the provider itself reported in an overflow error, when it is smaller
+    # than the configured one: from then on the session plans against the real limit.
+    window_cap: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedView:
+    messages: tuple[Message, ...]
+    size: ContextSize
+    view_key: str
+    window: int
+    threshold: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContextView:
+    """The model's view of a transcript and what shaped it, for inspectors."""
+
+    messages: list[Message]
+    trimmed: int  # tool results soft-trimmed by recorded prunes
+    cleared: int  # tool results replaced by a placeholder
+    dropped_turns: int  # user turns left out by the history turn limit
+
+
+@dataclass(slots=True)
+class TurnEvents:
+    """What the engine did during one turn (for the turn result, /status and logs)."""
+
+    compactions: list[CompactionOutcome] = field(default_factory=list)
+    flushes: list[FlushOutcome] = field(default_factory=list)
+    prunes: int = 0
+    trims: int = 0
+    usage: Usage = field(default_factory=Usage)  # summariser and flush calls
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRequest:
+    """The parts of a request that do not come from the transcript."""
+
+    session_key: str
+    system: str
+    tools: tuple[ToolSpec, ...]
+    model: str
+    chat_type: str = "direct"
+
+
+def _parse_ts(raw: str) -> datetime | None:
+    try:
+        stamp = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+def last_call_at(entries: Sequence[Entry]) -> datetime | None:
+    """When the provider last answered in this window: the newest assistant entry."""
+    for entry in reversed(entries):
+        if entry.type == ENTRY_MESSAGE and entry.message.role == "assistant":
+            stamp = entry.meta.get("called_at")
+            return _parse_ts(stamp if isinstance(stamp, str) else entry.ts)
+    return None
+
+
+def _latest_id(entries: Sequence[Entry], kind: str, custom_type: str | None = None) -> str:
+    for entry in reversed(entries):
+        if entry.type != kind:
+            continue
+        if custom_type is None or entry.payload.get("custom_type") == custom_type:
+            return entry.id
+    return "-"
+
+
+class ContextEngine:
+    def __init__(
+        self,
+        *,
+        config: ContextConfig,
+        provider: Provider,
+        retry: RetryConfig,
+        max_output: int,
+        flush_target: FlushTarget | None = None,
+        checkpoints_dir: Path | None = None,
+        counter: TokenCounter | None = None,
+        calibration: Calibration | None = None,
+        summary_provider: Provider | None = None,
+        zone: Callable[[], tzinfo] = lambda: UTC,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.provider = provider
+        self.max_output = max_output
+        self.counter = counter or default_counter()
+        self.calibration = calibration or Calibration()
+        self.now = now
+        self._states: OrderedDict[str, _SessionState] = OrderedDict()
+        self._warned: set[str] = set()  # models already warned about a small window
+        compaction = config.compaction
+        # summary_retries counts retries: the first attempt comes on top, and each
+        # retry waits call_with_retry's exponential backoff (with jitter).
+        summary_retry = retry.model_copy(
+            update={"max_attempts": min(10, compaction.summary_retries + 1)}
+        )
+
+        def summarizer_for(model: str | None) -> Summarizer:
+            return Summarizer(
+                summary_provider or provider,
+                model=model,
+                counter=self.counter,
+                retry=summary_retry,
+                max_output_tokens=compaction.summary_max_tokens,
+                custom_instructions=compaction.custom_instructions,
+            )
+
+        self.compactor = Compactor(
+            summarizer=summarizer_for(compaction.model),
+            fallback_summarizer=(
+                summarizer_for(compaction.fallback_model) if compaction.fallback_model else None
+            ),
+            count=self.counter.entry,
+            count_message=self.counter.message,
+            count_text=self.counter.text,
+            config=compaction,
+            checkpoints_dir=checkpoints_dir,
+        )
+        self.gate = CompactionGate()
+        self.flusher = MemoryFlusher(
+            provider=provider,
+            retry=retry,
+            config=config.flush,
+            target=flush_target,
+            zone=zone,
+            now=now,
+        )
+
+    # -- window -------------------------------------------------------------------------
+
+    def window(self, model: str) -> WindowInfo:
+        return resolve_window(
+            model, self.config, provider_window=getattr(self.provider, "context_window", None)
+        )
+
+    def threshold(self, window: int) -> int:
+        return compaction_threshold(window, self.config.compaction, self.max_output)
+
+    def _limits(self, request: ViewRequest) -> tuple[_SessionState, int, int]:
+        """The session's state, its window (the provider's reported one when smaller than
+        configured) and the threshold: one resolution for every path."""
+        info = self.check(request.model)
+        state = self._state(request.session_key, request.model)
+        window = min(info.tokens, state.window_cap or info.tokens)
+        return state, window, self.threshold(window)
+
+    def check(self, model: str) -> WindowInfo:
+        """Refuse a run on a window below the hard minimum, before any provider call."""
+        info = self.window(model)
+        minimum = self.config.min_window_tokens
+        own = getattr(self.provider, "context_window", None)
+        warn_below = 0 if model in self._warned else self.config.warn_below_tokens
+        if own is not None and model == self.provider.model:
+            # The embedded model's window is fixed by its file; refusing it would make
+            # the out-of-the-box chat unusable, so its own size is the minimum, and a
+            # warning on every start would only tell the user what the banner says.
+            minimum = min(minimum, own)
+            warn_below = 0
+        check_window(info, min_tokens=minimum, warn_below=warn_below)
+        if info.tokens < self.config.warn_below_tokens:
+            self._warned.add(model)
+        return info
+
+    # -- per-session state --------------------------------------------------------------
+
+    def _state(self, key: str, model: str) -> _SessionState:
+        state = self._states.get(key)
+        if state is None or state.model != model:
+            state = _SessionState(
+                model,
+                ContextAccountant(
+                    self.counter,
+                    self.calibration,
+                    provider=self.provider.name,
+                    model=model,
+                    safety_margin=self.config.safety_margin,
+                ),
+            )
+            self._states[key] = state
+        self._states.move_to_end(key)
+        while len(self._states) > MAX_SESSION_STATES:
+            self._states.popitem(last=False)
+        return state
+
+    def forget(self, key: str) -> None:
+        self._states.pop(key, None)
+
+    def compacting(self, session_key: str) -> bool:
+        """Whether a compaction of the session is running right now."""
+        return self.gate.compacting(session_key)
+
+    async def idle(self, session_key: str) -> None:
+        """Return at once when the session is not compacting, else when it stops."""
+        await self.gate.idle(session_key)
+
+    def end_overflow_pressure(self, key: str) -> None:
+        """A turn lost to the window: its overflow retries shrank the trim budget, and
+        only a successful call restores it. Restore it now, or the next message, one
+        that fits the window but not the shrunken budget, is refused without a call,
+        and so is every later one. The learned window and calibration stay."""
+        state = self._states.get(key)
+        if state is not None:
+            state.budget_scale = 1.0
+
+    # -- the view -----------------------------------------------------------------------
+
+    def _max_turns(self, chat_type: str) -> int:
+        if chat_type == "direct":
+            return self.config.dm_history_turns
+        return self.config.group_history_turns
+
+    def max_messages(self, chat_type: str, window: int) -> int:
+        """The view's message limit (0 = none): ``history_messages`` when set, else
+        derived from the window unless a turn limit already bounds the chat type."""
+        configured = self.config.history_messages
+        if configured > 0:
+            return configured
+        if configured < 0 or self._max_turns(chat_type) > 0:
+            return 0
+        return derived_history_messages(window)
+
+    def view(
+        self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
+    ) -> tuple[list[Message], str]:
+        """The model's view of ``entries`` with recorded prunes applied, and its key.
+        ``window`` sizes the derived message limit (default: ``default_window``)."""
+        messages, key, _ = self._view(entries, chat_type, window)
+        return messages, key
+
+    def inspect_view(
+        self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
+    ) -> ContextView:
+        """``view`` plus the counts of what pruning and the history limits left out."""
+        messages, _, decisions = self._view(entries, chat_type, window)
+        dropped = 0
+        limit = self.max_messages(chat_type, window or self.config.default_window)
+        if self._max_turns(chat_type) > 0 or limit > 0:
+            full = build_history(entries, max_turns=0)
+            dropped = max(
+                0,
+                sum(map(is_turn_start, full)) - sum(map(is_turn_start, messages)),
+            )
+        trimmed = {i for d in decisions for i in d.soft}
+        cleared = {i for d in decisions for i in d.hard}
+        return ContextView(messages, len(trimmed - cleared), len(cleared), dropped)
+
+    def _view(
+        self, entries: Sequence[Entry], chat_type: str, window: int | None = None
+    ) -> tuple[list[Message], str, list[PruneDecision]]:
+        max_messages = self.max_messages(chat_type, window or self.config.default_window)
+        messages = build_history(
+            entries, max_turns=self._max_turns(chat_type), max_messages=max_messages
+        )
+        decisions = recorded_decisions(entries)
+        if decisions:
+            messages = apply_decisions(messages, decisions, self.config.pruning)
+        # The key names what makes this view differ from a plain continuation of the
+        # previous one: a compaction, a prune, or (with a turn limit) a new first message.
+        key = (
+            f"{_latest_id(entries, ENTRY_COMPACTION)}|"
+            f"{_latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE)}"
+        )
+        if (self._max_turns(chat_type) > 0 or max_messages > 0) and messages:
+            # In-process only (str hashes are salted per process), like the accountant.
+            key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"
+        return messages, key, decisions
+
+    async def _prune(
+        self,
+        transcript: SessionTranscript,
+        messages: list[Message],
+        decisions: Sequence[PruneDecision],
+        window: int,
+        events: TurnEvents,
+    ) -> bool:
+        settings = self.config.pruning
+        if settings.mode == "off":
+            return False
+        decision = decide(
+            messages,
+            now=self.now(),
+            last_call_at=last_call_at(transcript.live_entries()),
+            window_tokens=window,
+            settings=settings,
+            already=decisions,
+        )
+        if decision is None:
+            return False
+        await asyncio.to_thread(transcript.append_custom, PRUNE_CUSTOM_TYPE, decision.to_dict())
+        events.prunes += 1
+        log.info(
+            "pruned session=%s reason=%s soft=%d hard=%d ratio %.2f→%.2f",
+            transcript.header.key,
+            decision.reason,
+            len(decision.soft),
+            len(decision.hard),
+            decision.ratio_before,
+            decision.ratio_after,
+        )
+        return True
+
+    # -- prepare ------------------------------------------------------------------------
+
+    async def prepare(
+        self, transcript: SessionTranscript, request: ViewRequest, events: TurnEvents
+    ) -> PreparedView:
+        state, window, threshold = self._limits(request)
+        limit = window - self.max_output
+
+        messages, key, decisions = self._view(transcript.live_entries(), request.chat_type, window)
+        if await self._prune(transcript, messages, decisions, window, events):
+            messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
+        size = self._measure(state, request, messages, key)
+
+        if flush_due(
+            transcript.live_entries(),
+            tokens=size.tokens,
+            threshold=threshold,
+            live_bytes=transcript.cycle_bytes,
+            config=self.config.flush,
+        ):
+            await self._flush(transcript, request, messages, limit, TRIGGER_THRESHOLD, events)
+
+        if size.tokens > threshold and self._may_compact(state, transcript):
+            outcome = await self._compact(
+                transcript, request, window, threshold, size.tokens, TRIGGER_THRESHOLD, events
+            )
+            if outcome.compacted:
+                messages, key = self.view(
+                    transcript.live_entries(), request.chat_type, window=window
+                )
+                size = self._measure(state, request, messages, key)
+            else:
+                state.compaction_blocked_at = _last_entry_id(transcript)
+        elif self._may_compact(state, transcript) and (
+            trigger := due_trigger(
+                transcript.live_entries(),
+                self.config.compaction,
+                self.now(),
+                history_limit=self.max_messages(request.chat_type, window),
+            )
+        ):
+            outcome = await self._compact_due(
+                transcript, request, messages, window, threshold, size.tokens, trigger, events
+            )
+            if outcome.compacted:
+                messages, key = self.view(
+                    transcript.live_entries(), request.chat_type, window=window
+                )
+                size = self._measure(state, request, messages, key)
+            else:
+                state.compaction_blocked_at = _last_entry_id(transcript)
+
+        budget = int(limit * state.budget_scale)
+        if size.tokens > budget:
+            messages, trimmed = self._fit(state, request, messages, budget)
+            events.trims += trimmed
+            key = f"{key}|trim:{trimmed}"
+            size = self._measure(state, request, messages, key)
+            log.warning(
+                "session %s: view trimmed by %d item(s) to fit %d tokens",
+                request.session_key,
+                trimmed,
+                budget,
+            )
+        return PreparedView(tuple(messages), size, key, window, threshold)
+
+    def _measure(
+        self, state: _SessionState, request: ViewRequest, messages: Sequence[Message], key: str
+    ) -> ContextSize:
+        return state.accountant.measure(
+            system=request.system, messages=messages, tools=request.tools, view_key=key
+        )
+
+    def _may_compact(self, state: _SessionState, transcript: SessionTranscript) -> bool:
+        if not self.config.compaction.enabled:
+            return False
+        return state.compaction_blocked_at is None or state.compaction_blocked_at != _last_entry_id(
+            transcript
+        )
+
+    def record_call(
+        self,
+        request: ViewRequest,
+        view: PreparedView,
+        *,
+        usage: Usage,
+        response: Message,
+    ) -> None:
+        """Feed the provider's reported usage to the session's accountant."""
+        state = self._state(request.session_key, request.model)
+        state.accountant.record_call(
+            system=request.system,
+            messages=view.messages,
+            tools=request.tools,
+            usage=usage,
+            response=response,
+            view_key=view.view_key,
+            request_estimate=view.size.request_estimate or None,
+        )
+        state.budget_scale = 1.0
+
+    # -- flush and compaction -----------------------------------------------------------
+
+    async def _flush(
+        self,
+        transcript: SessionTranscript,
+        request: ViewRequest,
+        messages: Sequence[Message],
+        budget: int,
+        trigger: str,
+        events: TurnEvents,
+    ) -> None:
+        """The memory flush over the view trimmed to ``budget``. A view that cannot be
+        made to fit gets no flush: the compaction that follows must still run. Without
+        a flush target (no private notes) there is nowhere to write: no flush."""
+        if self.flusher.target is None:
+            return
+        state = self._state(request.session_key, request.model)
+        try:
+            fitted, _ = self._fit(state, request, messages, budget)
+        except ContextBudgetError:
+            log.warning("session %s: no memory flush, the view does not fit", request.session_key)
+            return
+        outcome = await self.flusher.run(
+            transcript,
+            system=request.system,
+            tools=request.tools,
+            messages=fitted,
+            model=request.model,
+            max_output=min(self.max_output, 2048),
+            trigger=trigger,
+        )
+        events.flushes.append(outcome)
+        events.usage = events.usage + outcome.usage
+
+    async def _compact(
+        self,
+        transcript: SessionTranscript,
+        request: ViewRequest,
+        window: int,
+        threshold: int,
+        tokens_before: int,
+        trigger: str,
+        events: TurnEvents,
+        focus: str = "",
+    ) -> CompactionOutcome:
+        base = self.counter.text(request.system) + self.counter.tools(request.tools)
+        async with self.gate.hold(request.session_key):
+            outcome = await self.compactor.compact(
+                transcript,
+                trigger=trigger,
+                window=window,
+                threshold=threshold,
+                base_tokens=base,
+                tokens_before=tokens_before,
+                focus=focus,
+            )
+        events.compactions.append(outcome)
+        events.usage = events.usage + outcome.usage
+        if outcome.compacted:
+            state = self._state(request.session_key, request.model)
+            state.accountant.reset()
+            state.compaction_blocked_at = None
+        return outcome
+
+    async def _compact_due(
+        self,
+        transcript: SessionTranscript,
+        request: ViewRequest,
+        messages: Sequence[Message],
+        window: int,
+        threshold: int,
+        view_tokens: int,
+        trigger: str,
+        events: TurnEvents,
+    ) -> CompactionOutcome:
+        """A count or age compaction: flushed first like ``/compact`` (once per cycle),
+        since the session may be far below the flush's own token trigger."""
+        async with self.gate.hold(request.session_key):
+            entries = transcript.live_entries()
+            if isinstance(self.compactor.plan(entries, threshold=threshold, trigger=trigger), str):
+                return CompactionOutcome("skipped", trigger, "nothing to fold")
+            if self.config.flush.enabled and not flushed_this_cycle(entries):
+                limit = window - self.max_output
+                await self._flush(transcript, request, messages, limit, trigger, events)
+            # The view may be cut by the history limit; the fold covers the whole live
+            # window, and the figures recorded should say so.
+            base = self.counter.text(request.system) + self.counter.tools(request.tools)
+            live = base + sum(
+                self.counter.entry(e) for e in transcript.live_entries() if e.type == ENTRY_MESSAGE
+            )
+            return await self._compact(
+                transcript, request, window, threshold, max(view_tokens, live), trigger, events
+            )
+
+    async def compact_now(
+        self, transcript: SessionTranscript, request: ViewRequest, *, focus: str = ""
+    ) -> tuple[CompactionOutcome, TurnEvents]:
+        """``/compact [focus]``: flush first (once per cycle), then compact regardless of size."""
+        events = TurnEvents()
+        state, window, threshold = self._limits(request)
+        messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
+        size = self._measure(state, request, messages, key)
+        skip = self.compactor.plan(
+            transcript.live_entries(), threshold=threshold, trigger=TRIGGER_MANUAL
+        )
+        if isinstance(skip, str):  # known without a model call: no flush for nothing
+            return CompactionOutcome("skipped", TRIGGER_MANUAL, skip), events
+        async with self.gate.hold(request.session_key):
+            if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
+                limit = window - self.max_output
+                await self._flush(transcript, request, messages, limit, TRIGGER_MANUAL, events)
+            outcome = await self._compact(
+                transcript, request, window, threshold, size.tokens, TRIGGER_MANUAL, events, focus
+            )
+        return outcome, events
+
+    async def recover_overflow(
+        self,
+        transcript: SessionTranscript,
+        request: ViewRequest,
+        view: PreparedView,
+        exc: ContextOverflowError,
+        events: TurnEvents,
+    ) -> None:
+        """The provider refused the request as too long: make the next attempt smaller."""
+        state = self._state(request.session_key, request.model)
+        estimated = self.counter.request(request.system, view.messages, request.tools)
+        if exc.observed_tokens:
+            # The error's count is the truth about this request: calibrate on it.
+            self.calibration.observe(
+                self.provider.name,
+                request.model,
+                estimated=estimated,
+                reported=exc.observed_tokens,
+            )
+        window = view.window
+        if exc.limit and exc.limit < window:
+            # The provider's window is smaller than configured: believe the provider.
+            state.window_cap = window = exc.limit
+        threshold = self.threshold(window)
+        entries = transcript.live_entries()
+        if self.config.flush.enabled and not flushed_this_cycle(entries):
+            half = int(window * 0.5)
+            await self._flush(transcript, request, view.messages, half, TRIGGER_OVERFLOW, events)
+        limit = window
+        observed = exc.observed_tokens or math.ceil(view.size.tokens * 1.25)
+        compacted = False
+        if self.config.compaction.enabled:
+            outcome = await self._compact(
+                transcript,
+                request,
+                window,
+                threshold,
+                observed,
+                TRIGGER_OVERFLOW,
+                events,
+            )
+            compacted = outcome.compacted
+        state.accountant.reset()
+        if not compacted:
+            scale = min(OVERFLOW_SHRINK, (limit - self.max_output) / max(observed, 1))
+            state.budget_scale = max(0.05, state.budget_scale * scale)
+        log.warning(
+            "context overflow in session %s (%s / %s tokens): %s",
+            request.session_key,
+            exc.observed_tokens,
+            exc.limit,
+            "compacted" if compacted else f"trimming to {state.budget_scale:.2f} of the window",
+        )
+
+    # -- deterministic trim -------------------------------------------------------------
+
+    def _fit(
+        self,
+        state: _SessionState,
+        request: ViewRequest,
+        messages: Sequence[Message],
+        budget: int,
+    ) -> tuple[list[Message], int]:
+        """Make the view fit ``budget`` tokens without a model: oldest tool results
+        emptied first, then oldest turns dropped; the newest turn always stays."""
+        fitted = list(messages)
+        trimmed = 0
+
+        def total(ms: Sequence[Message]) -> int:
+            return state.accountant.estimate(
+                system=request.system, messages=ms, tools=request.tools
+            )
+
+        if total(fitted) <= budget:
+            return fitted, 0
+        # 1. Empty tool results, oldest first, sparing the newest user turn's own.
+        protect = _last_turn_start(fitted)
+        for index, message in enumerate(fitted):
+            if index >= protect or message.role != "tool_result":
+                continue
+            emptied = _emptied(message)
+            if emptied is not message:
+                fitted[index] = emptied
+                trimmed += 1
+                if total(fitted) <= budget:
+                    return fitted, trimmed
+        # 2. Drop whole turns from the front (after a leading summary), oldest first.
+        head = 1 if fitted and _is_summary(fitted[0]) else 0
+        while total(fitted) > budget:
+            start = _next_turn_start(fitted, head + 1)
+            if start is None or start >= _last_turn_start(fitted):
+                break
+            trimmed += start - head
+            fitted = fitted[:head] + fitted[start:]
+        fitted = repair_history(fitted)
+        # 3. Inside the newest turn: empty its older tool results too.
+        for index, message in enumerate(fitted):
+            if total(fitted) <= budget:
+                break
+            if message.role == "tool_result" and (emptied := _emptied(message)) is not message:
+                fitted[index] = emptied
+                trimmed += 1
+        # 4. An earlier message that never fit (it failed, and the next one merged into
+        # the same user turn) is left out of the request; the newest words never are.
+        if total(fitted) > budget:
+            fitted, dropped = self._drop_merged_text(fitted, budget, total)
+            trimmed += dropped
+        needed = total(fitted)
+        if needed > budget:
+            raise ContextBudgetError(
+                f"the request needs about {needed:,} tokens but only {budget:,} fit the "
+                f"model's window even after trimming the history",
+                used=needed,
+                limit=budget,
+            )
+        return fitted, trimmed
+
+    def _drop_merged_text(
+        self, messages: list[Message], budget: int, total: Callable[[Sequence[Message]], int]
+    ) -> tuple[list[Message], int]:
+        index = _last_turn_start(messages)
+        if not messages or messages[index].role != "user":
+            return messages, 0
+        blocks = list(messages[index].content)
+        # Protect the newest message: its text and the turn context riding after it.
+        protect = 2 if blocks and is_turn_context(blocks[-1]) else 1
+        dropped = 0
+        for position in range(max(0, len(blocks) - protect)):
+            block = blocks[position]
+            if not isinstance(block, TextBlock) or is_turn_context(block):
+                continue
+            tokens = self.counter.text(block.text)
+            if is_recall_block(block):
+                # Recalled memory rides first in the message, so it goes first.
+                note = f"[~{tokens:,} tokens of recalled memory left out to fit the window]"
+            else:
+                note = (
+                    f"[an earlier message of ~{tokens:,} tokens did not fit the context window "
+                    "and is left out of this request]"
+                )
+            blocks[position] = TextBlock(note)
+            dropped += 1
+            candidate = [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]]
+            if total(candidate) <= budget:
+                return candidate, dropped
+        if not dropped:
+            return messages, 0
+        return [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]], dropped
+
+
+def _emptied(message: Message) -> Message:
+    """The tool-result message with every result's text replaced by ``TRIMMED_RESULT``
+    (the same object when there was nothing left to empty)."""
+    blocks = tuple(
+        ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
+        if isinstance(b, ToolResultBlock) and b.content != TRIMMED_RESULT
+        else b
+        for b in message.content
+    )
+    return message if blocks == message.content else Message("tool_result", blocks)
+
+
+def _last_entry_id(transcript: SessionTranscript) -> str | None:
+    last = transcript.last_entry
+    return last.id if last is not None else None
+
+
+def _is_summary(message: Message) -> bool:
+    return message.role == "user" and bool(message.content) and is_summary_block(message.content[0])
+
+
+def _turn_starts(messages: Sequence[Message]) -> list[int]:
+    return [i for i, m in enumerate(messages) if is_turn_start(m)]
+
+
+def _last_turn_start(messages: Sequence[Message]) -> int:
+    starts = _turn_starts(messages)
+    return starts[-1] if starts else 0
+
+
+def _next_turn_start(messages: Sequence[Message], after: int) -> int | None:
+    for index in _turn_starts(messages):
+        if index >= after:
+            return index
+    return None
