@@ -41,10 +41,10 @@ from gateway.access import AccessGate
 from gateway.admin.gateway_view import ProviderHealth
 from gateway.admin.metrics import GatewayMetrics
 from gateway.admin.session_figures import SessionFiguresCache
-from gateway.audience_migration import log_legacy_memory
 from gateway.audiences import header_audience
 from gateway.config import LoadedConfig
 from gateway.errors import ChannelFailure, LaneBusy
+from gateway.home_upgrade.audiences import log_legacy_memory
 from gateway.http_server import HttpServer
 from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager

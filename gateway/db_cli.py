@@ -30,7 +30,7 @@ async def db_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
 
 async def _postgres(url: str, action: str) -> int:
     from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
+    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, migrate, schema_version
 
     async with PgDatabase(url, pool_size=2, migrate_at_open=False) as db:
         if action == "migrate":

@@ -8,11 +8,11 @@ The state, transcript, memory and pairing checks read the configured backend: st
 and the session files, or the shared PostgreSQL (opened without migrating it: a check
 changes nothing). State written by an earlier parley is reported by the ``migration``
 check, and the checks that would upgrade it by opening it are skipped; ``fix=True``
-(``parley doctor --fix``) backs the home up and migrates it first (gateway/state_migration.py).
+(``parley doctor --fix``) backs the home up and migrates it first (gateway/home_upgrade/state.py).
 
 The ``memory audiences`` check counts flush notes and task logs from before audiences
 that still sit where everyone can reach them; ``--fix`` moves them
-(gateway/audience_migration.py).
+(gateway/home_upgrade/audiences.py).
 
 The ``file modes`` check lists what under the home is open to group or others (every
 message is in there); ``--fix`` narrows it to owner-only (gateway/file_modes.py).
@@ -33,12 +33,12 @@ import aiohttp
 from core.errors import TranscriptError
 from core.transcript_store import FileTranscriptStore, TranscriptStore
 from gateway.admin.auth import check_setup
-from gateway.audience_migration import audience_check
 from gateway.config import LoadedConfig
 from gateway.errors import AdminServerError, GatewayError, StateError
 from gateway.file_modes import find_wide_modes, narrow_modes
+from gateway.home_upgrade.audiences import audience_check
+from gateway.home_upgrade.state import StateMigrationError, Survey, migrate, survey
 from gateway.providers import choose_provider
-from gateway.state_migration import StateMigrationError, Survey, migrate, survey
 from gateway.storage.sqlite.database import Database
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
         findings.append(await _fix(loaded))
     found = await asyncio.to_thread(survey, loaded)
     findings += _migration_findings(found, fixing=fix)
-    # Memory from before audiences (gateway/audience_migration.py): --fix moves it.
+    # Memory from before audiences (gateway/home_upgrade/audiences.py): --fix moves it.
     moved = await audience_check(loaded, fix=fix, sync=not found.blocks("memory"))
     findings += [Finding("memory audiences", severity, detail) for severity, detail in moved]
     # Before the checks below open state.db (after --fix's backup, which it narrows too).
@@ -153,7 +153,7 @@ async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | No
     """The shared database, open, and the state finding; None for the database when
     the other checks cannot read it (unreachable, or its schema is not this parley's)."""
     from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.migrations import SCHEMA_VERSION, schema_version
+    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, schema_version
 
     url = loaded.config.storage.url
     assert url is not None  # the config refuses postgres without one

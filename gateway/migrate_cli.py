@@ -134,7 +134,7 @@ async def migrate_command(loaded: LoadedConfig, args: argparse.Namespace) -> int
     import psycopg
 
     from gateway.storage.postgres.database import PgDatabase, redact_url
-    from gateway.storage.postgres.migrations import SCHEMA_VERSION, migrate, schema_version
+    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, migrate, schema_version
 
     dry_run = bool(args.dry_run)
     try:

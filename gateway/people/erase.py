@@ -15,7 +15,10 @@ from core.memory.audience import MAIN_PERSON, Audience, parse_scope
 from core.memory.notes import NoteStore
 from core.memory.tasks import scope_file_name
 from core.transcript_store import FileTranscriptStore
-from gateway.audience_migration import (
+from gateway.audiences import scope_resolver
+from gateway.config import LoadedConfig
+from gateway.errors import GatewayError
+from gateway.home_upgrade.audiences import (
     MEMORY_DIR_NAME,
     FlushBlock,
     blocks_in,
@@ -23,9 +26,6 @@ from gateway.audience_migration import (
     rewrite_file,
     workspace_flush_blocks,
 )
-from gateway.audiences import scope_resolver
-from gateway.config import LoadedConfig
-from gateway.errors import GatewayError
 from gateway.memory import memory_db_path, notes_dir, tasks_dir
 from gateway.people import inventory
 from gateway.people.inventory import SessionInfo, State, TaskFile

@@ -16,9 +16,9 @@ from typing import Any
 
 from core.memory.tasks import parse_records
 from core.transcript_store import FileTranscriptStore, TranscriptStore
-from gateway.audience_migration import legacy_tasks_dir
 from gateway.audiences import PersonLinks, scope_for_key, scope_resolver
 from gateway.config import LoadedConfig
+from gateway.home_upgrade.audiences import legacy_tasks_dir
 from gateway.memory import memory_db_path, tasks_dir
 from gateway.people.who import PersonError
 from gateway.storage.sessions import SessionRecord
@@ -74,8 +74,8 @@ async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
     if storage.backend == "postgres":
         from gateway.storage.postgres.database import PgDatabase
         from gateway.storage.postgres.inbox import PgInbox
-        from gateway.storage.postgres.migrations import SCHEMA_VERSION, schema_version
         from gateway.storage.postgres.pairing import PgPairingStore
+        from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, schema_version
         from gateway.storage.postgres.session_registry import PgSessionRegistry
         from gateway.storage.postgres.transcripts import PgTranscriptStore
 
@@ -117,7 +117,7 @@ async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
 
 def refuse_outdated(loaded: LoadedConfig) -> None:
     """Opening state written by an earlier parley would upgrade it: doctor's job."""
-    from gateway.state_migration import survey
+    from gateway.home_upgrade.state import survey
 
     found = survey(loaded)
     if found.steps or found.refusals:

@@ -31,7 +31,7 @@ from gateway.migrate_cli import add_migrate_commands, migrate_command
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.inbox import PgInbox
 from gateway.storage.postgres.memory_store import PgMemoryBackend
-from gateway.storage.postgres.migrations import schema_version
+from gateway.storage.postgres.schema_migrations import schema_version
 from gateway.storage.postgres.transcripts import PgTranscriptStore
 from gateway.storage.sessions import SessionOrigin
 from gateway.storage.sqlite.database import Database

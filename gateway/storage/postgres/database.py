@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from gateway.errors import StateError
-from gateway.storage.postgres.migrations import migrate
+from gateway.storage.postgres.schema_migrations import migrate
 
 log = logging.getLogger("parley.gateway.pg")
 

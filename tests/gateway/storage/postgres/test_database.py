@@ -10,7 +10,12 @@ import pytest
 
 from gateway.errors import SchemaTooNewError, StateError
 from gateway.storage.postgres.database import PgDatabase, redact_url
-from gateway.storage.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from gateway.storage.postgres.schema_migrations import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    migrate,
+    schema_version,
+)
 
 
 def _tables(conn: psycopg.Connection[Any]) -> set[str]:

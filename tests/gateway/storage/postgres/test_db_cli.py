@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.storage.postgres.migrations import SCHEMA_VERSION
+from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION
 
 
 def test_postgres_migrate_is_idempotent_and_status_tells_the_version(

@@ -23,8 +23,13 @@ from gateway.storage.inbox import message_to_json
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.inbox import PgInbox
 from gateway.storage.postgres.memory_store import PgMemoryBackend
-from gateway.storage.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from gateway.storage.postgres.pairing import PgPairingStore
+from gateway.storage.postgres.schema_migrations import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    migrate,
+    schema_version,
+)
 from gateway.storage.postgres.session_registry import PgSessionRegistry
 from gateway.storage.postgres.transcripts import PgTranscriptStore
 from gateway.storage.sessions import SessionOrigin

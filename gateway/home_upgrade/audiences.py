@@ -23,13 +23,14 @@ reach them:
   the same relative layout (a log already there for the same scope is merged, the older
   records first), and the emptied folders go.
 - Task records everywhere (SQLite kept them beside memory.db already) were filed under
-  ``dm:…``/``group:…`` scopes, which name no audience: ``gateway.task_rescope`` files
-  them again under the person or group their session key names.
+  ``dm:…``/``group:…`` scopes, which name no audience:
+  ``gateway.home_upgrade.task_scopes`` files them again under the person or group their
+  session key names.
 
 ``survey_audiences`` reads and changes nothing (``parley doctor``, and the gateway's
 start, which logs a warning naming ``parley doctor --fix``). ``migrate_audiences``
 (``parley doctor --fix``, gateway stopped) backs the home up first with the doctor's
-hash-checked backup (``gateway.state_migration.backup``), then moves, then syncs the
+hash-checked backup (``gateway.home_upgrade.state.backup``), then moves, then syncs the
 memory index so the agent-wide chunks of the moved blocks go and the notes are indexed.
 
 Crash safety: each block is appended to its notes file before the workspace file is
@@ -59,10 +60,11 @@ from core.memory.audience import Audience, parse_scope
 from core.memory.notes import MAX_NOTE_CHARS, NoteStore
 from gateway.audiences import PersonLinks, scope_for_key
 from gateway.config import LoadedConfig
+from gateway.home_upgrade.task_scopes import legacy_task_logs as scoped_before_audiences
+from gateway.home_upgrade.task_scopes import rescope_task_logs
 from gateway.memory import LEGACY_SHARED_TASKS_DIR, notes_dir, tasks_dir
-from gateway.task_rescope import legacy_task_logs as scoped_before_audiences
-from gateway.task_rescope import rescope_task_logs
 
+# The logger keeps the name it had before the module moved: log filters may name it.
 log = logging.getLogger("parley.gateway.audience_migration")
 
 MEMORY_DIR_NAME = "memory"
@@ -348,7 +350,7 @@ async def migrate_audiences(
 ) -> AudienceMigrationReport:
     """Back up, move the flush blocks and task logs, sync the index. Nothing pending:
     nothing is written (no backup either)."""
-    from gateway.state_migration import StateMigrationError, backup
+    from gateway.home_upgrade.state import StateMigrationError, backup
 
     found = await asyncio.to_thread(survey_audiences, loaded)
     report = AudienceMigrationReport(stranded=list(found.stranded))

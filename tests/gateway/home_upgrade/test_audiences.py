@@ -17,12 +17,12 @@ from core.memory.notes import NoteStore
 from core.memory.rows import SearchHit
 from core.memory.tasks import TaskRecord, scope_file_name
 from gateway.app import Gateway
-from gateway.audience_migration import log_legacy_memory, survey_audiences
 from gateway.audiences import PersonLinks, viewer_for
 from gateway.config import LoadedConfig
 from gateway.doctor import Finding, run_doctor
+from gateway.home_upgrade.audiences import log_legacy_memory, survey_audiences
+from gateway.home_upgrade.state import BACKUPS_DIR
 from gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
-from gateway.state_migration import BACKUPS_DIR
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import memory_config, use_hashing_embedder
@@ -266,7 +266,7 @@ async def test_a_task_log_already_in_the_private_folder_is_merged_older_first(
 
 
 def test_the_backup_keeps_files_outside_the_home_apart(tmp_path: Path) -> None:
-    from gateway.state_migration import backup
+    from gateway.home_upgrade.state import backup
 
     home = tmp_path / "home"
     home.mkdir()
@@ -281,7 +281,7 @@ def test_the_backup_keeps_files_outside_the_home_apart(tmp_path: Path) -> None:
 
 
 def test_a_block_of_a_key_made_while_linked_is_the_linked_persons(tmp_path: Path) -> None:
-    from gateway.audience_migration import blocks_in
+    from gateway.home_upgrade.audiences import blocks_in
 
     text = legacy_block("10:00", "agent:main:telegram:direct:alice", ALICE_NOTE)
     lines = text.splitlines(keepends=True)

@@ -5,8 +5,8 @@ says what is out of date; ``migrate`` backs the home up, then runs this parley's
 upgrades. What can be out of date (see tests/gateway/fixtures/state/README.md for the
 history behind each):
 
-- state.db below ``gateway.db.SCHEMA_VERSION``: the gateway's migrations, run as its
-  open runs them (one transaction per version).
+- state.db below ``gateway.storage.sqlite.database.SCHEMA_VERSION``: the gateway's
+  migrations, run as its open runs them (one transaction per version).
 - state.db at a version but without a column or table that version's migration now
   creates: migration 2 gained ``sessions.last_message_ids`` in place (commit 6661068),
   so a state.db made between 9711123 and 209179a says version 2 yet lacks it, and

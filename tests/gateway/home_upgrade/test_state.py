@@ -17,14 +17,14 @@ from core.memory.sources import AGENT_SCOPE
 from core.transcript_store import FileTranscriptStore
 from gateway.config import LoadedConfig, load_config
 from gateway.doctor import Finding, run_doctor
+from gateway.home_upgrade.state import BACKUPS_DIR, StateMigrationError, migrate, survey
 from gateway.memory import build_memory_index, memory_db_path
-from gateway.state_migration import BACKUPS_DIR, StateMigrationError, migrate, survey
 from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
 from gateway.storage.sqlite.inbox import SqliteInbox
 from gateway.storage.sqlite.pairing import SqlitePairingStore
 from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
-FIXTURES = Path(__file__).parent / "fixtures" / "state"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "state"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
 KEYS = {"agent:main:telegram:default:direct:alice", "agent:main:discord:group:9001"}
 
@@ -199,7 +199,7 @@ async def test_a_backup_failing_midway_leaves_no_partial_copy(
         if calls == 2:
             raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("gateway.state_migration.os.fsync", failing_fsync)
+    monkeypatch.setattr("gateway.home_upgrade.state.os.fsync", failing_fsync)
 
     with pytest.raises(StateMigrationError, match="Input/output error"):
         await migrate(loaded)
@@ -219,7 +219,7 @@ async def test_a_kill_after_the_backup_is_finished_by_the_next_fix(
     async def killed(*args: object, **kwargs: object) -> None:
         raise asyncio.CancelledError  # the process dies before memory.db is upgraded
 
-    monkeypatch.setattr("gateway.state_migration._open_memory", killed)
+    monkeypatch.setattr("gateway.home_upgrade.state._open_memory", killed)
     with pytest.raises(asyncio.CancelledError):
         await migrate(loaded)
     monkeypatch.undo()
