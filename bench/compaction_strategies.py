@@ -31,7 +31,7 @@ compaction: summary, ledger and kept messages, whitespace collapsed) and ``lost`
 failing strategy falls back to the sliding window; that would show here).
 
 Part 2, automatic recall on LoCoMo (``--data``, never copied): the conversations are
-written and indexed with ``gateway.locomo``'s own machinery (``write_transcripts``,
+written and indexed with ``gateway.cli.locomo``'s own machinery (``write_transcripts``,
 ``MemoryIndex.sync``), one scope each. For each scored question (categories 1-4 with
 evidence turns in the conversation, as the locomo bench scores them), with the question
 as the user message and nothing in the live context:
@@ -104,7 +104,7 @@ from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usa
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
 from core.tokens import TokenCounter, default_counter
 from core.transcript_store import FileTranscriptStore
-from gateway.locomo import (
+from gateway.cli.locomo import (
     SCORED_CATEGORIES,
     Conversation,
     LocomoError,

@@ -160,7 +160,10 @@ class Child:
     """`parley run` in a process group of its own, killed and restarted on demand."""
 
     def __init__(
-        self, env: dict[str, str], log: Path, argv: Sequence[str] = ("-m", "gateway.cli", "run")
+        self,
+        env: dict[str, str],
+        log: Path,
+        argv: Sequence[str] = ("-m", "gateway.cli.main", "run"),
     ) -> None:
         self.env = env
         self.log = log

@@ -4,7 +4,7 @@ The home holds every message (state.db, memory.db, the transcripts, the log), so
 other local user may read anything in it, whatever the umask parley was started under.
 
 - ``secure_home`` runs at the start of every `parley` command that touches the home
-  (gateway/cli.py): it sets the process umask to 077, so every file and directory
+  (gateway/cli/main.py): it sets the process umask to 077, so every file and directory
   created afterwards, by parley or by a library (SQLite, logging, shutil), is
   owner-only; it creates the home 0700 and narrows the home itself and the SQLite
   databases that already exist (SQLite creates a database's -wal and -shm with the

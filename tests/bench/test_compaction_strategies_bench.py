@@ -14,7 +14,7 @@ import pytest
 
 from core.context.compaction.summarizer import REQUIRED_HEADINGS
 from core.tokens import default_counter
-from tests.gateway.test_locomo import SCORED, locomo_data
+from tests.gateway.cli.test_locomo import SCORED, locomo_data
 
 BENCH_PATH = Path(__file__).resolve().parents[2] / "bench" / "compaction_strategies.py"
 STRATEGY_KEYS = {"tokens_before", "tokens_after", "facts_planted", "facts_kept", "lost"}

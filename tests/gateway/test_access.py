@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+import gateway.cli.main as cli
 from channels.base import (
     ChannelCapabilities,
     ChatPolicy,
@@ -22,7 +23,6 @@ from channels.base import (
     WebhookRoute,
 )
 from core.transcript import Transcript
-from gateway import cli
 from gateway.app import Gateway
 from gateway.errors import PairingError
 from gateway.storage.pairing import (

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from core.memory.store import MemoryStore
-from gateway.doctor import _check_file_modes
+from gateway.cli.doctor_checks import _check_file_modes
 from gateway.file_modes import find_wide_modes, narrow_modes, secure_home
 from gateway.logs import setup_logging
 from gateway.storage.sqlite.database import Database
 from tests.fakes.anthropic_api import FakeAnthropic
-from tests.gateway.test_cli import anthropic_env, parley
+from tests.gateway.cli.test_main import anthropic_env, parley
 
 
 @pytest.fixture(autouse=True)

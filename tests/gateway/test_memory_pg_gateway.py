@@ -21,11 +21,11 @@ from core.memory.sources import AGENT_SCOPE, StoreTranscriptSource
 from core.memory.tasks import TaskRecord
 from core.messages import Message
 from gateway.app import Gateway
-from gateway.cli import build_parser
+from gateway.cli.main import build_parser
+from gateway.cli.memory import memory_command
 from gateway.config import LoadedConfig
 from gateway.errors import ConfigFileError, StateError
 from gateway.memory import build_memory_index
-from gateway.memory_cli import memory_command
 from gateway.runtime.commands.texts import format_memory_status
 from gateway.storage.postgres.database import Connection
 from gateway.storage.postgres.memory_store import PgMemoryBackend

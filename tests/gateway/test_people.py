@@ -22,11 +22,11 @@ from core.memory.rows import SearchHit, Tombstone
 from core.memory.tasks import TaskRecord, scope_file_name
 from core.transcript_store import write_jsonl_file
 from gateway.app import Gateway
-from gateway.cli import build_parser
+from gateway.cli.main import build_parser
+from gateway.cli.people import people_command
 from gateway.config import LoadedConfig
 from gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
 from gateway.people import PersonError, erase_person, list_people, resolve_person
-from gateway.people_cli import people_command
 from gateway.storage.sessions import SessionOrigin
 from gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient

@@ -20,8 +20,8 @@ from gateway.admin.auth import resolve_token
 from gateway.admin.service import _page, _reading
 from gateway.admin.web_app import PAGE_OPERATIONS
 from gateway.app import Gateway
+from gateway.cli.doctor_checks import _check_http
 from gateway.config import load_config
-from gateway.doctor import _check_http
 from gateway.errors import AdminServerError, ApiError
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider

@@ -18,8 +18,8 @@ from core.memory.rows import SearchHit
 from core.memory.tasks import TaskRecord, scope_file_name
 from gateway.app import Gateway
 from gateway.audiences import PersonLinks, viewer_for
+from gateway.cli.doctor_checks import Finding, run_doctor
 from gateway.config import LoadedConfig
-from gateway.doctor import Finding, run_doctor
 from gateway.home_upgrade.audiences import log_legacy_memory, survey_audiences
 from gateway.home_upgrade.state import BACKUPS_DIR
 from gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
@@ -79,7 +79,7 @@ def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LoadedConfig:
 
 
 async def doctor(loaded: LoadedConfig, monkeypatch: pytest.MonkeyPatch, *, fix: bool = False):
-    import gateway.doctor as module
+    import gateway.cli.doctor_checks as module
 
     async def no_probe(*args: object) -> Finding:
         return Finding("provider", "ok", "not probed")

@@ -15,8 +15,8 @@ from core.memory import rows as memory_rows
 from core.memory import store as memory_store
 from core.memory.sources import AGENT_SCOPE
 from core.transcript_store import FileTranscriptStore
+from gateway.cli.doctor_checks import Finding, run_doctor
 from gateway.config import LoadedConfig, load_config
-from gateway.doctor import Finding, run_doctor
 from gateway.home_upgrade.state import BACKUPS_DIR, StateMigrationError, migrate, survey
 from gateway.memory import build_memory_index, memory_db_path
 from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
@@ -233,7 +233,7 @@ async def test_a_kill_after_the_backup_is_finished_by_the_next_fix(
 
 async def _doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding]:
     """The doctor's findings, the provider and channel probes (network) left out."""
-    import gateway.doctor as doctor
+    import gateway.cli.doctor_checks as doctor
 
     async def no_probe(*args: object) -> Finding:
         return Finding("provider", "ok", "not probed")

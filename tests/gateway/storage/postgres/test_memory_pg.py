@@ -15,10 +15,10 @@ from core.memory.embedders import EmbedderSettings
 from core.memory.query import build_fts_query, cjk_index_text
 from core.memory.rows import FileRow, NewChunk
 from core.memory.settings import MemorySettings
-from gateway.locomo import run_locomo
+from gateway.cli.locomo import run_locomo
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.memory_store import PgMemoryBackend, PgMemoryStore
-from tests.gateway.test_locomo import locomo_data
+from tests.gateway.cli.test_locomo import locomo_data
 
 T = TypeVar("T")
 DIMS = 4

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import CoreError, TranscriptError
+from gateway.cli.db import add_db_commands, db_command
+from gateway.cli.memory import add_memory_commands, bench_command, memory_command
+from gateway.cli.migrate import add_migrate_commands, migrate_command
+from gateway.cli.people import add_people_commands, people_command
 from gateway.config import LoadedConfig, effective_config_toml, load_config
-from gateway.db_cli import add_db_commands, db_command
 from gateway.errors import ConfigFileError, GatewayError
 from gateway.file_modes import owner_only_umask, secure_home
 from gateway.memory import memory_db_path
-from gateway.memory_cli import add_memory_commands, bench_command, memory_command
-from gateway.migrate_cli import add_migrate_commands, migrate_command
-from gateway.people_cli import add_people_commands, people_command
 
 if TYPE_CHECKING:  # the commands import these lazily: startup stays fast
     from datetime import datetime
@@ -440,7 +440,7 @@ def _pairing_table(requests: Sequence[PairingRequest], now: datetime) -> str:
 
 
 async def _doctor(loaded: LoadedConfig, *, fix: bool = False) -> int:
-    from gateway.doctor import run_doctor
+    from gateway.cli.doctor_checks import run_doctor
 
     findings = await run_doctor(loaded, fix=fix)
     marks = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}

@@ -15,7 +15,7 @@ import pytest
 from core.memory.tasks import TaskLog, TaskRecord
 from core.messages import Message
 from core.transcript import Transcript
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.gateway.memory_helpers import restored_logging
 
 OLD = datetime.now(UTC) - timedelta(days=100)

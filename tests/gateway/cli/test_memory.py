@@ -18,7 +18,7 @@ from core.messages import Message, TextBlock
 from core.prompt import render_turn_context
 from core.transcript import Transcript
 from gateway.audiences import scope_for_key
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.gateway.memory_helpers import restored_logging
 
 ALICE_KEY = "agent:main:test:direct:alice"

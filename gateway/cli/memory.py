@@ -228,7 +228,7 @@ async def _lifecycle_command(index: MemoryIndex, args: argparse.Namespace) -> in
 
 
 async def bench_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.locomo import LocomoError, embedder_settings, run_locomo
+    from gateway.cli.locomo import LocomoError, embedder_settings, run_locomo
 
     memory = loaded.config.memory
     if args.embedder is not None:

@@ -24,10 +24,10 @@ from core.memory.store import MemoryStore
 from core.messages import Message, Usage
 from core.transcript_store import FileTranscriptStore, write_jsonl
 from gateway.audiences import scope_resolver
+from gateway.cli.migrate import add_migrate_commands, migrate_command
 from gateway.config import LoadedConfig, load_config
 from gateway.errors import StateError
 from gateway.memory import memory_db_path
-from gateway.migrate_cli import add_migrate_commands, migrate_command
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.inbox import PgInbox
 from gateway.storage.postgres.memory_store import PgMemoryBackend

@@ -1,4 +1,5 @@
-"""``parley migrate --from sqlite --to postgres``: move a gateway's state to PostgreSQL.
+"""Copy a gateway's SQLite state into PostgreSQL: the engine of ``parley migrate --from
+sqlite --to postgres`` (the command: gateway/cli/migrate.py).
 
 What is copied, from $PARLEY_HOME into the database at ``--url`` (else ``[storage] url``
 / ``PARLEY_DATABASE_URL``): state.db's sessions (active and archived), pairing and
@@ -12,7 +13,7 @@ skipped (``ON CONFLICT DO NOTHING``), a transcript resumes after its last stored
 (each batch of lines is one transaction, and ``insert_line`` refuses a gap or a
 duplicate), and a memory file is rewritten, in one transaction, only when the target
 does not hold it exactly. The source is only read. Afterwards every count is compared,
-source against target, and any difference exits 1.
+source against target (``Report``); the command exits 1 on any difference.
 
 All the work runs on one worker thread (SQLite connections belong to their thread); the
 event loop only opens and closes the pool.
@@ -20,8 +21,6 @@ event loop only opens and closes the pool.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -42,10 +41,6 @@ if TYPE_CHECKING:
     from gateway.storage.postgres.database import Connection, PgDatabase
     from gateway.storage.postgres.memory_store import PgMemoryStore, VectorIndex
 
-EXIT_OK = 0
-EXIT_PROBLEM = 1
-EXIT_USAGE = 2
-BACKENDS = ("sqlite", "postgres")
 # Rows (or transcript lines) per target transaction: few round trips of commits, and
 # a kill loses at most one batch, which the next run writes again.
 BATCH = 500
@@ -59,32 +54,6 @@ TABLES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("inbox", ("id",), ("bigint",)),
     ("sent_messages", ("channel", "account", "platform_message_id"), ("text", "text", "text")),
 )
-
-
-def add_migrate_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    migrate = sub.add_parser(
-        "migrate",
-        parents=[common],
-        help="copy sessions, transcripts, inbox, pairing and memory to PostgreSQL",
-        description="Copy this gateway's SQLite state ($PARLEY_HOME: state.db, sessions/, "
-        "memory.db) into PostgreSQL, then compare counts. Safe to re-run: what is "
-        "already there is skipped, an interrupted copy is completed.",
-    )
-    migrate.add_argument("--from", dest="source", required=True, choices=BACKENDS)
-    migrate.add_argument("--to", dest="target", required=True, choices=BACKENDS)
-    migrate.add_argument(
-        "--url", help="target database URL (default: [storage] url / PARLEY_DATABASE_URL)"
-    )
-    migrate.add_argument(
-        "--dry-run", action="store_true", help="print what would be copied; change nothing"
-    )
-    migrate.add_argument(
-        "--vector-index",
-        choices=("hnsw", "exact"),
-        default=None,
-        help="the memory index's vector search in PostgreSQL (exact: no HNSW index); "
-        "default: [storage] vector_index",
-    )
 
 
 @dataclass(slots=True)
@@ -109,107 +78,25 @@ class Report:
         return not self.problems and all(c.ok for c in self.counts)
 
 
-async def migrate_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    out = sys.stdout
-    if (args.source, args.target) != ("sqlite", "postgres"):
-        print(
-            f"parley migrate: cannot migrate from {args.source} to {args.target}; "
-            "only --from sqlite --to postgres is supported",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    url = args.url
-    if url is None and loaded.config.storage.url is not None:
-        url = loaded.config.storage.url.get_secret_value()
-    if not url:
-        print(
-            "parley migrate: no target database: pass --url, or set [storage] url "
-            "(or PARLEY_DATABASE_URL)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    if not loaded.state_db.is_file():
-        raise StateError(f"nothing to migrate: {loaded.state_db} does not exist")
-
-    import psycopg
-
-    from gateway.storage.postgres.database import PgDatabase, redact_url
-    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, migrate, schema_version
-
-    dry_run = bool(args.dry_run)
-    try:
-        async with PgDatabase(url, pool_size=2, migrate_at_open=False) as pg:
-            verb = "would copy" if dry_run else "copying"
-            print(f"{verb} {loaded.home} (sqlite) -> {pg.where} (postgres)", file=out)
-            if dry_run:
-                version = await pg.run(schema_version)
-                if version < SCHEMA_VERSION:
-                    print(f"schema: would migrate v{version} -> v{SCHEMA_VERSION}", file=out)
-            else:
-                applied = await pg.run(migrate)
-                if applied:
-                    print(f"schema: migrated to v{SCHEMA_VERSION}", file=out)
-            migration = Migration(
-                loaded,
-                pg,
-                dry_run=dry_run,
-                vector_index=args.vector_index or loaded.config.storage.vector_index,
-                out=out,
-            )
-            report = await asyncio.to_thread(migration.run)
-    except (StateError, CoreError, psycopg.Error) as exc:
-        # psycopg's messages carry no password, but a URL echoed back might: scrub it.
-        raise StateError(_scrub(str(exc), url)) from None
-    print_report(report, dry_run=dry_run, out=out)
-    if dry_run:
-        return EXIT_PROBLEM if report.problems else EXIT_OK
-    if not report.ok:
-        print(
-            f"migration incomplete: see above; re-run to finish ({redact_url(url)})",
-            file=sys.stderr,
-        )
-        return EXIT_PROBLEM
-    return EXIT_OK
-
-
-def _scrub(text: str, url: str) -> str:
-    import psycopg
-
-    try:
-        password = psycopg.conninfo.conninfo_to_dict(url).get("password")
-    except psycopg.ProgrammingError:
-        password = None
-    if password:
-        text = text.replace(str(password), "***")
-    return text.replace(url, "<database URL>")
-
-
-def print_report(report: Report, *, dry_run: bool, out: TextIO) -> None:
-    third = "to copy" if dry_run else "status"
-    width = max(len(c.what) for c in report.counts) if report.counts else 10
-    print(f"\n{'':{width}}  {'source':>10}  {'target':>10}  {third}", file=out)
-    for c in report.counts:
-        status = "ok" if c.ok else "MISMATCH"
-        tail = str(max(c.source - c.target, 0)) if dry_run else status
-        print(f"{c.what:{width}}  {c.source:>10}  {c.target:>10}  {tail}", file=out)
-    for problem in report.problems:
-        print(f"problem: {problem}", file=out)
-
-
 class Migration:
-    """One run: copy (unless ``dry_run``), then count. Synchronous: a worker thread."""
+    """One run: copy (unless ``dry_run``), then count. Synchronous: a worker thread.
+
+    ``memory_db`` is memory.db's path (``gateway.memory.memory_db_path``), given by the
+    caller: storage sits below the memory wiring and does not import it."""
 
     def __init__(
         self,
         loaded: LoadedConfig,
         pg: PgDatabase,
         *,
+        memory_db: Path,
         dry_run: bool = False,
         vector_index: VectorIndex = "hnsw",
         out: TextIO = sys.stdout,
     ) -> None:
         self.loaded = loaded
         self.pg = pg
+        self.memory_db = memory_db
         self.dry_run = dry_run
         self.vector_index: VectorIndex = vector_index
         self.out = out
@@ -413,9 +300,8 @@ class Migration:
 
     def _memory(self) -> None:
         from core.memory.store import MemoryStore
-        from gateway.memory import memory_db_path
 
-        path = memory_db_path(self.loaded)
+        path = self.memory_db
         if not path.is_file():
             self._say(f"memory: {path} does not exist; nothing to copy")
             return

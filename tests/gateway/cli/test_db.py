@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from core.messages import Message
 from core.transcript_store import FileTranscriptStore, TranscriptStore
+from gateway.cli.doctor_checks import Finding, _check_transcripts, run_doctor
 from gateway.config import LoadedConfig
-from gateway.doctor import Finding, _check_transcripts, run_doctor
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient

@@ -20,8 +20,7 @@ from core.memory.settings import MemorySettings
 from core.prompt import is_turn_context
 from core.tokens import default_counter
 from core.transcript import Transcript
-from gateway.cli import main
-from gateway.locomo import (
+from gateway.cli.locomo import (
     BUDGETS,
     LocomoError,
     found_dia_ids,
@@ -30,6 +29,7 @@ from gateway.locomo import (
     run_locomo,
     write_transcripts,
 )
+from gateway.cli.main import main
 from tests.gateway.memory_helpers import restored_logging
 
 S1_SESSION_1 = [
