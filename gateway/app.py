@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from channels.base import Channel, ChannelError, InboundMessage
 from core.context.compaction.compactor import CompactionOutcome
-from core.context.engine import ContextEngine, ContextView
+from core.context.engine import ContextEngine
 from core.context.flush import FlushTarget
 from core.context.report import ContextReport
+from core.context.view import ContextView
 from core.memory.audience import Audience, Viewer
 from core.memory.index import MemoryIndex
 from core.memory.notes import NoteStore

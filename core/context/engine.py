@@ -2,9 +2,9 @@
 
 ``prepare`` runs before every provider call of a turn:
 
-1. the view: ``build_history`` over the live window (summary first, repaired, turn
-   limits for the chat type), then every recorded pruning decision re-applied, so the
-   view is byte-identical to the previous call's up to its newest entry;
+1. the view (``core.context.view``): ``build_history`` over the live window (summary
+   first, repaired, turn limits for the chat type), then every recorded pruning decision
+   re-applied, so the view is byte-identical to the previous call's up to its newest entry;
 2. cache-TTL pruning: when the provider's cache has expired, or (beyond OpenClaw) the
    view's share of the window passes ``hard_clear_ratio``, a new decision is made and
    recorded as a custom entry, which keeps the pruned view sticky;
@@ -13,16 +13,18 @@
 4. the guard, against ONE threshold (``window − reserve − max_output``) shared by all
    three steps: the memory flush when within ``soft_threshold_tokens`` of it (once per
    compaction cycle), a compaction when past it, and a deterministic trim of the view
-   when the request would still not fit the window. A request whose estimate exceeds
+   (``core.context.trim``) when the request would still not fit the window. A request
+   whose estimate exceeds
    the window is never sent; when nothing can make it fit, ``ContextBudgetError`` says
    how many tokens were needed and how many fit.
 
 Beyond the token threshold, ``prepare`` compacts when ``compaction.max_messages``
 messages were written since the last compaction or ``compaction.max_age_seconds``
-passed (``core.context.compaction.triggers``), only at the start of a user turn. The view's
-message limit is ``history_messages``, derived from the window when neither it nor
-a turn limit is configured (``core.context.window.derived_history_messages``); it hides old
-messages from the model, and the next compaction folds them from the transcript.
+passed (``core.context.compaction.triggers``), only at the start of a user turn. The
+view's message limit is ``history_messages``, derived from the window when neither it
+nor a turn limit is configured (``core.context.window.derived_history_messages``); it
+hides old messages from the model, and the next compaction folds them from the
+transcript.
 While a compaction runs the session is ``compacting``; ``idle`` waits it out.
 
 ``recover_overflow`` is the reactive path when the provider still says "too long":
@@ -35,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
@@ -60,47 +61,22 @@ from core.context.flush import (
     flush_due,
     flushed_this_cycle,
 )
-from core.context.history import build_history, is_summary_block, is_turn_start, repair_history
-from core.context.pruning import (
-    PRUNE_CUSTOM_TYPE,
-    PruneDecision,
-    apply_decisions,
-    decide,
-    recorded_decisions,
-)
-from core.context.window import (
-    WindowInfo,
-    check_window,
-    compaction_threshold,
-    derived_history_messages,
-    resolve_window,
-)
+from core.context.pruning import PRUNE_CUSTOM_TYPE, PruneDecision, decide
+from core.context.session_state import SessionState, SessionStates
+from core.context.trim import fit_view
+from core.context.view import ContextView, build_view, inspect_view, last_call_at, max_messages
+from core.context.window import WindowInfo, check_window, compaction_threshold, resolve_window
 from core.errors import ContextBudgetError, ContextOverflowError
-from core.messages import Message, TextBlock, ToolResultBlock, ToolSpec, Usage
-from core.prompt import is_recall_block, is_turn_context
+from core.messages import Message, ToolSpec, Usage
 from core.providers.base import Provider
 from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from core.transcript import ENTRY_MESSAGE, Entry
 from core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.context")
 
-TRIMMED_RESULT = "[tool result removed from this request to fit the context window]"
-MAX_SESSION_STATES = 4096
 # After an overflow the trim budget shrinks at least this much per attempt.
 OVERFLOW_SHRINK = 0.85
-
-
-@dataclass(slots=True)
-class _SessionState:
-    model: str
-    accountant: ContextAccountant
-    # A compaction that failed or was skipped is not retried until the window changes.
-    compaction_blocked_at: str | None = None
-    budget_scale: float = 1.0  # < 1 after an overflow: trim below the window by this much
-    # The window the provider itself reported in an overflow error, when it is smaller
-    # than the configured one: from then on the session plans against the real limit.
-    window_cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +86,6 @@ class PreparedView:
     view_key: str
     window: int
     threshold: int
-
-
-@dataclass(frozen=True, slots=True)
-class ContextView:
-    """The model's view of a transcript and what shaped it, for inspectors."""
-
-    messages: list[Message]
-    trimmed: int  # tool results soft-trimmed by recorded prunes
-    cleared: int  # tool results replaced by a placeholder
-    dropped_turns: int  # user turns left out by the history turn limit
 
 
 @dataclass(slots=True)
@@ -144,32 +110,6 @@ class ViewRequest:
     chat_type: str = "direct"
 
 
-def _parse_ts(raw: str) -> datetime | None:
-    try:
-        stamp = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-
-
-def last_call_at(entries: Sequence[Entry]) -> datetime | None:
-    """When the provider last answered in this window: the newest assistant entry."""
-    for entry in reversed(entries):
-        if entry.type == ENTRY_MESSAGE and entry.message.role == "assistant":
-            stamp = entry.meta.get("called_at")
-            return _parse_ts(stamp if isinstance(stamp, str) else entry.ts)
-    return None
-
-
-def _latest_id(entries: Sequence[Entry], kind: str, custom_type: str | None = None) -> str:
-    for entry in reversed(entries):
-        if entry.type != kind:
-            continue
-        if custom_type is None or entry.payload.get("custom_type") == custom_type:
-            return entry.id
-    return "-"
-
-
 class ContextEngine:
     def __init__(
         self,
@@ -192,7 +132,15 @@ class ContextEngine:
         self.counter = counter or default_counter()
         self.calibration = calibration or Calibration()
         self.now = now
-        self._states: OrderedDict[str, _SessionState] = OrderedDict()
+        self._states = SessionStates(
+            lambda model: ContextAccountant(
+                self.counter,
+                self.calibration,
+                provider=self.provider.name,
+                model=model,
+                safety_margin=self.config.safety_margin,
+            )
+        )
         self._warned: set[str] = set()  # models already warned about a small window
         compaction = config.compaction
         # summary_retries counts retries: the first attempt comes on top, and each
@@ -242,7 +190,7 @@ class ContextEngine:
     def threshold(self, window: int) -> int:
         return compaction_threshold(window, self.config.compaction, self.max_output)
 
-    def _limits(self, request: ViewRequest) -> tuple[_SessionState, int, int]:
+    def _limits(self, request: ViewRequest) -> tuple[SessionState, int, int]:
         """The session's state, its window (the provider's reported one when smaller than
         configured) and the threshold: one resolution for every path."""
         info = self.check(request.model)
@@ -269,27 +217,11 @@ class ContextEngine:
 
     # -- per-session state --------------------------------------------------------------
 
-    def _state(self, key: str, model: str) -> _SessionState:
-        state = self._states.get(key)
-        if state is None or state.model != model:
-            state = _SessionState(
-                model,
-                ContextAccountant(
-                    self.counter,
-                    self.calibration,
-                    provider=self.provider.name,
-                    model=model,
-                    safety_margin=self.config.safety_margin,
-                ),
-            )
-            self._states[key] = state
-        self._states.move_to_end(key)
-        while len(self._states) > MAX_SESSION_STATES:
-            self._states.popitem(last=False)
-        return state
+    def _state(self, key: str, model: str) -> SessionState:
+        return self._states.get(key, model)
 
     def forget(self, key: str) -> None:
-        self._states.pop(key, None)
+        self._states.forget(key)
 
     def compacting(self, session_key: str) -> bool:
         """Whether a compaction of the session is running right now."""
@@ -304,72 +236,29 @@ class ContextEngine:
         only a successful call restores it. Restore it now, or the next message, one
         that fits the window but not the shrunken budget, is refused without a call,
         and so is every later one. The learned window and calibration stay."""
-        state = self._states.get(key)
+        state = self._states.peek(key)
         if state is not None:
             state.budget_scale = 1.0
 
     # -- the view -----------------------------------------------------------------------
 
-    def _max_turns(self, chat_type: str) -> int:
-        if chat_type == "direct":
-            return self.config.dm_history_turns
-        return self.config.group_history_turns
-
     def max_messages(self, chat_type: str, window: int) -> int:
-        """The view's message limit (0 = none): ``history_messages`` when set, else
-        derived from the window unless a turn limit already bounds the chat type."""
-        configured = self.config.history_messages
-        if configured > 0:
-            return configured
-        if configured < 0 or self._max_turns(chat_type) > 0:
-            return 0
-        return derived_history_messages(window)
+        """The view's message limit (0 = none): see ``core.context.view.max_messages``."""
+        return max_messages(self.config, chat_type, window)
 
     def view(
         self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
     ) -> tuple[list[Message], str]:
         """The model's view of ``entries`` with recorded prunes applied, and its key.
         ``window`` sizes the derived message limit (default: ``default_window``)."""
-        messages, key, _ = self._view(entries, chat_type, window)
+        messages, key, _ = build_view(self.config, entries, chat_type, window)
         return messages, key
 
     def inspect_view(
         self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
     ) -> ContextView:
         """``view`` plus the counts of what pruning and the history limits left out."""
-        messages, _, decisions = self._view(entries, chat_type, window)
-        dropped = 0
-        limit = self.max_messages(chat_type, window or self.config.default_window)
-        if self._max_turns(chat_type) > 0 or limit > 0:
-            full = build_history(entries, max_turns=0)
-            dropped = max(
-                0,
-                sum(map(is_turn_start, full)) - sum(map(is_turn_start, messages)),
-            )
-        trimmed = {i for d in decisions for i in d.soft}
-        cleared = {i for d in decisions for i in d.hard}
-        return ContextView(messages, len(trimmed - cleared), len(cleared), dropped)
-
-    def _view(
-        self, entries: Sequence[Entry], chat_type: str, window: int | None = None
-    ) -> tuple[list[Message], str, list[PruneDecision]]:
-        max_messages = self.max_messages(chat_type, window or self.config.default_window)
-        messages = build_history(
-            entries, max_turns=self._max_turns(chat_type), max_messages=max_messages
-        )
-        decisions = recorded_decisions(entries)
-        if decisions:
-            messages = apply_decisions(messages, decisions, self.config.pruning)
-        # The key names what makes this view differ from a plain continuation of the
-        # previous one: a compaction, a prune, or (with a turn limit) a new first message.
-        key = (
-            f"{_latest_id(entries, ENTRY_COMPACTION)}|"
-            f"{_latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE)}"
-        )
-        if (self._max_turns(chat_type) > 0 or max_messages > 0) and messages:
-            # In-process only (str hashes are salted per process), like the accountant.
-            key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"
-        return messages, key, decisions
+        return inspect_view(self.config, entries, chat_type, window)
 
     async def _prune(
         self,
@@ -413,7 +302,9 @@ class ContextEngine:
         state, window, threshold = self._limits(request)
         limit = window - self.max_output
 
-        messages, key, decisions = self._view(transcript.live_entries(), request.chat_type, window)
+        messages, key, decisions = build_view(
+            self.config, transcript.live_entries(), request.chat_type, window
+        )
         if await self._prune(transcript, messages, decisions, window, events):
             messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
         size = self._measure(state, request, messages, key)
@@ -472,13 +363,13 @@ class ContextEngine:
         return PreparedView(tuple(messages), size, key, window, threshold)
 
     def _measure(
-        self, state: _SessionState, request: ViewRequest, messages: Sequence[Message], key: str
+        self, state: SessionState, request: ViewRequest, messages: Sequence[Message], key: str
     ) -> ContextSize:
         return state.accountant.measure(
             system=request.system, messages=messages, tools=request.tools, view_key=key
         )
 
-    def _may_compact(self, state: _SessionState, transcript: SessionTranscript) -> bool:
+    def _may_compact(self, state: SessionState, transcript: SessionTranscript) -> bool:
         if not self.config.compaction.enabled:
             return False
         return state.compaction_blocked_at is None or state.compaction_blocked_at != _last_entry_id(
@@ -680,130 +571,21 @@ class ContextEngine:
 
     def _fit(
         self,
-        state: _SessionState,
+        state: SessionState,
         request: ViewRequest,
         messages: Sequence[Message],
         budget: int,
     ) -> tuple[list[Message], int]:
-        """Make the view fit ``budget`` tokens without a model: oldest tool results
-        emptied first, then oldest turns dropped; the newest turn always stays."""
-        fitted = list(messages)
-        trimmed = 0
+        """Make the view fit ``budget`` tokens without a model (``core.context.trim``)."""
 
         def total(ms: Sequence[Message]) -> int:
             return state.accountant.estimate(
                 system=request.system, messages=ms, tools=request.tools
             )
 
-        if total(fitted) <= budget:
-            return fitted, 0
-        # 1. Empty tool results, oldest first, sparing the newest user turn's own.
-        protect = _last_turn_start(fitted)
-        for index, message in enumerate(fitted):
-            if index >= protect or message.role != "tool_result":
-                continue
-            emptied = _emptied(message)
-            if emptied is not message:
-                fitted[index] = emptied
-                trimmed += 1
-                if total(fitted) <= budget:
-                    return fitted, trimmed
-        # 2. Drop whole turns from the front (after a leading summary), oldest first.
-        head = 1 if fitted and _is_summary(fitted[0]) else 0
-        while total(fitted) > budget:
-            start = _next_turn_start(fitted, head + 1)
-            if start is None or start >= _last_turn_start(fitted):
-                break
-            trimmed += start - head
-            fitted = fitted[:head] + fitted[start:]
-        fitted = repair_history(fitted)
-        # 3. Inside the newest turn: empty its older tool results too.
-        for index, message in enumerate(fitted):
-            if total(fitted) <= budget:
-                break
-            if message.role == "tool_result" and (emptied := _emptied(message)) is not message:
-                fitted[index] = emptied
-                trimmed += 1
-        # 4. An earlier message that never fit (it failed, and the next one merged into
-        # the same user turn) is left out of the request; the newest words never are.
-        if total(fitted) > budget:
-            fitted, dropped = self._drop_merged_text(fitted, budget, total)
-            trimmed += dropped
-        needed = total(fitted)
-        if needed > budget:
-            raise ContextBudgetError(
-                f"the request needs about {needed:,} tokens but only {budget:,} fit the "
-                f"model's window even after trimming the history",
-                used=needed,
-                limit=budget,
-            )
-        return fitted, trimmed
-
-    def _drop_merged_text(
-        self, messages: list[Message], budget: int, total: Callable[[Sequence[Message]], int]
-    ) -> tuple[list[Message], int]:
-        index = _last_turn_start(messages)
-        if not messages or messages[index].role != "user":
-            return messages, 0
-        blocks = list(messages[index].content)
-        # Protect the newest message: its text and the turn context riding after it.
-        protect = 2 if blocks and is_turn_context(blocks[-1]) else 1
-        dropped = 0
-        for position in range(max(0, len(blocks) - protect)):
-            block = blocks[position]
-            if not isinstance(block, TextBlock) or is_turn_context(block):
-                continue
-            tokens = self.counter.text(block.text)
-            if is_recall_block(block):
-                # Recalled memory rides first in the message, so it goes first.
-                note = f"[~{tokens:,} tokens of recalled memory left out to fit the window]"
-            else:
-                note = (
-                    f"[an earlier message of ~{tokens:,} tokens did not fit the context window "
-                    "and is left out of this request]"
-                )
-            blocks[position] = TextBlock(note)
-            dropped += 1
-            candidate = [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]]
-            if total(candidate) <= budget:
-                return candidate, dropped
-        if not dropped:
-            return messages, 0
-        return [*messages[:index], Message("user", tuple(blocks)), *messages[index + 1 :]], dropped
-
-
-def _emptied(message: Message) -> Message:
-    """The tool-result message with every result's text replaced by ``TRIMMED_RESULT``
-    (the same object when there was nothing left to empty)."""
-    blocks = tuple(
-        ToolResultBlock(b.tool_use_id, TRIMMED_RESULT, b.is_error)
-        if isinstance(b, ToolResultBlock) and b.content != TRIMMED_RESULT
-        else b
-        for b in message.content
-    )
-    return message if blocks == message.content else Message("tool_result", blocks)
+        return fit_view(messages, budget, total, self.counter.text)
 
 
 def _last_entry_id(transcript: SessionTranscript) -> str | None:
     last = transcript.last_entry
     return last.id if last is not None else None
-
-
-def _is_summary(message: Message) -> bool:
-    return message.role == "user" and bool(message.content) and is_summary_block(message.content[0])
-
-
-def _turn_starts(messages: Sequence[Message]) -> list[int]:
-    return [i for i, m in enumerate(messages) if is_turn_start(m)]
-
-
-def _last_turn_start(messages: Sequence[Message]) -> int:
-    starts = _turn_starts(messages)
-    return starts[-1] if starts else 0
-
-
-def _next_turn_start(messages: Sequence[Message], after: int) -> int | None:
-    for index in _turn_starts(messages):
-        if index >= after:
-            return index
-    return None

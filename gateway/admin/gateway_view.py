@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from channels.base import Channel
 from core.context.compaction.compactor import CompactionOutcome
-from core.context.engine import ContextView
 from core.context.report import ContextReport
+from core.context.view import ContextView
 from core.memory.index import MemoryIndex
 from core.providers.base import Provider
 from core.transcript_store import SessionTranscript

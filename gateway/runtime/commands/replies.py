@@ -10,8 +10,8 @@ import contextlib
 from typing import Any
 
 from channels.base import InboundMessage
-from core.context.engine import ContextView
 from core.context.report import ContextReport, build_context_report, render_context
+from core.context.view import ContextView
 from core.errors import CoreError, TranscriptError
 from core.memory.notes import NoteError
 from core.memory.recall import last_recall
