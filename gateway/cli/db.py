@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gateway.cli.common import EXIT_OK
 from gateway.config import LoadedConfig
-
-EXIT_OK = 0
 
 
 def add_db_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

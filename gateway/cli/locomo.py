@@ -23,6 +23,10 @@ temporary directory (``pgserver``, the ``dev`` extra), whose pgvector cannot com
 distances on these machines: vectors are then ranked exactly by the client.
 
 Writes RESULTS.jsonl (one line per question, all categories) and prints one JSON object.
+
+A bench, not the running gateway: it lives with its command (gateway/cli/bench.py, which
+imports it only when ``parley bench locomo`` runs), and it imports nothing from the dev
+extra until it starts the embedded server.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ _DATE_FORMAT = "%I:%M %p on %d %B, %Y"
 
 
 class LocomoError(ValueError):
-    """The data file is not in LoCoMo's format."""
+    """The bench cannot run: the data file is not in LoCoMo's format, or the embedded
+    PostgreSQL it would start is not installed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +282,16 @@ def _start_pgserver(data_dir: Path) -> Any:
     """An embedded PostgreSQL (blocking: call in a thread)."""
     # platformdirs warns when XDG_RUNTIME_DIR is unset; pgserver does not use it.
     os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent))
+    # pgserver comes with the dev extra only: imported here, never with this module.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
+        try:
+            import pgserver
+        except ImportError as exc:
+            raise LocomoError(
+                "--backend postgres without PARLEY_DATABASE_URL needs an embedded PostgreSQL: "
+                "install the dev extra (pip install -e '.[dev]'), or set PARLEY_DATABASE_URL"
+            ) from exc
 
     return pgserver.get_server(str(data_dir), cleanup_mode="stop")
 

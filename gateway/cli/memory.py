@@ -1,4 +1,4 @@
-"""``parley memory status|index|search|prune|pruned|stats`` and ``parley bench locomo``."""
+"""``parley memory status|index|search|prune|pruned|stats``: the long-term memory index."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TextIO
 
 from core.memory.audience import AGENT, Audience, AudienceError, Viewer, parse_scope
@@ -14,12 +13,11 @@ from core.memory.forgetting import format_forgetting_report, format_tombstones
 from core.memory.index import MemoryIndex
 from core.memory.tasks import format_task_stats
 from gateway.audiences import PersonLinks, scope_for_key, viewer_for
+from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
 from gateway.config import LoadedConfig
 from gateway.memory import build_memory_index
 from gateway.runtime.commands.texts import format_memory_status, format_search
 
-EXIT_OK = 0
-EXIT_PROBLEM = 1
 BAR_WIDTH = 30
 
 
@@ -53,23 +51,6 @@ def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.Argume
     pruned.add_argument("--json", action="store_true", help="print one JSON array")
     stats = actions.add_parser("stats", parents=[common], help="task records: outcomes, errors")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
-
-    bench = sub.add_parser("bench", parents=[common], help="benchmarks")
-    benches = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    locomo = benches.add_parser(
-        "locomo", parents=[common], help="memory retrieval under a context budget (LoCoMo)"
-    )
-    locomo.add_argument("--data", type=Path, required=True, help="a file in LoCoMo's format")
-    locomo.add_argument("--out", type=Path, required=True, help="RESULTS.jsonl to write")
-    locomo.add_argument(
-        "--embedder", choices=["auto", "e5", "local", "openai", "none"], default=None,
-        help="override [memory.embedder] provider",
-    )  # fmt: skip
-    locomo.add_argument("--conversations", type=int, default=None, help="only the first N")
-    locomo.add_argument(
-        "--backend", choices=["sqlite", "postgres"], default="sqlite",
-        help="memory store: memory.db, or PostgreSQL (PARLEY_DATABASE_URL, else embedded)",
-    )  # fmt: skip
 
 
 class ProgressBar:
@@ -224,27 +205,4 @@ async def _lifecycle_command(index: MemoryIndex, args: argparse.Namespace) -> in
         print(json.dumps(stats.to_dict(), ensure_ascii=False, indent=1))
     else:
         print(format_task_stats(stats))
-    return EXIT_OK
-
-
-async def bench_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.cli.locomo import LocomoError, embedder_settings, run_locomo
-
-    memory = loaded.config.memory
-    if args.embedder is not None:
-        memory = memory.model_copy(
-            update={"embedder": embedder_settings(args.embedder, memory.embedder)}
-        )
-    try:
-        summary = await run_locomo(
-            args.data,
-            args.out,
-            settings=memory,
-            limit_conversations=args.conversations,
-            backend=args.backend,
-        )
-    except LocomoError as exc:
-        print(f"parley: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
-    print(json.dumps(summary))
     return EXIT_OK

@@ -15,14 +15,12 @@ import sys
 from typing import TextIO
 
 from core.errors import CoreError
+from gateway.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from gateway.config import LoadedConfig
 from gateway.errors import StateError
 from gateway.memory import memory_db_path
 from gateway.storage.copy_to_postgres import Migration, Report
 
-EXIT_OK = 0
-EXIT_PROBLEM = 1
-EXIT_USAGE = 2
 BACKENDS = ("sqlite", "postgres")
 
 

@@ -6,11 +6,9 @@ import argparse
 import json
 import sys
 
+from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
 from gateway.config import LoadedConfig
 from gateway.people import PersonError, erase_person, format_people, list_people
-
-EXIT_OK = 0
-EXIT_PROBLEM = 1
 
 
 def add_people_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -17,7 +17,8 @@ import pytest
 from core import transcript as transcript_module
 from core.messages import Message, TextBlock, ToolUseBlock, Usage
 from core.transcript_store import FileTranscriptStore, SessionTranscript, TranscriptStore
-from gateway.cli.main import EXIT_OK, EXIT_PROBLEM, main
+from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
+from gateway.cli.main import main
 from gateway.config import LoadedConfig, load_config
 from gateway.storage.sessions import SessionOrigin
 from gateway.storage.stores import StateStores
