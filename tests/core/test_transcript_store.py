@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from core import transcript as transcript_module
 from core.errors import TranscriptError
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.transcript import Entry
+from core.transcript import base as transcript_module
 from core.transcript_store import (
     FileTranscriptStore,
     SessionTranscript,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from core import transcript as transcript_module
 from core.messages import Message, TextBlock, ToolUseBlock, Usage
+from core.transcript import base as transcript_module
 from core.transcript_store import FileTranscriptStore, SessionTranscript, TranscriptStore
 from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
 from gateway.cli.main import main

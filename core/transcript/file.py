@@ -1,10 +1,7 @@
-"""Append-only JSONL transcripts: the source of truth for a session.
+"""The transcript file: ``sessions/<session-id>.jsonl``, appended to and read back.
 
-Layout of ``sessions/<session-id>.jsonl``: a header line
-``{"type":"session","version":1,"id","key","created","meta"}``, then one entry per line
-``{"id","parent_id","ts","type", ...payload}`` where ``type`` is ``message``,
-``compaction`` or ``custom`` (see ``Transcript.append_*`` for the payloads). An unknown
-type is kept (written by a newer version) and ignored by the model's view.
+The header line, then one entry line per append, in the format of
+``core.transcript.entries`` (see ``Transcript.append_*`` for the payloads).
 
 Durability: every append is one ``os.write`` of the whole line, newline included, on an
 ``O_APPEND`` descriptor. Once ``write`` has returned, the line belongs to the kernel: a
@@ -20,216 +17,39 @@ Opening reads the file backwards in blocks only until it has found the latest
 compaction and its first kept entry; the lines before are never parsed.
 
 What is not about files (building and checking entries, the live window, the entry
-payloads) sits in ``LiveWindow`` and ``TranscriptBase``, which the PostgreSQL backend
-(``gateway/pg/transcripts.py``) shares, so both store byte-identical lines.
+payloads) sits in ``core.transcript.base``, which the PostgreSQL backend shares, so
+both store byte-identical lines.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any
 
 from core.errors import TranscriptError
-from core.fences import read_user_message
-from core.messages import Message, Usage
+from core.transcript.base import LiveWindow, LoadReport, TailAction, TranscriptBase, new_header
+from core.transcript.entries import (
+    ENTRY_COMPACTION,
+    Entry,
+    TranscriptHeader,
+    encode_header,
+    parse_entry_or_none,
+)
 
 log = logging.getLogger("parley.core.transcript")
 
-TRANSCRIPT_VERSION = 1
-ENTRY_MESSAGE = "message"
-ENTRY_COMPACTION = "compaction"
-ENTRY_CUSTOM = "custom"
 DEFAULT_READ_BLOCK = 64 * 1024  # backward reads at open
 DEFAULT_SCAN_BLOCK = 1024 * 1024  # forward reads (entries(), newline counting)
 FILE_MODE = 0o600
 
-_ENVELOPE = ("id", "parent_id", "ts", "type")
 # Pre-filters: only lines that match are parsed while looking for the live window.
 _COMPACTION_RE = re.compile(rb'"type"\s*:\s*"compaction"')
-
-TailAction = Literal["none", "truncated", "completed", "ignored"]
-
-
-def _iso(moment: datetime) -> str:
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _now_iso() -> str:
-    return _iso(datetime.now(UTC))
-
-
-def new_entry_id() -> str:
-    """A fresh entry id (16 hex digits); a module function so tests can make ids fixed."""
-    return secrets.token_hex(8)
-
-
-def new_header(session_id: str, key: str, meta: Mapping[str, Any] | None) -> TranscriptHeader:
-    """The header of a transcript created now."""
-    return TranscriptHeader(session_id, key, _now_iso(), meta=dict(meta or {}))
-
-
-def encode_header(header: TranscriptHeader) -> bytes:
-    """The header's line as it is stored (no newline)."""
-    return _encode(header.to_dict())
-
-
-def _encode(record: Mapping[str, Any]) -> bytes:
-    """One JSON line (no newline); raises TranscriptError for anything JSON cannot hold."""
-    try:
-        text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError:
-            # A lone surrogate (seen in platform text) is not UTF-8; \u escapes keep it.
-            return json.dumps(record, separators=(",", ":"), allow_nan=False).encode("ascii")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise TranscriptError(f"transcript entry cannot be serialised: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One transcript line. ``payload`` holds every field but the envelope; treat it as
-    read-only. A message entry's ``Message`` is parsed once, at construction, and read
-    through ``core.fences.read_user_message``: a user's words neutralised, the gateway's
-    blocks known by their fence (a legacy line's by the legacy rule)."""
-
-    id: str
-    parent_id: str | None
-    ts: str
-    type: str
-    payload: dict[str, Any] = field(hash=False)
-    _message: Message | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.type == ENTRY_MESSAGE:
-            raw = self.payload.get("message")
-            if not isinstance(raw, dict):
-                raise TranscriptError("message entry without a message object")
-            try:
-                message = read_user_message(Message.from_dict(raw))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise TranscriptError(f"unreadable message in entry {self.id}: {exc}") from exc
-            object.__setattr__(self, "_message", message)
-        elif self.type == ENTRY_COMPACTION:
-            if not isinstance(self.payload.get("summary"), str):
-                raise TranscriptError("compaction entry without a summary")
-            kept = self.payload.get("first_kept_entry_id")
-            if kept is not None and not isinstance(kept, str):
-                raise TranscriptError("compaction entry with a bad first_kept_entry_id")
-
-    @property
-    def message(self) -> Message:
-        if self._message is None:
-            raise TranscriptError(f"entry {self.id} is a {self.type} entry, not a message")
-        return self._message
-
-    @property
-    def usage(self) -> Usage | None:
-        raw = self.payload.get("usage")
-        return Usage.from_dict(raw) if isinstance(raw, dict) else None
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        raw = self.payload.get("meta")
-        return raw if isinstance(raw, dict) else {}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "parent_id": self.parent_id,
-            "ts": self.ts,
-            "type": self.type,
-            **self.payload,
-        }
-
-    def to_json(self) -> str:
-        return _encode(self.to_dict()).decode("utf-8")
-
-    @classmethod
-    def from_json(cls, line: bytes | str) -> Entry:
-        """Parse one line; raises TranscriptError when it is not a well-formed entry."""
-        try:
-            raw = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            raise TranscriptError(f"not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise TranscriptError("entry is not a JSON object")
-        entry_id, parent, ts, kind = (raw.pop(k, None) for k in _ENVELOPE)
-        if not isinstance(entry_id, str) or not entry_id:
-            raise TranscriptError("entry without an id")
-        if parent is not None and not isinstance(parent, str):
-            raise TranscriptError("entry with a bad parent_id")
-        if not isinstance(ts, str) or not isinstance(kind, str) or kind == "session":
-            raise TranscriptError("entry without a timestamp or type")
-        return cls(entry_id, parent, ts, kind, raw)
-
-
-@dataclass(frozen=True, slots=True)
-class TranscriptHeader:
-    id: str
-    key: str
-    created: str
-    version: int = TRANSCRIPT_VERSION
-    meta: dict[str, Any] = field(default_factory=dict, hash=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": "session",
-            "version": self.version,
-            "id": self.id,
-            "key": self.key,
-            "created": self.created,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_json(cls, line: bytes) -> TranscriptHeader:
-        try:
-            raw = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise TranscriptError(f"transcript header is not JSON: {exc}") from exc
-        if not isinstance(raw, dict) or raw.get("type") != "session":
-            raise TranscriptError("first line is not a transcript header")
-        version = raw.get("version")
-        if version != TRANSCRIPT_VERSION:
-            raise TranscriptError(f"unsupported transcript version: {version!r}")
-        sid, key, created = raw.get("id"), raw.get("key"), raw.get("created")
-        if not (isinstance(sid, str) and isinstance(key, str) and isinstance(created, str)):
-            raise TranscriptError("transcript header lacks id, key or created")
-        meta = raw.get("meta")
-        return cls(sid, key, created, version, meta if isinstance(meta, dict) else {})
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """What ``Transcript.open`` found and repaired. Corrupt lines are only detected in
-    the region it parsed (the live window); ``entries()`` skips any others silently."""
-
-    torn_tail_bytes: int = 0  # bytes after the last newline
-    torn_tail_action: TailAction = "none"  # "ignored": opened read-only, file untouched
-    corrupt_lines: tuple[int, ...] = ()  # 1-based line numbers; the header is line 1
-    missing_first_kept_id: str | None = None  # live window then starts at the compaction
-    lines_parsed: int = 0
-    bytes_read: int = 0
-
-    @property
-    def clean(self) -> bool:
-        return (
-            self.torn_tail_action == "none"
-            and not self.corrupt_lines
-            and self.missing_first_kept_id is None
-        )
 
 
 Reader = Callable[[int, int], bytes]  # (offset, size) -> exactly that many bytes
@@ -307,191 +127,6 @@ def _last_newline(read: Reader, size: int, block: int) -> int:
             return lo + nl
         pos = lo
     return -1
-
-
-def parse_entry_or_none(line: bytes | str) -> Entry | None:
-    """The entry on ``line``, or None for a corrupt line (which still takes its slot)."""
-    try:
-        return Entry.from_json(line)
-    except TranscriptError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class PendingAppend:
-    """An entry built and checked but not yet stored: ``line`` is what gets written
-    (without the newline), ``entry`` what a reopen would parse from it."""
-
-    line: bytes
-    entry: Entry
-    keep_from: int | None  # a compaction's first kept live entry (index), if any
-
-
-class LiveWindow:
-    """The live window (from the latest compaction's first kept entry to the end) kept
-    in memory, and the bookkeeping every append does to it, whatever stores the lines.
-    Not locked: its owner holds its own lock around every call."""
-
-    def __init__(self, entries: list[Entry], cycle_bytes: int = 0) -> None:
-        self._entries = entries
-        self._view: tuple[Entry, ...] | None = None
-        self.last: Entry | None = entries[-1] if entries else None
-        self.cycle_bytes = cycle_bytes  # bytes written after the latest compaction entry
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def view(self) -> tuple[Entry, ...]:
-        if self._view is None:
-            self._view = tuple(self._entries)
-        return self._view
-
-    def prepare(
-        self, kind: str, payload: dict[str, Any], *, ts: datetime | None = None
-    ) -> PendingAppend:
-        """Build the next entry; raises TranscriptError (nothing changed) when it cannot
-        be stored."""
-        keep_from: int | None = None
-        if kind == ENTRY_COMPACTION:
-            keep_from = self._kept_index(payload["first_kept_entry_id"])
-        record = {
-            "id": new_entry_id(),
-            "parent_id": self.last.id if self.last else None,
-            "ts": _now_iso() if ts is None else _iso(ts),
-            "type": kind,
-            **payload,
-        }
-        line = _encode(record)
-        # Parse what will be stored, so memory holds exactly what a reopen would.
-        return PendingAppend(line, Entry.from_json(line), keep_from)
-
-    def commit(self, pending: PendingAppend) -> None:
-        """Take in an entry once it is stored."""
-        entry = pending.entry
-        if pending.keep_from is not None:
-            self._entries = self._entries[pending.keep_from :]
-        elif entry.type == ENTRY_COMPACTION:
-            self._entries = []
-        self._entries.append(entry)
-        self._view = None
-        self.last = entry
-        if entry.type == ENTRY_COMPACTION:
-            self.cycle_bytes = 0
-        else:
-            self.cycle_bytes += len(pending.line) + 1
-
-    def _kept_index(self, first_kept: str | None) -> int | None:
-        if first_kept is None:
-            return None
-        for index in range(len(self._entries) - 1, -1, -1):
-            if self._entries[index].id == first_kept:
-                return index
-        raise TranscriptError(f"first_kept_entry_id {first_kept!r} is not a live entry")
-
-
-class TranscriptBase:
-    """What every transcript backend shares: the entry payloads and the reading helpers
-    built on ``numbered_entries``, and what answers from the live window in memory.
-    Subclasses set ``_header``, ``_report``, ``_window`` and ``_lock`` and store lines
-    in ``_append``."""
-
-    _header: TranscriptHeader
-    _report: LoadReport
-    _window: LiveWindow
-    _lock: threading.RLock
-
-    @property
-    def header(self) -> TranscriptHeader:
-        return self._header
-
-    @property
-    def load_report(self) -> LoadReport:
-        return self._report
-
-    @property
-    def last_entry(self) -> Entry | None:
-        with self._lock:
-            return self._window.last
-
-    @property
-    def cycle_bytes(self) -> int:
-        """Bytes of the entries after the latest compaction (the whole transcript
-        without one): what the memory flush's size trigger measures."""
-        with self._lock:
-            return self._window.cycle_bytes
-
-    def live_entries(self) -> Sequence[Entry]:
-        """The entries the model's view is built from; never re-reads storage."""
-        with self._lock:
-            return self._window.view()
-
-    def entries(self, offset: int = 0, limit: int | None = None) -> Iterator[Entry]:
-        """Every entry in file order, read from storage (for inspection and export).
-
-        ``offset`` and ``limit`` count entry lines, like ``entry_count``, so pages line
-        up with it; a corrupt line takes its slot but is not yielded.
-        """
-        for _, entry in self.numbered_entries(offset, limit):
-            yield entry
-
-    def numbered_entries(
-        self, offset: int = 0, limit: int | None = None
-    ) -> Iterator[tuple[int, Entry]]:
-        raise NotImplementedError
-
-    def append_message(
-        self,
-        message: Message,
-        *,
-        usage: Usage | None = None,
-        meta: Mapping[str, Any] | None = None,
-        ts: datetime | None = None,
-    ) -> Entry:
-        """Append a message; ``ts`` (default: now) is for imports that keep their own times."""
-        payload: dict[str, Any] = {"message": message.to_dict()}
-        if usage is not None:
-            payload["usage"] = usage.to_dict()
-        if meta:
-            payload["meta"] = dict(meta)
-        return self._append(ENTRY_MESSAGE, payload, ts=ts)
-
-    def append_compaction(
-        self,
-        summary: str,
-        *,
-        first_kept_entry_id: str | None,
-        tokens_before: int,
-        tokens_after: int,
-        trigger: str,
-        details: Mapping[str, Any] | None = None,
-    ) -> Entry:
-        """Record a compaction. ``first_kept_entry_id`` must name a live entry (the
-        window then runs from it), or be None (the window starts at this entry)."""
-        payload = {
-            "summary": summary,
-            "first_kept_entry_id": first_kept_entry_id,
-            "tokens_before": int(tokens_before),
-            "tokens_after": int(tokens_after),
-            "trigger": trigger,
-            "details": dict(details or {}),
-        }
-        return self._append(ENTRY_COMPACTION, payload)
-
-    def append_custom(self, custom_type: str, data: Mapping[str, Any]) -> Entry:
-        """Record something for the runtime or inspectors; never sent to the model."""
-        return self._append(ENTRY_CUSTOM, {"custom_type": custom_type, "data": dict(data)})
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _append(self, kind: str, payload: dict[str, Any], *, ts: datetime | None = None) -> Entry:
-        raise NotImplementedError
 
 
 class Transcript(TranscriptBase):
