@@ -53,7 +53,7 @@ from core.messages import ToolUseBlock
 from core.prompt import SystemPromptBuilder, render_turn_context
 from core.providers.anthropic import AnthropicProvider
 from core.runner import Runner, TurnRequest
-from core.tools.registry import Tool, ToolContext, ToolRegistry
+from core.tools.tool_registry import Tool, ToolContext, ToolRegistry
 from core.transcript import ENTRY_COMPACTION, Transcript
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.llm_common import Reply, ToolCall

@@ -40,10 +40,10 @@ from core.messages import Message, TextBlock, ToolResultBlock, Usage
 from core.prompt import SystemPromptBuilder, turn_context_block
 from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
 from core.providers.retry import call_with_retry
-from core.tools.registry import ToolContext, ToolRegistry
+from core.tools.tool_registry import ToolContext, ToolRegistry
+from core.tools.truncation import tool_result_cap
 from core.transcript import Entry
 from core.transcript_store import SessionTranscript
-from core.truncation import tool_result_cap
 
 log = logging.getLogger("parley.core.runner")
 

@@ -45,8 +45,8 @@ from typing import Any
 
 from core.context.config import PruningConfig
 from core.messages import Block, ImageBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
+from core.tools.truncation import CHARS_PER_TOKEN
 from core.transcript import ENTRY_CUSTOM, Entry
-from core.truncation import CHARS_PER_TOKEN
 
 log = logging.getLogger("parley.core.pruning")
 

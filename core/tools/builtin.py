@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
-from core.tools.registry import Tool, ToolContext, ToolRegistry
+from core.tools.tool_registry import Tool, ToolContext, ToolRegistry
 
 DEFAULT_READ_MAX_LINES = 2000
 DEFAULT_READ_MAX_BYTES = 256 * 1024

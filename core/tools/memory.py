@@ -20,7 +20,7 @@ from core.memory.audience import AudienceError, Viewer, writable
 from core.memory.index import MemoryIndex
 from core.memory.notes import NoteError
 from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
-from core.tools.registry import Tool, ToolContext
+from core.tools.tool_registry import Tool, ToolContext
 
 SCOPES_KEY = "memory_scopes"
 VIEWER_KEY = "memory_viewer"

@@ -11,7 +11,7 @@ import pytest
 
 from core.messages import ToolResultBlock, ToolUseBlock
 from core.tools.builtin import DEFAULT_READ_MAX_LINES, default_registry
-from core.tools.registry import ToolContext, ToolRegistry
+from core.tools.tool_registry import ToolContext, ToolRegistry
 
 NOW = datetime(2026, 3, 2, 5, 30, 15, tzinfo=UTC)  # a Monday
 

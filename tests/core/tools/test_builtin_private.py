@@ -9,7 +9,7 @@ import pytest
 
 from core.messages import ToolResultBlock, ToolUseBlock
 from core.tools.builtin import default_registry
-from core.tools.registry import ToolContext, ToolRegistry
+from core.tools.tool_registry import ToolContext, ToolRegistry
 
 CANARY = "CANARY-alice-locker-7491"
 

@@ -19,7 +19,7 @@ from core.memory.sources import AGENT_SCOPE
 from core.messages import ToolResultBlock, ToolUseBlock
 from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
 from core.tools.memory import REMEMBER_TOOL, SCOPES_KEY, VIEWER_KEY, memory_tools
-from core.tools.registry import ToolContext, ToolRegistry
+from core.tools.tool_registry import ToolContext, ToolRegistry
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
 from core.messages import ToolResultBlock, ToolUseBlock
-from core.tools.registry import (
+from core.tools.tool_registry import (
     DEFAULT_ERROR_MESSAGE_MAX_CHARS,
     DEFAULT_TOOL_TIMEOUT_SECONDS,
     Tool,
@@ -24,7 +24,7 @@ from core.tools.registry import (
     schema_problem,
     truncate_result,
 )
-from core.truncation import truncate_tool_result
+from core.tools.truncation import truncate_tool_result
 
 SHORT_TIMEOUT = 0.05
 NOTICE = re.compile(r"\[\.\.\. ([\d,]+) characters? \([\d,]+ lines?\) omitted \.\.\.\]$")
@@ -344,7 +344,7 @@ async def test_cancelling_the_turn_is_not_swallowed(context: ToolContext) -> Non
         await task
 
 
-# -- the size cap (policy: core.truncation; tested in depth in tests/core/test_truncation.py)
+# -- the size cap (policy: core.tools.truncation; tested in depth in test_truncation.py)
 
 
 def _flood(text: str) -> Any:

@@ -5,8 +5,9 @@ unknown tool, arguments that do not fit the schema, a handler that raises or han
 all come back as an error ``ToolResultBlock`` with a short message the model can act
 on (never a traceback; that goes to the log). Only cancellation of the turn itself
 propagates. Every result is capped at ingest (``max_result_chars``, or a per-call
-``max_chars``) by ``core.truncation.truncate_tool_result``, which keeps the head and,
-when it looks like the outcome, the tail; so one huge tool output cannot flood the window.
+``max_chars``) by ``core.tools.truncation.truncate_tool_result``, which keeps the head
+and, when it looks like the outcome, the tail; so one huge tool output cannot flood the
+window.
 
 Handlers report a refusal they mean the model to read by raising
 ``core.errors.ToolError``; its message is passed on as is.
@@ -34,7 +35,7 @@ from typing import Any
 from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
 from core.messages import ToolResultBlock, ToolSpec, ToolUseBlock
-from core.truncation import truncate_tool_result
+from core.tools.truncation import truncate_tool_result
 
 log = logging.getLogger("parley.core.tools")
 
@@ -77,7 +78,7 @@ class Tool:
         return ToolSpec(self.name, self.description, self.input_schema)
 
 
-# The name the registry's tests and callers have used; the policy lives in core.truncation.
+# The name the registry's tests and callers have used; the policy lives in core.tools.truncation.
 truncate_result = truncate_tool_result
 
 
@@ -218,7 +219,7 @@ class ToolRegistry:
         """Run one call; the result is capped at ``max_chars`` (None: ``max_result_chars``).
 
         The per-call cap lets the caller size results to the session's model window
-        (``core.truncation.tool_result_cap``) while the registry itself stays shared.
+        (``core.tools.truncation.tool_result_cap``) while the registry itself stays shared.
         """
         cap = self.max_result_chars if max_chars is None else max_chars
         if cap < 1:
