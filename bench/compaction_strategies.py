@@ -74,7 +74,6 @@ from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.config import RetryConfig
 from core.context.compaction.compactor import TRIGGER_THRESHOLD, CompactionOutcome, Compactor
 from core.context.compaction.strategies import (
     STRATEGY_HIERARCHICAL,
@@ -97,11 +96,12 @@ from core.importance import (
 )
 from core.memory.embedders import EmbedderSettings, build_embedder
 from core.memory.index import MemoryIndex
+from core.memory.memory_config import MemorySettings
 from core.memory.recall import Recaller, RecallSearch, index_search
 from core.memory.rows import SearchHit
-from core.memory.settings import MemorySettings
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
+from core.providers.provider_config import RetryConfig
 from core.tokens import TokenCounter, default_counter
 from core.transcript_store import FileTranscriptStore
 from gateway.cli.locomo import (

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anthropic
 
-from core.config import AgentConfig, RetryConfig
+from core.agent_config import AgentConfig
 from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.context.config import ContextConfig
 from core.context.engine import ContextEngine
@@ -52,6 +52,7 @@ from core.memory.notes import NoteStore
 from core.messages import ToolUseBlock
 from core.prompt import SystemPromptBuilder, render_turn_context
 from core.providers.anthropic import AnthropicProvider
+from core.providers.provider_config import RetryConfig
 from core.runner import Runner, TurnRequest
 from core.tools.tool_registry import Tool, ToolContext, ToolRegistry
 from core.transcript import ENTRY_COMPACTION, Transcript

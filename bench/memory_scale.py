@@ -79,9 +79,9 @@ import core.memory.index.search as index_search
 from core.memory.driver import open_connection
 from core.memory.embedders import ResilientEmbedder
 from core.memory.index import MemoryIndex
+from core.memory.memory_config import ChunkingSettings, MemorySettings, SearchSettings, SyncSettings
 from core.memory.query import extract_keywords
 from core.memory.rows import vector_blob
-from core.memory.settings import ChunkingSettings, MemorySettings, SearchSettings, SyncSettings
 from core.memory.sources import AGENT_SCOPE
 from core.memory.stopwords import STOP_WORDS_EN, WORD_STOP_WORDS
 from core.memory.store import MemoryStore

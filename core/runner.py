@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.config import AgentConfig, RetryConfig
+from core.agent_config import AgentConfig
 from core.context.config import ContextConfig
 from core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
 from core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
@@ -39,6 +39,7 @@ from core.memory.recall import RECALL_META_KEY, LiveContext, Recall, Recaller, p
 from core.messages import Message, TextBlock, ToolResultBlock, Usage
 from core.prompt import SystemPromptBuilder, turn_context_block
 from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
+from core.providers.provider_config import RetryConfig
 from core.providers.retry import call_with_retry
 from core.tools.tool_registry import ToolContext, ToolRegistry
 from core.tools.truncation import tool_result_cap

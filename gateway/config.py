@@ -30,9 +30,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from channels.config import ChannelsConfig
-from core.config import AgentConfig, ProvidersConfig
+from core.agent_config import AgentConfig
 from core.context.config import ContextConfig
-from core.memory.settings import MemorySettings
+from core.memory.memory_config import MemorySettings
+from core.providers.provider_config import ProvidersConfig
 from gateway.errors import ConfigFileError
 from gateway.lanes import LanesConfig
 from gateway.session_config import SessionConfig

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.config import ProvidersConfig
 from core.providers.base import Provider
+from core.providers.provider_config import ProvidersConfig
 
 # A dummy key for OpenAI-compatible local servers (Ollama, vLLM) that need none:
 # the SDK refuses to start without one.

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from channels.base import ChatType
-from core.config import DEFAULT_AGENT_ID
+from core.agent_config import DEFAULT_AGENT_ID
 from gateway.session_config import DEFAULT_MAIN_KEY, ResetType, SessionConfig
 
 DEFAULT_ACCOUNT_ID = "default"

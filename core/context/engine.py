@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
-from core.config import RetryConfig
 from core.context.compaction.compactor import (
     TRIGGER_MANUAL,
     TRIGGER_OVERFLOW,
@@ -69,6 +68,7 @@ from core.context.window import WindowInfo, check_window, compaction_threshold, 
 from core.errors import ContextBudgetError, ContextOverflowError
 from core.messages import Message, ToolSpec, Usage
 from core.providers.base import Provider
+from core.providers.provider_config import RetryConfig
 from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
 from core.transcript import ENTRY_MESSAGE, Entry
 from core.transcript_store import SessionTranscript

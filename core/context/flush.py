@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Literal
 
-from core.config import RetryConfig
 from core.context.config import FlushConfig
 from core.errors import ProviderError
 from core.memory.audience import Audience
@@ -35,6 +34,7 @@ from core.memory.notes import NoteError, NoteStore
 from core.messages import Message, ToolSpec, Usage
 from core.prompt import SILENT_REPLY
 from core.providers.base import Provider, ProviderRequest
+from core.providers.provider_config import RetryConfig
 from core.providers.retry import call_with_retry
 from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, TranscriptHeader
 from core.transcript_store import SessionTranscript

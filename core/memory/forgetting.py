@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from core.importance import DEFAULT, NOTHING, text_importance
 from core.memory.decay import is_evergreen, iso_timestamp
+from core.memory.memory_config import ForgettingSettings
 from core.memory.rows import ForgettableChunk, Tombstone
-from core.memory.settings import ForgettingSettings
 from core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
 
 Policy = Literal["age", "importance", "capacity"]

@@ -85,7 +85,7 @@ class RecallCounter(Protocol):
 
 # What recall needs of memory, as protocols only: the runner imports this module, and
 # the index, search and settings modules bring numpy, the stores and the embedder
-# clients with them (and import this module's recall modes: ``core.memory.settings``).
+# clients with them (and import this module's recall modes: ``core.memory.memory_config``).
 
 
 class RecallHit(Protocol):
@@ -125,7 +125,7 @@ class RecallIndex(Protocol):
 
 
 class RecallSettings(Protocol):
-    """The ``[memory]`` keys recall reads (``core.memory.settings.MemorySettings`` fits)."""
+    """The ``[memory]`` keys recall reads (``core.memory.memory_config.MemorySettings`` fits)."""
 
     @property
     def recall(self) -> RecallMode: ...

@@ -30,6 +30,7 @@ from datetime import datetime
 import numpy as np
 
 from core.memory.decay import chunk_age_days, decay_multiplier
+from core.memory.memory_config import SearchSettings
 from core.memory.mmr import mmr_rerank
 from core.memory.query import (
     build_cjk_query,
@@ -40,7 +41,6 @@ from core.memory.query import (
     tokenize,
 )
 from core.memory.rows import ChunkRow, SearchHit
-from core.memory.settings import SearchSettings
 from core.memory.store_protocol import SearchStore
 
 # A transcript result whose turns were at least this much returned already is dropped.

@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.config import LocalModelConfig
 from core.errors import (
     ConfigError,
     ContextOverflowError,
@@ -80,6 +79,7 @@ from core.providers.base import (
     ProviderResponse,
     TextCallback,
 )
+from core.providers.provider_config import LocalModelConfig
 
 log = logging.getLogger("parley.core.providers.local")
 

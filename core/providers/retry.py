@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from core.config import RetryConfig
 from core.errors import (
     AuthenticationError,
     ContextOverflowError,
@@ -37,6 +36,7 @@ from core.errors import (
 )
 from core.providers.base import Provider, ProviderRequest, ProviderResponse, TextCallback
 from core.providers.overflow import match_overflow
+from core.providers.provider_config import RetryConfig
 
 log = logging.getLogger("parley.core.providers.retry")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
+from core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
 from core.tools.tool_registry import Tool, ToolContext, ToolRegistry
 

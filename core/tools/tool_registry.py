@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
+from core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
 from core.messages import ToolResultBlock, ToolSpec, ToolUseBlock
 from core.tools.truncation import truncate_tool_result

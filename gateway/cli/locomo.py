@@ -52,8 +52,8 @@ from typing import Any, Literal
 from core.memory.audience import Audience, Viewer
 from core.memory.embedders import EmbedderSettings, build_embedder
 from core.memory.index import MemoryIndex
+from core.memory.memory_config import MemorySettings
 from core.memory.query import quote_fts
-from core.memory.settings import MemorySettings
 from core.memory.store_protocol import StoreBackend
 from core.messages import Message, TextBlock
 from core.prompt import render_turn_context, turn_context_block

@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from core.config import AgentConfig, RetryConfig
+from core.agent_config import AgentConfig
 from core.errors import ContextOverflowError, RateLimitError
 from core.messages import TextBlock, ToolUseBlock, Usage
 from core.prompt import SystemPromptBuilder
 from core.providers.base import STOP_END, STOP_OVERFLOW, STOP_TOOL_USE, ProviderResponse
+from core.providers.provider_config import RetryConfig
 from core.runner import TOOL_LIMIT_NOTE, Runner, TurnRequest
 from core.tools.builtin import default_registry
 from core.transcript import Transcript

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import AgentConfig, RetryConfig
+from core.agent_config import AgentConfig
 from core.errors import MemoryIndexError
 from core.memory.index import MemoryIndex
 from core.memory.recall import (
@@ -22,6 +22,7 @@ from core.memory.rows import SearchHit
 from core.messages import Message, TextBlock, ToolUseBlock, Usage
 from core.prompt import SystemPromptBuilder, is_turn_context
 from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
+from core.providers.provider_config import RetryConfig
 from core.runner import Runner, TurnRequest
 from core.tokens import default_counter
 from core.tools.builtin import default_registry

@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.config import RetryConfig
 from core.errors import AuthenticationError, ContextOverflowError, ProviderError, SummaryError
 from core.identifiers import absent_identifiers
 from core.messages import (
@@ -50,6 +49,7 @@ from core.messages import (
     Usage,
 )
 from core.providers.base import Provider, ProviderRequest
+from core.providers.provider_config import RetryConfig
 from core.providers.retry import call_with_retry
 
 BASE_CHUNK_RATIO = 0.4

@@ -27,6 +27,7 @@ from core.memory.embedders.base import (
     normalize_rows,
     provider_key_for,
 )
+from core.memory.embedders.embedder_config import EmbedderSettings, OpenAIEmbedderSettings
 from core.memory.embedders.factory import (
     AUTO_ORDER,
     AutoChoice,
@@ -55,7 +56,6 @@ from core.memory.embedders.resilient import (
     RetryPolicy,
     split_batches,
 )
-from core.memory.embedders.settings import EmbedderSettings, OpenAIEmbedderSettings
 
 __all__ = [
     "AUTO_ORDER",

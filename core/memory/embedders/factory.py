@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from core.errors import ConfigError
 from core.memory.embedders.base import NONE_PROVIDER, Embedder, NoneEmbedder, log
+from core.memory.embedders.embedder_config import EmbedderSettings
 from core.memory.embedders.local import (
     DEFAULT_E5_MAX_BATCH,
     DEFAULT_LOCAL_MAX_BATCH,
@@ -29,7 +30,6 @@ from core.memory.embedders.openai_compat import (
     OpenAIEmbedder,
 )
 from core.memory.embedders.resilient import ResilientEmbedder
-from core.memory.embedders.settings import EmbedderSettings
 
 # e5 first: small, multilingual, no torch. MiniLM next. A remote server only when the
 # operator configured one: "auto" never sends memory to a third party by itself.

@@ -14,8 +14,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.memory.memory_config import MemorySettings
 from core.memory.notes import NOTES_SOURCE, NoteStore
-from core.memory.settings import MemorySettings
 from core.memory.sources import (
     MEMORY_SOURCE,
     SESSIONS_SOURCE,

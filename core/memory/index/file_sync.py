@@ -33,9 +33,9 @@ from core.memory.forgetting import FORGETTABLE_SOURCES
 from core.memory.index.discovery import IndexSources
 from core.memory.index.state import IndexState, made_by
 from core.memory.index.workers import StoreThreads
+from core.memory.memory_config import MemorySettings
 from core.memory.query import cjk_index_text
 from core.memory.rows import FileRow, IndexMeta, NewChunk
-from core.memory.settings import MemorySettings
 from core.memory.sources import (
     AGENT_SCOPE,
     SESSIONS_SOURCE,

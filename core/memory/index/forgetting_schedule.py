@@ -24,8 +24,8 @@ from core.memory.forgetting import (
 from core.memory.index.file_sync import SyncReport
 from core.memory.index.state import IndexState
 from core.memory.index.workers import StoreThreads
+from core.memory.memory_config import ForgettingSettings
 from core.memory.rows import Tombstone
-from core.memory.settings import ForgettingSettings
 
 log = logging.getLogger("parley.core.memory")
 

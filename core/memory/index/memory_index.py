@@ -39,9 +39,9 @@ from core.memory.index.sync import SyncRunner
 from core.memory.index.triggers import SyncTriggers
 from core.memory.index.watch import MemoryFileWatcher
 from core.memory.index.workers import StoreThreads
+from core.memory.memory_config import MemorySettings
 from core.memory.notes import Forgotten, NoteStore
 from core.memory.rows import IndexMeta, Tombstone
-from core.memory.settings import MemorySettings
 from core.memory.sources import FileTranscriptSource, ScopeResolver, TranscriptSource
 from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
 from core.memory.tasks import TaskLog, TaskRecord, TaskStats, task_stats

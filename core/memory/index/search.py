@@ -24,9 +24,9 @@ from core.memory.embedders import ResilientEmbedder
 from core.memory.index.file_sync import SyncReport
 from core.memory.index.state import IndexState, made_by
 from core.memory.index.workers import StoreThreads
+from core.memory.memory_config import MemorySettings
 from core.memory.rows import SearchHit
 from core.memory.search import SearchParams, SearchTrace, run_search
-from core.memory.settings import MemorySettings
 
 # Where unrelated text lands in cosine similarity, per embedder. e5 puts almost
 # everything above 0.75 (measured on LoCoMo: the best chunk of an unrelated conversation

@@ -25,9 +25,9 @@ from core.memory.index.search import keyword_only_reason
 from core.memory.index.state import IndexState
 from core.memory.index.sync import SyncRunner
 from core.memory.index.workers import StoreThreads
+from core.memory.memory_config import MemorySettings
 from core.memory.notes import NOTES_SOURCE
 from core.memory.rows import IndexMeta, StoreCounts
-from core.memory.settings import MemorySettings
 from core.memory.sources import AGENT_SCOPE, SESSIONS_SOURCE, TASKS_SOURCE
 from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
 

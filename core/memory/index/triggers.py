@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Callable
 
 from core.memory.index.state import IndexState
+from core.memory.memory_config import MemorySettings
 from core.memory.notes import NOTES_SOURCE
-from core.memory.settings import MemorySettings
 from core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.memory.index.state import IndexState
+from core.memory.memory_config import MemorySettings
 from core.memory.notes import NOTES_SOURCE, NoteStore
-from core.memory.settings import MemorySettings
 from core.memory.sources import SourceFile, memory_files
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import AgentConfig, RetryConfig
+from core.agent_config import AgentConfig
 from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.context.config import ContextConfig
 from core.context.engine import ContextEngine, TurnEvents, ViewRequest
@@ -33,6 +33,7 @@ from core.memory.notes import NoteStore
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.prompt import SILENT_REPLY, SystemPromptBuilder
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from core.providers.provider_config import RetryConfig
 from core.runner import Runner, TurnRequest
 from core.tokens import default_counter
 from core.tools.builtin import default_registry

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from core.config import AgentConfig, RetryConfig
+from core.agent_config import AgentConfig
 from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
 from core.context.config import ContextConfig
 from core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
@@ -33,6 +33,7 @@ from core.memory.notes import NoteStore
 from core.messages import Message, Usage
 from core.prompt import SystemPrompt, SystemPromptBuilder
 from core.providers.anthropic import AnthropicProvider
+from core.providers.provider_config import RetryConfig
 from core.runner import Runner, TurnRequest, TurnResult
 from core.tools.builtin import default_registry
 from core.transcript import ENTRY_COMPACTION, Transcript

@@ -17,7 +17,7 @@ import numpy as np
 from core.memory.driver import open_connection
 from core.memory.embedders import Embedder, ResilientEmbedder
 from core.memory.index import MemoryIndex
-from core.memory.settings import MemorySettings, SyncSettings
+from core.memory.memory_config import MemorySettings, SyncSettings
 from core.messages import Message
 from core.transcript import Transcript
 

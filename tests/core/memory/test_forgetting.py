@@ -23,8 +23,8 @@ from core.memory.forgetting import (
     policy_for,
 )
 from core.memory.index import MemoryIndex
+from core.memory.memory_config import ChunkingSettings, ForgettingSettings, ScopeForgetting
 from core.memory.rows import ForgettableChunk
-from core.memory.settings import ChunkingSettings, ForgettingSettings, ScopeForgetting
 from core.memory.store_protocol import StoreBackend
 from gateway.storage.postgres.database import PgDatabase
 from gateway.storage.postgres.memory_store import PgMemoryBackend

@@ -28,8 +28,8 @@ from core.memory.index import (
     SyncReport,
     default_scope_resolver,
 )
+from core.memory.memory_config import ChunkingSettings, SyncSettings
 from core.memory.redact import REDACTED
-from core.memory.settings import ChunkingSettings, SyncSettings
 from core.memory.sources import AGENT_SCOPE, SourceFile
 from tests.core.memory.helpers import (
     KeepOpen,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
+from core.memory.memory_config import ChunkingSettings, SearchSettings
 from core.memory.rows import FileRow, NewChunk
 from core.memory.search import SearchParams, run_search
-from core.memory.settings import ChunkingSettings, SearchSettings
 from core.memory.store import MemoryStore
 from tests.core.memory.helpers import (
     KeepOpen,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from core.memory.index import MemoryIndex
-from core.memory.settings import ForgettingSettings
+from core.memory.memory_config import ForgettingSettings
 from core.memory.tasks import (
     TaskLog,
     TaskRecord,

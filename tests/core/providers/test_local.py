@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from core.config import LocalModelConfig
 from core.errors import ConfigError, ContextOverflowError, ProviderError
 from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolSpec, ToolUseBlock
 from core.providers.base import (
@@ -27,6 +26,7 @@ from core.providers.local import (
     locate_model,
     to_chat_messages,
 )
+from core.providers.provider_config import LocalModelConfig
 
 pytest.importorskip("xllamacpp")
 

@@ -13,7 +13,6 @@ from email.utils import format_datetime
 
 import pytest
 
-from core.config import RetryConfig
 from core.errors import (
     AuthenticationError,
     ContextOverflowError,
@@ -28,6 +27,7 @@ from core.errors import (
 from core.messages import Message, TextBlock
 from core.providers.anthropic import AnthropicProvider
 from core.providers.base import ProviderRequest, ProviderResponse, TextCallback
+from core.providers.provider_config import RetryConfig
 from core.providers.retry import (
     backoff_delay,
     call_with_retry,

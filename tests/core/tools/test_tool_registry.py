@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.config import DEFAULT_TOOL_RESULT_MAX_CHARS
+from core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
 from core.errors import ToolError
 from core.messages import ToolResultBlock, ToolUseBlock
 from core.tools.tool_registry import (

@@ -16,7 +16,7 @@ import pytest
 
 from core.memory.chunking import transcript_turns
 from core.memory.embedders import EmbedderSettings
-from core.memory.settings import MemorySettings
+from core.memory.memory_config import MemorySettings
 from core.prompt import is_turn_context
 from core.tokens import default_counter
 from core.transcript import Transcript

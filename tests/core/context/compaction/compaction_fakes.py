@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from core.config import RetryConfig
 from core.context.compaction.compactor import Compactor
 from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT, Summarizer
 from core.context.config import CompactionConfig
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from core.providers.provider_config import RetryConfig
 from core.tokens import default_counter
 from core.transcript import Transcript
 from tests.fakes.scripted_provider import ScriptedProvider

@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from core.config import RetryConfig
 from core.context.compaction.summarizer import (
     MAX_FOCUS_CHARS,
     MIN_CHUNK_RATIO,
@@ -28,6 +27,7 @@ from core.errors import (
 )
 from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from core.providers.provider_config import RetryConfig
 from tests.fakes.scripted_provider import ScriptedProvider
 
 

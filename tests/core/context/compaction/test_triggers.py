@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from core.config import RetryConfig
 from core.context.compaction.compactor import (
     TRIGGER_AGE,
     TRIGGER_HISTORY,
@@ -27,6 +26,7 @@ from core.context.history import (
 from core.context.window import derived_history_messages
 from core.messages import Message, ToolResultBlock, ToolUseBlock
 from core.providers.base import ProviderRequest, ProviderResponse
+from core.providers.provider_config import RetryConfig
 from core.transcript import ENTRY_COMPACTION, Transcript
 from tests.core.context.compaction.compaction_fakes import (
     MODEL,

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import pytest
 
 from core.memory.embedders import EmbedderSettings
+from core.memory.memory_config import MemorySettings
 from core.memory.query import build_fts_query, cjk_index_text
 from core.memory.rows import FileRow, NewChunk
-from core.memory.settings import MemorySettings
 from gateway.cli.locomo import run_locomo
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.memory_store import PgMemoryBackend, PgMemoryStore

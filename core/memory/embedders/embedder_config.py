@@ -1,4 +1,4 @@
-"""Embedder settings (to be nested in the ``[memory]`` config section)."""
+"""The embedder's config: ``[memory.embedder]``, nested in the ``[memory]`` section."""
 
 from __future__ import annotations
 

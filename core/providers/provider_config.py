@@ -1,4 +1,5 @@
-"""Config models owned by the runtime: the agent and its model providers.
+"""The ``[providers]`` config section: which model provider, each one's settings, and
+the one retry policy every provider call follows.
 
 Secrets are never required in the file: the gateway fills ``api_key`` from
 ``ANTHROPIC_API_KEY`` / ``OPENAI_API_KEY`` when the file leaves it unset.
@@ -11,12 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-DEFAULT_AGENT_ID = "main"
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-5-5"
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
-DEFAULT_MAX_OUTPUT_TOKENS = 4096
-DEFAULT_MAX_TOOL_ITERATIONS = 8
-DEFAULT_TOOL_RESULT_MAX_CHARS = 40_000
 
 ProviderName = Literal["auto", "anthropic", "openai", "local"]
 
@@ -67,12 +64,3 @@ class ProvidersConfig(_Strict):
     openai: OpenAIConfig = OpenAIConfig()
     local: LocalModelConfig = LocalModelConfig()
     retry: RetryConfig = RetryConfig()
-
-
-class AgentConfig(_Strict):
-    id: str = Field(DEFAULT_AGENT_ID, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
-    name: str = Field("Parley", min_length=1, max_length=64)
-    workspace: Path | None = Field(None, description="default: $PARLEY_HOME/workspace")
-    max_output_tokens: int = Field(DEFAULT_MAX_OUTPUT_TOKENS, ge=1, le=128_000)
-    max_tool_iterations: int = Field(DEFAULT_MAX_TOOL_ITERATIONS, ge=0, le=64)
-    tool_result_max_chars: int = Field(DEFAULT_TOOL_RESULT_MAX_CHARS, ge=1000, le=1_000_000)
