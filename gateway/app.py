@@ -38,7 +38,6 @@ from core.runner import Runner
 from core.tools.builtin import default_registry
 from core.tools.memory import memory_tools
 from core.transcript_store import SessionTranscript
-from gateway.access import AccessGate
 from gateway.admin.gateway_view import ProviderHealth
 from gateway.admin.metrics import GatewayMetrics
 from gateway.admin.session_figures import SessionFiguresCache
@@ -47,19 +46,20 @@ from gateway.config import LoadedConfig
 from gateway.errors import ChannelFailure, LaneBusy
 from gateway.home_upgrade.audiences import log_legacy_memory
 from gateway.http_server import HttpServer
-from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.memory import build_memory_index, notes_dir, private_roots
 from gateway.providers import build_provider
-from gateway.resets import resolve_timezone
 from gateway.routing import SessionRoute
+from gateway.runtime.access import AccessGate
 from gateway.runtime.commands.replies import CommandReplies
 from gateway.runtime.context import Runtime
 from gateway.runtime.delivery import Delivery
 from gateway.runtime.dispatch import Dispatch
 from gateway.runtime.inbound import Inbound
+from gateway.runtime.lane_items import LaneItem, LaneTask
 from gateway.runtime.redelivery import Redelivery
 from gateway.runtime.replicas import ReplicaCoordinator
+from gateway.runtime.resets import resolve_timezone
 from gateway.runtime.sessions import Sessions
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.runtime.turn import Turns

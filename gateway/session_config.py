@@ -1,7 +1,7 @@
 """The ``[session]`` config section: how conversations map to sessions and when they reset.
 
 The gateway's root config composes ``SessionConfig``; ``gateway.routing`` and
-``gateway.resets`` read it. Everything here is validated once at load time so the
+``gateway.runtime.resets`` read it. Everything here is validated once at load time so the
 per-message code never meets a malformed value.
 """
 

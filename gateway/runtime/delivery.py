@@ -22,8 +22,8 @@ from channels.base import (
 )
 from core.prompt import SILENT_REPLY
 from gateway.runtime.context import Runtime, last_entry_id
+from gateway.runtime.send_recovery import parts_already_sent, send_mark
 from gateway.runtime.transcripts import TranscriptCache
-from gateway.send_recovery import parts_already_sent, send_mark
 from gateway.storage.inbox import InboxItem, SentMessages
 from gateway.storage.sessions import SessionRecord
 
@@ -53,7 +53,7 @@ class Delivery:
         """Store the reply to inbox items ``ids`` in the inbox, send it, record the
         result. ``resumed``: the open item of a reply stored before (a restart, a
         failed send); the parts the platform already has are not sent again
-        (``gateway.send_recovery``). The reply's idempotency key names the first
+        (``gateway.runtime.send_recovery``). The reply's idempotency key names the first
         message it answers (``first_message``, else ``message``): every send of this
         reply, and only of this one, carries it."""
         rt = self.rt

@@ -13,18 +13,18 @@ from typing import Any
 
 from channels.base import InboundMessage
 from core.transcript_store import SessionTranscript
-from gateway.lane_items import LaneItem, LaneTask
 from gateway.routing import SessionRoute
 from gateway.runtime.commands.parsing import match_reset_trigger, parse_compact_command
 from gateway.runtime.context import Runtime
 from gateway.runtime.delivery import Delivery
+from gateway.runtime.lane_items import LaneItem, LaneTask
 from gateway.runtime.sessions import Sessions
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.runtime.turn import Turns
+from gateway.runtime.user_errors import INTERNAL_ERROR_TEXT, STORAGE_ERROR_TEXT
 from gateway.storage.errors import storage_failure
 from gateway.storage.inbox import InboxItem, SentMessages
 from gateway.storage.sessions import SessionRecord
-from gateway.user_errors import INTERNAL_ERROR_TEXT, STORAGE_ERROR_TEXT
 
 log = logging.getLogger("parley.gateway")
 

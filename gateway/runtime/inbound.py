@@ -1,4 +1,4 @@
-"""A message's way in: admitted (access and group activation, ``gateway.access``),
+"""A message's way in: admitted (access and group activation, ``gateway.runtime.access``),
 recorded in the durable inbox (a platform's redelivery is answered once), the
 commands answered at once, then handed to its session's lane.
 
@@ -13,17 +13,17 @@ import logging
 from collections import OrderedDict
 
 from channels.base import Channel, ChannelError, InboundMessage, InboundNotStored
-from gateway.access import AccessGate
-from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
+from gateway.runtime.access import AccessGate
 from gateway.runtime.commands.parsing import parse_info_command
 from gateway.runtime.commands.replies import CommandReplies
 from gateway.runtime.context import Runtime
 from gateway.runtime.delivery import Delivery, reply_to
 from gateway.runtime.dispatch import Dispatch
+from gateway.runtime.lane_items import LaneItem, LaneTask
+from gateway.runtime.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
 from gateway.storage.errors import storage_failure
 from gateway.storage.inbox import well_formed
-from gateway.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
 
 log = logging.getLogger("parley.gateway")
 

@@ -10,10 +10,10 @@ import logging
 import time
 from datetime import timedelta
 
-from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.runtime.context import Runtime
 from gateway.runtime.dispatch import Dispatch
+from gateway.runtime.lane_items import LaneItem, LaneTask
 from gateway.storage.inbox import InboxItem
 from gateway.storage.sessions import utcnow
 

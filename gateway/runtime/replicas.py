@@ -35,11 +35,11 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.lane_items import LaneItem, LaneTask
 from gateway.lanes import LaneManager
 from gateway.runtime.commands.parsing import parse_info_command
 from gateway.runtime.context import Runtime
 from gateway.runtime.dispatch import Dispatch
+from gateway.runtime.lane_items import LaneItem, LaneTask
 from gateway.runtime.redelivery import Redelivery
 from gateway.runtime.transcripts import TranscriptCache
 from gateway.storage.inbox import InboxItem, ReplicaInbox

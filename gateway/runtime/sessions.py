@@ -16,12 +16,12 @@ from core.errors import ContextError
 from core.memory.audience import Audience
 from core.transcript_store import SessionTranscript
 from gateway.audiences import scope_for_key
-from gateway.lane_items import LaneItem
-from gateway.resets import resolve_reset_policy, should_reset
 from gateway.runtime.context import Runtime, last_entry_id
+from gateway.runtime.lane_items import LaneItem
+from gateway.runtime.resets import resolve_reset_policy, should_reset
 from gateway.runtime.transcripts import TranscriptCache
+from gateway.runtime.user_errors import describe_context_error
 from gateway.storage.sessions import SessionOrigin, SessionRecord
-from gateway.user_errors import describe_context_error
 
 log = logging.getLogger("parley.gateway")
 

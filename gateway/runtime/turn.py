@@ -29,16 +29,16 @@ from core.runner import TurnRequest
 from core.transcript import ENTRY_COMPACTION
 from core.transcript_store import SessionTranscript
 from gateway.admin.gateway_view import ProviderHealth
-from gateway.lane_items import LaneItem
 from gateway.memory import record_turn_task
 from gateway.runtime.context import Runtime, last_entry_id
+from gateway.runtime.lane_items import LaneItem
 from gateway.runtime.transcripts import TranscriptCache
-from gateway.storage.sessions import SessionRecord
-from gateway.user_errors import (
+from gateway.runtime.user_errors import (
     EMPTY_REPLY_TEXT,
     describe_context_error,
     describe_provider_error,
 )
+from gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

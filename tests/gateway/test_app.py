@@ -19,9 +19,9 @@ from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
 from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.config import LoadedConfig, load_config
+from gateway.runtime.user_errors import BUSY_TEXT
 from gateway.storage.sqlite.database import Database
 from gateway.storage.sqlite.inbox import SqliteInbox
-from gateway.user_errors import BUSY_TEXT
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway import resets
-from gateway.resets import (
+from gateway.runtime import resets
+from gateway.runtime.resets import (
     StaleReason,
     daily_boundary,
     is_stale,

@@ -14,7 +14,7 @@ Sending: a reply is stored (``mark_replied``) with the items it answers together
 message numbering stood before the send), and the platform ids of what went out
 are recorded with the final status in ``sent_messages``. After a crash between a
 send and its record, the mark and those ids let the gateway ask the platform
-whether the reply is already there (``gateway.send_recovery``).
+whether the reply is already there (``gateway.runtime.send_recovery``).
 """
 
 from __future__ import annotations

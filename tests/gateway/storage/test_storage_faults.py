@@ -35,8 +35,8 @@ from core.transcript import Transcript
 from gateway.app import Gateway
 from gateway.audiences import scope_for_key
 from gateway.config import load_config
+from gateway.runtime.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
 from gateway.storage.sqlite.database import Database
-from gateway.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import QUIET_MEMORY, use_hashing_embedder
@@ -384,7 +384,7 @@ async def test_state_db_filling_up_mid_turn_still_answers_once_across_a_restart(
         assert [s for _, s, _ in await world.inbox()] == ["delivered"] * 3
         # Every message the transcript says went out is on record in the inbox, that
         # one included (from the transcript): no later look at the chat
-        # (gateway.send_recovery) may take it for another reply's.
+        # (gateway.runtime.send_recovery) may take it for another reply's.
         transcript = await world.transcript_of(ALICE)
         out = [
             str(platform_id)
