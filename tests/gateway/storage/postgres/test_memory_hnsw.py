@@ -17,7 +17,7 @@ import pytest
 
 from core.memory.rows import FileRow, NewChunk
 from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory_store import (
+from gateway.storage.postgres.memory.store import (
     PgMemoryBackend,
     PgMemoryStore,
     PgStoreInfo,

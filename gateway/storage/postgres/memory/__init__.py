@@ -1,0 +1,1 @@
+"""Long-term memory in PostgreSQL (``[storage] backend = "postgres"``): ``store``."""
