@@ -100,7 +100,7 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
     resource: AsyncResource | None = None
     storage = loaded.config.storage
     if storage.backend == "postgres":
-        from gateway.storage.postgres.memory.store import PgMemoryBackend
+        from gateway.storage.postgres.memory.backend import PgMemoryBackend
         from gateway.storage.postgres.transcripts import PgTranscriptStore
 
         if db is None:

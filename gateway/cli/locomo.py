@@ -305,7 +305,7 @@ async def _store_backend(
         yield None, "sqlite"
         return
     from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.memory.store import PgMemoryBackend
+    from gateway.storage.postgres.memory.backend import PgMemoryBackend
 
     url = database_url or os.environ.get("PARLEY_DATABASE_URL")
     server = None

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from core.memory.rows import CacheEntry, FileRow, StoredChunk
     from core.memory.store import MemoryStore
     from gateway.storage.postgres.database import Connection, PgDatabase
-    from gateway.storage.postgres.memory.store import PgMemoryStore, VectorIndex
+    from gateway.storage.postgres.memory.store import PgMemoryStore
+    from gateway.storage.postgres.memory.vectors import VectorIndex
 
 # Rows (or transcript lines) per target transaction: few round trips of commits, and
 # a kill loses at most one batch, which the next run writes again.
@@ -316,7 +317,8 @@ class Migration:
             source.close()
 
     def _memory_target(self) -> PgMemoryStore | None:
-        from gateway.storage.postgres.memory.store import LIVE, PgMemoryBackend
+        from gateway.storage.postgres.memory.backend import PgMemoryBackend
+        from gateway.storage.postgres.memory.base import LIVE
 
         name = self.loaded.config.agent.id
         if self.dry_run:
@@ -560,7 +562,7 @@ def _write_memory_file(
 ) -> None:
     """A file and its chunks as they are in the source (times and all), in one
     transaction: a kill leaves the file either absent, as it was, or complete."""
-    from gateway.storage.postgres.memory.store import chunk_params, insert_chunks, upsert_file_row
+    from gateway.storage.postgres.memory.chunks import chunk_params, insert_chunks, upsert_file_row
 
     ix = _index_id(conn, target)
     # The store's own per-file lock: a replica syncing the same file waits for us.

@@ -28,7 +28,7 @@ from gateway.errors import ConfigFileError, StateError
 from gateway.memory import build_memory_index
 from gateway.runtime.commands.texts import format_memory_status
 from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.store import PgMemoryBackend
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
 from gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel

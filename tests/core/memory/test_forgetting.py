@@ -27,7 +27,7 @@ from core.memory.memory_config import ChunkingSettings, ForgettingSettings, Scop
 from core.memory.rows import ForgettableChunk
 from core.memory.store_protocol import StoreBackend
 from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.memory.store import PgMemoryBackend
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from core.memory.query import build_cjk_query, build_fts_query, cjk_index_text
 from core.memory.rows import FileRow, IndexMeta, NewChunk, Tombstone
 from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
 from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.memory.store import PgMemoryBackend
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
 from tests.core.memory.helpers import make_layout, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 

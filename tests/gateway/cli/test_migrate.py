@@ -30,7 +30,7 @@ from gateway.errors import StateError
 from gateway.memory import memory_db_path
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.inbox import PgInbox
-from gateway.storage.postgres.memory.store import PgMemoryBackend
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
 from gateway.storage.postgres.schema_migrations import schema_version
 from gateway.storage.postgres.transcripts import PgTranscriptStore
 from gateway.storage.sessions import SessionOrigin

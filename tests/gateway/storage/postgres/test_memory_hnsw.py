@@ -17,12 +17,9 @@ import pytest
 
 from core.memory.rows import FileRow, NewChunk
 from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.store import (
-    PgMemoryBackend,
-    PgMemoryStore,
-    PgStoreInfo,
-    version_tuple,
-)
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
+from gateway.storage.postgres.memory.info import PgStoreInfo, version_tuple
+from gateway.storage.postgres.memory.store import PgMemoryStore
 
 T = TypeVar("T")
 DIMS = 32

@@ -17,7 +17,8 @@ from core.memory.query import build_fts_query, cjk_index_text
 from core.memory.rows import FileRow, NewChunk
 from gateway.cli.locomo import run_locomo
 from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.store import PgMemoryBackend, PgMemoryStore
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
+from gateway.storage.postgres.memory.store import PgMemoryStore
 from tests.gateway.cli.test_locomo import locomo_data
 
 T = TypeVar("T")
@@ -52,7 +53,7 @@ async def test_each_width_gets_an_hnsw_index_the_planner_uses(db: PgDatabase) ->
         ).fetchone()
         assert definition is not None
         # Only planned, never run: this machine's pgvector build dies with SIGILL when
-        # an HNSW graph is walked or grown past one node (see memory/store.py).
+        # an HNSW graph is walked or grown past one node (see memory/vectors.py).
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = conn.execute(
             f"EXPLAIN SELECT id, embedding::vector({DIMS}) <=> %s::vector({DIMS}) AS distance"

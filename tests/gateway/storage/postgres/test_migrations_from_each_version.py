@@ -22,7 +22,7 @@ from core.messages import Message
 from gateway.storage.inbox import message_to_json
 from gateway.storage.postgres.database import Connection, PgDatabase
 from gateway.storage.postgres.inbox import PgInbox
-from gateway.storage.postgres.memory.store import PgMemoryBackend
+from gateway.storage.postgres.memory.backend import PgMemoryBackend
 from gateway.storage.postgres.pairing import PgPairingStore
 from gateway.storage.postgres.schema_migrations import (
     MIGRATIONS,

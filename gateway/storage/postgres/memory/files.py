@@ -1,0 +1,194 @@
+"""``PgMemoryStore``'s files and chunks: listing, replacing and deleting a file's
+chunks, the embedding cache, and vectors filled in after the embedder was down."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from core.errors import MemoryIndexError
+from core.memory.rows import FileRow, NewChunk, blob_vector, vector_blob
+from gateway.storage.postgres.database import Connection
+from gateway.storage.postgres.memory.base import StoreBase
+from gateway.storage.postgres.memory.chunks import chunk_params, insert_chunks, upsert_file_row
+from gateway.storage.postgres.memory.vectors import vector_text
+
+
+class FileMethods(StoreBase):
+    """Files, chunks and the embedding cache of one index."""
+
+    def files(self) -> dict[str, FileRow]:
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            ix = self._index(conn)
+            return conn.execute(
+                "SELECT path, source, scope, hash, mtime, size, chunks, vectors_pending,"
+                " indexed_at FROM memory_files WHERE index_id = %s",
+                (ix.id,),
+            ).fetchall()
+
+        return {
+            r["path"]: FileRow(
+                r["path"],
+                r["source"],
+                r["scope"],
+                r["hash"],
+                float(r["mtime"]),
+                int(r["size"]),
+                int(r["chunks"]),
+                bool(r["vectors_pending"]),
+                float(r["indexed_at"]),
+            )
+            for r in self._call(read)
+        }
+
+    def touch_file(self, path: str, mtime: float, size: int) -> None:
+        def write(conn: Connection) -> None:
+            ix = self._index(conn)
+            conn.execute(
+                "UPDATE memory_files SET mtime = %s, size = %s WHERE index_id = %s AND path = %s",
+                (mtime, size, ix.id, path),
+            )
+
+        self._call(write)
+
+    def replace_file(
+        self, file: FileRow, chunks: Sequence[NewChunk], vectors: np.ndarray | None
+    ) -> None:
+        """Swap a file's chunks for ``chunks`` (with ``vectors`` row for row, or None)."""
+        if vectors is not None and len(vectors) != len(chunks):
+            raise MemoryIndexError("one vector per chunk is required")
+        now = time.time()
+
+        def write(conn: Connection) -> None:
+            ix = self._index(conn, lock=True)
+            self._lock_path(conn, ix, file.path)
+            conn.execute(
+                "DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (ix.id, file.path)
+            )
+            rows = [
+                chunk_params(ix.id, file, c, None if vectors is None else vectors[i], now)
+                for i, c in enumerate(chunks)
+            ]
+            insert_chunks(conn, rows)
+            upsert_file_row(conn, ix.id, file, len(chunks), now)
+
+        self._call(write)
+
+    def delete_file(self, path: str) -> None:
+        def write(conn: Connection) -> None:
+            ix = self._index(conn, lock=True)
+            self._lock_path(conn, ix, path)
+            conn.execute(
+                "DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (ix.id, path)
+            )
+            conn.execute(
+                "DELETE FROM memory_files WHERE index_id = %s AND path = %s", (ix.id, path)
+            )
+
+        self._call(write)
+
+    # -- embedding cache --------------------------------------------------------------
+
+    def cached_vectors(
+        self,
+        provider: str,
+        model: str,
+        provider_key: str,
+        hashes: Sequence[str],
+        dims: int = 0,
+    ) -> dict[str, np.ndarray]:
+        """Cached vectors by content hash; ``dims`` > 0 keeps only vectors of that width."""
+        unique = list(dict.fromkeys(hashes))
+        if not unique:
+            return {}
+
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            ix = self._index(conn)
+            return conn.execute(
+                "SELECT hash, embedding FROM memory_embedding_cache WHERE index_id = %s"
+                " AND provider = %s AND model = %s AND provider_key = %s AND hash = ANY(%s)",
+                (ix.id, provider, model, provider_key, unique),
+            ).fetchall()
+
+        found: dict[str, np.ndarray] = {}
+        for row in self._call(read):
+            vector = blob_vector(bytes(row["embedding"]))
+            if dims <= 0 or vector.size == dims:
+                found[row["hash"]] = vector
+        return found
+
+    def cache_vectors(
+        self,
+        provider: str,
+        model: str,
+        provider_key: str,
+        items: Sequence[tuple[str, np.ndarray]],
+        *,
+        max_entries: int,
+    ) -> None:
+        if not items or max_entries <= 0:
+            return
+        now = time.time()
+
+        def write(conn: Connection) -> None:
+            ix = self._index(conn, lock=True)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO memory_embedding_cache (index_id, provider, model,"
+                    " provider_key, hash, embedding, dims, updated_at)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (index_id, provider, model, provider_key, hash) DO UPDATE"
+                    " SET embedding = excluded.embedding, dims = excluded.dims,"
+                    " updated_at = excluded.updated_at",
+                    [
+                        (ix.id, provider, model, provider_key, h, vector_blob(v), len(v), now)
+                        for h, v in items
+                    ],
+                )
+            row = conn.execute(
+                "SELECT count(*) AS n FROM memory_embedding_cache WHERE index_id = %s", (ix.id,)
+            ).fetchone()
+            excess = int(row["n"] if row else 0) - max_entries
+            if excess > 0:  # least recently written first
+                conn.execute(
+                    "DELETE FROM memory_embedding_cache WHERE ctid IN (SELECT ctid FROM"
+                    " memory_embedding_cache WHERE index_id = %s ORDER BY updated_at LIMIT %s)",
+                    (ix.id, excess),
+                )
+
+        self._call(write)
+
+    def chunk_texts(self, path: str) -> list[tuple[int, str, str]]:
+        """(id, hash, text) of a file's chunks, in order (for filling in vectors later)."""
+
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            ix = self._index(conn)
+            return conn.execute(
+                "SELECT id, hash, text FROM memory_chunks WHERE index_id = %s AND path = %s"
+                " ORDER BY id",
+                (ix.id, path),
+            ).fetchall()
+
+        return [(int(r["id"]), r["hash"], r["text"]) for r in self._call(read)]
+
+    def add_vectors(self, path: str, scope: str, items: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Fill in the vectors of a file indexed while the embedder was down."""
+
+        def write(conn: Connection) -> None:
+            ix = self._index(conn, lock=True)
+            self._lock_path(conn, ix, path)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "UPDATE memory_chunks SET embedding = %s::vector, dims = %s"
+                    " WHERE id = %s AND index_id = %s",
+                    [(vector_text(v), len(v), int(i), ix.id) for i, v in items],
+                )
+            conn.execute(
+                "UPDATE memory_files SET vectors_pending = false WHERE index_id = %s AND path = %s",
+                (ix.id, path),
+            )
+
+        self._call(write)
