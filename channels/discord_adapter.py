@@ -2,29 +2,16 @@
 
 (Named ``discord_adapter`` because a ``channels/discord.py`` would shadow the library.)
 
-Inbound order: discord.py runs every event handler as its own task, so two messages
-from one channel could reach the gateway out of order. Each client hands events over
-in ``dispatch`` instead, which runs inside the websocket read loop in the order the
-gateway sent them; they are normalised there (no await) into a per-account queue, and
-one consumer task per account awaits the inbound handler for each in turn.
+Inbound order: each client hands its events over in order (``channels.discord_client``);
+they are normalised there (no await) into a per-account queue, and one consumer task
+per account awaits the inbound handler for each in turn.
 
 Outbound: a reply is split at Markdown boundaries into parts of at most 2000
-characters; the first part quotes the triggering message (not in DMs, where there is
-only one conversation), and no part may ping @everyone, roles or users. Errors:
+characters and sent part by part (``channels.discord_send``: quotes, nonces, errors).
 
-- Forbidden in a DM, or code 50007 → RecipientBlocked; other Forbidden or NotFound →
-  DeliveryError(retryable=False);
-- a 5xx or a network error → DeliveryError, retryable only while no part went out
-  (a retry would duplicate the delivered parts); other HTTP errors → not retryable.
-
-429s never surface: discord.py sleeps for ``retry_after`` and retries by itself.
-Every DeliveryError carries ``delivered``, the ids of the parts already sent.
-
-Hostile events: discord.py parses each gateway event (``ConnectionState.parsers``)
-inside its read loop, and an exception there ends ``Client.start``: one malformed
-MESSAGE_CREATE would stop the account for good. Every parser is wrapped so that such
-an event is logged and skipped. As a second line of defence, a client whose ``start``
-ends while the account is running is logged and replaced by a fresh one, with backoff.
+Hostile events: every parser of the client is guarded (``channels.discord_client``).
+As a second line of defence, a client whose ``start`` ends while the account is
+running is logged and replaced by a fresh one, with backoff.
 
 A message the gateway could not store (the handler raises ``InboundNotStored``: state
 storage refuses writes) is not dropped, since Discord never redelivers: the consumer
@@ -42,31 +29,22 @@ marks from what the gateway stored, and the first READY backfills too.
 
 Shards: an account connects the shards its config names (``shard_ids`` of
 ``shard_count``), so that replicas sharing one database split a bot between them;
-Discord then sends each replica only its shards' guilds (DMs: shard 0). One shard is
-a ``discord.Client(shard_id=, shard_count=)``, several a ``discord.AutoShardedClient``
-(one websocket per shard), and ``shard_count = 1`` the unsharded client of before.
-Each shard has its own gateway session: connect, READY, RESUMED and disconnects are
-tracked per shard (discord.py's ``shard_*`` events), the account is ``up`` when all of
-its shards are, and a lost session backfills only that shard's channels. 4010
-(invalid shard) and 4011 (sharding required) are configuration errors: the account
-stops rather than retrying.
+Discord then sends each replica only its shards' guilds (DMs: shard 0). Each shard has
+its own gateway session: connect, READY, RESUMED and disconnects are tracked per shard,
+the account is ``up`` when all of its shards are, and a lost session backfills only
+that shard's channels. 4010 (invalid shard) and 4011 (sharding required) are
+configuration errors: the account stops rather than retrying.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import hashlib
 import logging
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from typing import Any, TypedDict
+from collections.abc import Sequence
+from typing import Any
 
-import aiohttp
 import discord
-import yarl
-from discord.gateway import DiscordWebSocket
 
 from channels.base import (
     ChannelCapabilities,
@@ -78,33 +56,28 @@ from channels.base import (
     InboundMessage,
     InboundNotStored,
     OutboundMessage,
-    RecipientBlocked,
     SeenMark,
     WebhookRoute,
 )
 from channels.config import DiscordConfig
 from channels.discord_backfill import Backfill
+from channels.discord_client import (
+    is_fatal,
+    new_client,
+    point_library_at,
+    session_event,
+    why_stopped,
+)
 from channels.discord_inbound import normalise_edit, normalise_message
+from channels.discord_send import MAX_MESSAGE_CHARS, NETWORK_ERRORS, deliver
 from channels.text import split_message
 
 logger = logging.getLogger("parley.channels.discord")
 
-MAX_MESSAGE_CHARS = 2000
-NONCE_CHARS = 25
 DEFAULT_READY_TIMEOUT_SECONDS = 30.0
-# on_ready waits this long after the last GUILD_CREATE (discord.py's default is 2 s).
-# Nothing here waits for on_ready, so the value only keeps the library's own bookkeeping
-# brisk; messages of a guild that arrives later are handled all the same.
-GUILD_READY_TIMEOUT_SECONDS = 0.1
 # How long stop() lets the consumer finish messages already received.
 STOP_GRACE_SECONDS = 2.0
 CLOSE_TIMEOUT_SECONDS = 5.0
-DM_BLOCKED_CODE = 50007
-# A reply may notify the person it answers, and nobody else.
-REPLY_MENTIONS = discord.AllowedMentions(
-    everyone=False, roles=False, users=False, replied_user=True
-)
-_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 # Restarting a client whose ``start`` ended: waits of RESTART_INITIAL_SECONDS, doubling,
 # capped at RESTART_MAX_SECONDS; a client that ran RESTART_RESET_SECONDS resets the count.
 RESTART_INITIAL_SECONDS = 1.0
@@ -114,30 +87,6 @@ RESTART_RESET_SECONDS = 60.0
 # STORE_RETRY_INITIAL_SECONDS, doubling, capped at STORE_RETRY_MAX_SECONDS.
 STORE_RETRY_INITIAL_SECONDS = 1.0
 STORE_RETRY_MAX_SECONDS = 60.0
-# A failed login cannot be fixed by trying again.
-_FATAL = (discord.LoginFailure, discord.PrivilegedIntentsRequired)
-# Nor can these gateway closes (Discord's "do not reconnect" codes): a bad token, bad
-# shard, too few shards, a bad API version, bad or disallowed intents.
-CLOSE_INVALID_SHARD = 4010
-CLOSE_SHARDING_REQUIRED = 4011
-_FATAL_CLOSE_CODES = frozenset(
-    {4004, CLOSE_INVALID_SHARD, CLOSE_SHARDING_REQUIRED, 4012, 4013, 4014}
-)
-# discord.py's per-shard twins of the session events. An AutoShardedClient also sends
-# the plain ones, without the shard id; a single-shard client only the plain ones.
-_SHARD_EVENTS = {
-    "shard_connect": "connect",
-    "shard_ready": "ready",
-    "shard_resumed": "resumed",
-    "shard_disconnect": "disconnect",
-}
-_SESSION_EVENTS = frozenset(_SHARD_EVENTS.values())
-
-
-def _is_fatal(exc: BaseException | None) -> bool:
-    if isinstance(exc, discord.ConnectionClosed):
-        return exc.code in _FATAL_CLOSE_CODES
-    return isinstance(exc, _FATAL)
 
 
 def shard_of_guild(guild_id: int | str | None, shard_count: int) -> int:
@@ -148,72 +97,6 @@ def shard_of_guild(guild_id: int | str | None, shard_count: int) -> int:
 def _backoff(failures: int, initial: float, maximum: float) -> float:
     """The wait after the ``failures``-th failure in a row: initial, doubling, capped."""
     return min(maximum, initial * 2 ** max(failures - 1, 0))
-
-
-def _intents() -> discord.Intents:
-    intents = discord.Intents.default()
-    # Privileged: without it guild messages arrive blank unless they mention the bot.
-    intents.message_content = True
-    intents.dm_messages = True
-    intents.guild_messages = True
-    return intents
-
-
-def _point_library_at(config: DiscordConfig) -> None:
-    # discord.py keeps both endpoints in class attributes, so they are process-wide:
-    # every account (and any other discord.py client in this process) talks to the same
-    # API and gateway. A deployment has one Discord (or one proxy), so that is fine.
-    discord.http.Route.BASE = config.api_base_url
-    DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(config.gateway_url)
-
-
-def _guarded(account: str, event: str, parser: Callable[[Any], None]) -> Callable[[Any], None]:
-    @functools.wraps(parser)
-    def parse(data: Any) -> None:
-        try:
-            parser(data)
-        except Exception as exc:
-            # Not the payload: it may be anybody's message text.
-            logger.error(
-                "discord %s: cannot parse a %s event (%s: %.200s); skipping it",
-                account, event, type(exc).__name__, exc, exc_info=True,
-            )  # fmt: skip
-
-    return parse
-
-
-class _GatewayClient(discord.Client):
-    """One gateway connection (unsharded, or one shard: ``shard_id``, ``shard_count``)."""
-
-    def __init__(self, account: _Account, **sharding: Any) -> None:
-        super().__init__(
-            intents=_intents(), guild_ready_timeout=GUILD_READY_TIMEOUT_SECONDS, **sharding
-        )
-        self._account = account
-        # The websocket looks parsers up in this very dict (``ws._discord_parsers``), so
-        # wrapping its entries in place guards every event, on every (re)connection.
-        parsers = self._connection.parsers
-        for event, parser in list(parsers.items()):
-            parsers[event] = _guarded(account.name, event, parser)
-
-    def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
-        super().dispatch(event, *args, **kwargs)
-        # Called from the gateway read loop, in gateway order (see the module docstring).
-        self._account.on_event(event, args)
-
-
-class _ShardedGatewayClient(_GatewayClient, discord.AutoShardedClient):
-    """Several shards of one account (``shard_ids``, ``shard_count``), a websocket each;
-    the same guarded parsers and ordered dispatch as ``_GatewayClient``."""
-
-
-def _new_client(account: _Account) -> discord.Client:
-    shards, count = account.shards, account.shard_count
-    if count == 1:
-        return _GatewayClient(account)  # no shard field in IDENTIFY, as before sharding
-    if len(shards) == 1:
-        return _GatewayClient(account, shard_id=shards[0], shard_count=count)
-    return _ShardedGatewayClient(account, shard_ids=list(shards), shard_count=count)
 
 
 async def _finish(task: asyncio.Task[Any], grace: float) -> None:
@@ -245,7 +128,7 @@ class _Account:
         self._handler = handler
         self.shards = tuple(shards)
         self.shard_count = shard_count
-        self.client = _new_client(self)
+        self.client = new_client(self)
         self.queue: asyncio.Queue[InboundMessage | None] = asyncio.Queue()
         self.dm_channels: set[int] = set()  # learnt from inbound DMs
         self.backfill = Backfill(
@@ -274,7 +157,7 @@ class _Account:
         )
         connected.cancel()
         if runner.done():
-            raise ChannelStartError(f"discord account {self.name!r}: {self._why(runner)}")
+            raise ChannelStartError(f"discord account {self.name!r}: {why_stopped(runner)}")
         if not self._connected.is_set():
             raise ChannelStartError(
                 f"discord account {self.name!r}: not connected after {ready_within:g} s"
@@ -283,19 +166,6 @@ class _Account:
             self._supervise(runner), name=f"discord-{self.name}-supervisor"
         )
         self._consumer = asyncio.create_task(self._consume(), name=f"discord-{self.name}-inbox")
-
-    @staticmethod
-    def _why(runner: asyncio.Task[None]) -> str:
-        exc = None if runner.cancelled() else runner.exception()
-        if isinstance(exc, discord.LoginFailure):
-            return "login failed: the token was refused"
-        if isinstance(exc, discord.PrivilegedIntentsRequired):
-            return "enable the Message Content intent (Developer Portal → Bot)"
-        if isinstance(exc, discord.ConnectionClosed) and exc.code == CLOSE_INVALID_SHARD:
-            return "Discord refused the shard (4010): check shard_count and shard_ids"
-        if isinstance(exc, discord.ConnectionClosed) and exc.code == CLOSE_SHARDING_REQUIRED:
-            return "Discord requires more shards (4011): raise shard_count"
-        return f"the client stopped while connecting: {exc!r}"
 
     async def _supervise(self, runner: asyncio.Task[None]) -> None:
         """Wait on the client; if its ``start`` ends while the account runs, log it and
@@ -311,9 +181,9 @@ class _Account:
                 exc = None if runner.cancelled() else runner.exception()
                 self._live.clear()
                 self._connected.clear()
-                if _is_fatal(exc):
+                if is_fatal(exc):
                     logger.error("discord %s: the client stopped: %s", self.name,
-                                 self._why(runner))  # fmt: skip
+                                 why_stopped(runner))  # fmt: skip
                     return
                 failures = 1 if loop.time() - started >= RESTART_RESET_SECONDS else failures + 1
                 delay = _backoff(failures, RESTART_INITIAL_SECONDS, RESTART_MAX_SECONDS)
@@ -325,7 +195,7 @@ class _Account:
                 await self._close_client(self.client)
                 if await self._stopped_within(delay):
                     return
-                self.client = _new_client(self)
+                self.client = new_client(self)
                 self.restarts += 1
                 started = loop.time()
                 runner = asyncio.create_task(
@@ -347,7 +217,7 @@ class _Account:
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_SECONDS):
                 await client.close()
-        except (TimeoutError, *_NETWORK_ERRORS, discord.DiscordException) as exc:
+        except (TimeoutError, *NETWORK_ERRORS, discord.DiscordException) as exc:
             logger.warning("discord %s: closing the client failed: %r", self.name, exc)
 
     def on_event(self, event: str, args: tuple[Any, ...]) -> None:
@@ -364,16 +234,6 @@ class _Account:
         if message.chat_type == "direct":
             self.dm_channels.add(int(message.chat_id))
         self.queue.put_nowait(message)
-
-    def _session_event(self, event: str, args: tuple[Any, ...]) -> tuple[str, int] | None:
-        """(event, shard id) for a shard's session event, else None."""
-        if isinstance(self.client, discord.AutoShardedClient):
-            # Only the shard_* twins say which shard; the plain ones are skipped.
-            plain = _SHARD_EVENTS.get(event)
-            return None if plain is None or not args else (plain, int(args[0]))
-        if event in _SESSION_EVENTS:
-            return event, self.shards[0]
-        return None
 
     def _on_session(self, event: str, shard: int) -> None:
         if event == "connect":  # READY: a new gateway session
@@ -392,7 +252,7 @@ class _Account:
             logger.info("discord %s: gateway session of shard %d resumed", self.name, shard)
 
     def _normalise(self, event: str, args: tuple[Any, ...]) -> InboundMessage | None:
-        session = self._session_event(event, args)
+        session = session_event(self.client, self.shards, event, args)
         if session is not None:
             self._on_session(*session)
             return None
@@ -511,16 +371,6 @@ class _Account:
         return self.client.get_partial_messageable(channel_id)
 
 
-def _reference(message: OutboundMessage, channel_id: int) -> discord.MessageReference | None:
-    # Inbound ids are "<id>" or "<id>:edit:<ms>"; either way the head is the message.
-    head = (message.reply_to_message_id or "").split(":", 1)[0]
-    if not head.isdigit():
-        return None
-    return discord.MessageReference(
-        message_id=int(head), channel_id=channel_id, fail_if_not_exists=False
-    )
-
-
 class DiscordChannel:
     name = "discord"
     capabilities = ChannelCapabilities(
@@ -550,7 +400,7 @@ class DiscordChannel:
         enabled = {n: a for n, a in self.config.accounts.items() if a.enabled}
         if not enabled:
             raise ChannelStartError("discord: no enabled account (set accounts.<id>.token)")
-        _point_library_at(self.config)
+        point_library_at(self.config)
         accounts = [
             _Account(
                 name,
@@ -608,17 +458,7 @@ class DiscordChannel:
             raise DeliveryError("discord: the reply is empty", retryable=False)
         channel = account.messageable(channel_id)
         is_dm = account.is_dm(channel_id, channel)
-        reference = None if is_dm else _reference(message, channel_id)
-        delivered: list[str] = []
-        for index in range(message.first_part, len(parts)):
-            quote = reference if index == 0 else None
-            nonce = _nonce(message.idempotency_key, index)
-            try:
-                sent = await _send_part(channel, parts[index], quote, nonce)
-            except Exception as exc:
-                raise _delivery_error(exc, target, is_dm, delivered) from exc
-            delivered.append(str(sent.id))
-        return DeliveryResult(tuple(delivered), len(delivered), datetime.now(UTC))
+        return await deliver(channel, message, parts, target=target, is_dm=is_dm)
 
     async def typing(
         self, chat_id: str, thread_id: str | None = None, account: str = "default"
@@ -629,7 +469,7 @@ class DiscordChannel:
             return
         try:
             await running.client.get_partial_messageable(int(target)).typing()
-        except (discord.DiscordException, *_NETWORK_ERRORS) as exc:
+        except (discord.DiscordException, *NETWORK_ERRORS) as exc:
             # Best effort: a missing indicator is not worth a failed turn.
             logger.debug("discord %s: typing in %s failed: %r", account, target, exc)
 
@@ -645,54 +485,3 @@ class DiscordChannel:
 
     def webhook_routes(self) -> Sequence[WebhookRoute]:
         return []  # the gateway websocket needs no inbound HTTP
-
-
-class _SendOptions(TypedDict, total=False):
-    reference: discord.MessageReference
-    nonce: str
-
-
-async def _send_part(
-    channel: discord.abc.Messageable,
-    text: str,
-    reference: discord.MessageReference | None,
-    nonce: str | None,
-) -> discord.Message:
-    # Only the options that are set: discord.py's ``send`` overloads take neither as
-    # None (left out, it quotes nothing and makes a random nonce, as None does).
-    options: _SendOptions = {}
-    if reference is not None:
-        options["reference"] = reference
-    if nonce is not None:
-        options["nonce"] = nonce
-    return await channel.send(text, allowed_mentions=REPLY_MENTIONS, **options)
-
-
-def _nonce(key: str | None, part: int) -> str | None:
-    """The nonce of one part of a reply: the same for every send of that reply, so
-    Discord (discord.py sets ``enforce_nonce``) returns the message a crash kept us
-    from recording instead of posting it again. At most 25 characters, Discord's limit."""
-    if key is None:
-        return None
-    return hashlib.sha256(f"{key}#{part}".encode()).hexdigest()[:NONCE_CHARS]
-
-
-def _delivery_error(
-    exc: Exception, target: str, is_dm: bool, delivered: list[str]
-) -> DeliveryError:
-    sent = tuple(delivered)
-    where = f"discord → {target}"
-    if isinstance(exc, discord.Forbidden):
-        if is_dm or exc.code == DM_BLOCKED_CODE:
-            return RecipientBlocked(f"{where}: {exc.text}", delivered=sent)
-        return DeliveryError(f"{where}: forbidden: {exc.text}", retryable=False, delivered=sent)
-    if isinstance(exc, discord.NotFound):
-        return DeliveryError(f"{where}: not found: {exc.text}", retryable=False, delivered=sent)
-    if isinstance(exc, discord.HTTPException):
-        retryable = exc.status >= 500 and not sent
-        return DeliveryError(
-            f"{where}: HTTP {exc.status}: {exc.text}", retryable=retryable, delivered=sent
-        )
-    if isinstance(exc, (*_NETWORK_ERRORS, discord.RateLimited, discord.ConnectionClosed)):
-        return DeliveryError(f"{where}: {exc!r}", retryable=not sent, delivered=sent)
-    return DeliveryError(f"{where}: unexpected {exc!r}", retryable=False, delivered=sent)

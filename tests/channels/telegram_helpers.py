@@ -11,7 +11,8 @@ import pytest
 
 from channels.base import InboundMessage, InboundNotStored
 from channels.config import TelegramConfig
-from channels.telegram import Backoff, TelegramChannel
+from channels.telegram import TelegramChannel
+from channels.telegram_polling import Backoff
 from tests.fakes.telegram_api import FakeTelegram
 
 TOKEN = "123:AAA"

@@ -18,6 +18,7 @@ from channels.base import (
     RecipientBlocked,
 )
 from channels.telegram import TelegramChannel
+from channels.telegram_polling import acknowledge
 from channels.telegram_send import retry_after_seconds
 from channels.text import utf16_len
 from tests.channels.telegram_helpers import (
@@ -356,6 +357,6 @@ async def test_acknowledging_does_not_parse_the_next_update(fake: FakeTelegram) 
         pushed = fake.push_update(TOKEN, {"message": bad})
         account.acked = None  # as if nothing was acknowledged since the last poll
         async with asyncio.timeout(5):
-            await channel._acknowledge(account)  # PTB could not parse what comes back
+            await acknowledge(account)  # PTB could not parse what comes back
         assert account.offset is not None and pushed["update_id"] >= account.offset
     assert [u["update_id"] for u in fake.pending_updates(TOKEN)] == [pushed["update_id"]]

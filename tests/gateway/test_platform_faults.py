@@ -30,7 +30,8 @@ import aiohttp
 import pytest
 
 from channels.discord_adapter import DiscordChannel
-from channels.telegram import Backoff, TelegramChannel
+from channels.telegram import TelegramChannel
+from channels.telegram_polling import Backoff
 from gateway.app import Gateway
 from gateway.config import load_config
 from tests.channels.discord_support import (
