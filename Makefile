@@ -28,11 +28,17 @@ $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
 run: $(VENV)/.run-deps
 	$(BIN)/parley run
 
+# mypy reads the packages as parley.core, … (how they are installed): through links here.
+$(VENV)/typecheck/parley/.links: | $(BIN)/python
+	mkdir -p $(VENV)/typecheck/parley
+	for p in core gateway channels; do ln -sfn ../../../$$p $(VENV)/typecheck/parley/$$p; done
+	@touch $@
+
 # PostgreSQL 16 with a portable pgvector, for the tests that run HNSW (tests/fetch_pg16.py).
 $(VENV)/pg16/.complete: tests/fetch_pg16.py | $(BIN)/python
 	$(BIN)/python tests/fetch_pg16.py $(VENV)/pg16
 
-test: $(VENV)/.test-deps $(VENV)/pg16/.complete
+test: $(VENV)/.test-deps $(VENV)/pg16/.complete $(VENV)/typecheck/parley/.links
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
@@ -43,7 +49,7 @@ bench: $(VENV)/.test-deps
 
 # ruff; mypy on core, gateway and channels ([tool.mypy]); the import contracts
 # (layers, no cycles, nothing imports the CLI: [tool.importlinter]).
-lint: $(VENV)/.test-deps
+lint: $(VENV)/.test-deps $(VENV)/typecheck/parley/.links
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

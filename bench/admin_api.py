@@ -25,11 +25,11 @@ from typing import Any
 import aiohttp
 from turn_overhead import LONG_PREFIX, InstantProvider, SignalChannel, percentile, write_transcript
 
-from core.transcript import Transcript
-from gateway.admin.service import encode_cursor
-from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.storage.sessions import SessionOrigin
+from parley.core.transcript import Transcript
+from parley.gateway.admin.service import encode_cursor
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
+from parley.gateway.storage.sessions import SessionOrigin
 
 SESSIONS = 5_000
 PAGE = 50

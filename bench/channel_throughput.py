@@ -46,11 +46,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
 from bench.reply_tags import answered_markers, replied_to, reply_text, tag  # noqa: E402
-from core.messages import TextBlock, Usage  # noqa: E402
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse  # noqa: E402
-from gateway.app import Gateway  # noqa: E402
-from gateway.channel_factory import build_channels  # noqa: E402
-from gateway.config import load_config  # noqa: E402
+from parley.core.messages import TextBlock, Usage  # noqa: E402
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse  # noqa: E402
+from parley.gateway.app import Gateway  # noqa: E402
+from parley.gateway.channel_factory import build_channels  # noqa: E402
+from parley.gateway.config import load_config  # noqa: E402
 from tests.fakes.discord_api import FakeDiscord  # noqa: E402
 from tests.fakes.scripted_provider import ScriptedProvider  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
@@ -224,8 +224,8 @@ async def bench_telegram(chats: int, per_chat: int) -> dict[str, Any]:
 
 async def baseline_telegram(chats: int, per_chat: int) -> dict[str, Any]:
     """The same library and fake with no parley: poll, echo each update, nothing stored."""
-    from channels.config import TelegramAccountConfig
-    from channels.telegram import _make_bot
+    from parley.channels.config import TelegramAccountConfig
+    from parley.channels.telegram import _make_bot
 
     async with FakeTelegram() as fake:
         fake.add_bot(TELEGRAM_TOKEN, "parley_bench_bot")

@@ -74,18 +74,18 @@ from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.context.compaction.compactor import TRIGGER_THRESHOLD, CompactionOutcome, Compactor
-from core.context.compaction.strategies import (
+from parley.core.context.compaction.compactor import TRIGGER_THRESHOLD, CompactionOutcome, Compactor
+from parley.core.context.compaction.strategies import (
     STRATEGY_HIERARCHICAL,
     STRATEGY_SELECTIVE,
     STRATEGY_SLIDING_WINDOW,
     STRATEGY_SUMMARY,
 )
-from core.context.compaction.summarizer import REQUIRED_HEADINGS, Summarizer
-from core.context.config import CompactionConfig
-from core.context.history import build_history
-from core.context.window import compaction_threshold
-from core.importance import (
+from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS, Summarizer
+from parley.core.context.config import CompactionConfig
+from parley.core.context.history import build_history
+from parley.core.context.window import compaction_threshold
+from parley.core.importance import (
     ASK,
     CONSTRAINT,
     DECISION,
@@ -94,17 +94,17 @@ from core.importance import (
     PREFERENCE,
     text_importance,
 )
-from core.memory.embedders import EmbedderSettings, build_embedder
-from core.memory.index import MemoryIndex
-from core.memory.memory_config import MemorySettings
-from core.memory.recall import Recaller, RecallSearch, index_search
-from core.memory.rows import SearchHit
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
-from core.providers.provider_config import RetryConfig
-from core.tokens import TokenCounter, default_counter
-from core.transcript_store import FileTranscriptStore
-from gateway.cli.locomo import (
+from parley.core.memory.embedders import EmbedderSettings, build_embedder
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.recall import Recaller, RecallSearch, index_search
+from parley.core.memory.rows import SearchHit
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.tokens import TokenCounter, default_counter
+from parley.core.transcript_store import FileTranscriptStore
+from parley.gateway.cli.locomo import (
     SCORED_CATEGORIES,
     Conversation,
     LocomoError,

@@ -41,21 +41,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anthropic
 
-from core.agent_config import AgentConfig
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
-from core.context.config import ContextConfig
-from core.context.engine import ContextEngine
-from core.context.flush import FLUSH_PROMPT, FlushTarget
-from core.errors import ToolError
-from core.memory.audience import Audience
-from core.memory.notes import NoteStore
-from core.messages import ToolUseBlock
-from core.prompt import SystemPromptBuilder, render_turn_context
-from core.providers.anthropic import AnthropicProvider
-from core.providers.provider_config import RetryConfig
-from core.runner import Runner, TurnRequest
-from core.tools.tool_registry import Tool, ToolContext, ToolRegistry
-from core.transcript import ENTRY_COMPACTION, Transcript
+from parley.core.agent_config import AgentConfig
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.context.config import ContextConfig
+from parley.core.context.engine import ContextEngine
+from parley.core.context.flush import FLUSH_PROMPT, FlushTarget
+from parley.core.errors import ToolError
+from parley.core.memory.audience import Audience
+from parley.core.memory.notes import NoteStore
+from parley.core.messages import ToolUseBlock
+from parley.core.prompt import SystemPromptBuilder, render_turn_context
+from parley.core.providers.anthropic import AnthropicProvider
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.runner import Runner, TurnRequest
+from parley.core.tools.tool_registry import Tool, ToolContext, ToolRegistry
+from parley.core.transcript import ENTRY_COMPACTION, Transcript
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.llm_common import Reply, ToolCall
 

@@ -67,10 +67,10 @@ from bench.reply_tags import (  # noqa: E402
     replied_to,
     tally,
 )
-from core.context.compaction.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
-from core.memory.store import MemoryStore  # noqa: E402
-from core.transcript import Transcript  # noqa: E402
+from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS as HEADINGS  # noqa: E402
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
+from parley.core.memory.store import MemoryStore  # noqa: E402
+from parley.core.transcript import Transcript  # noqa: E402
 from tests.fakes.anthropic_api import FakeAnthropic  # noqa: E402
 from tests.fakes.llm_common import Reply  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
@@ -163,7 +163,7 @@ class Child:
         self,
         env: dict[str, str],
         log: Path,
-        argv: Sequence[str] = ("-m", "gateway.cli.main", "run"),
+        argv: Sequence[str] = ("-m", "parley.gateway.cli.main", "run"),
     ) -> None:
         self.env = env
         self.log = log

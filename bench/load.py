@@ -135,7 +135,7 @@ class Target:
 
 
 def targets(args: argparse.Namespace) -> list[Target]:
-    parley = Target("parley", ("-m", "gateway.cli.main", "run"), config(args.max_runs))
+    parley = Target("parley", ("-m", "parley.gateway.cli.main", "run"), config(args.max_runs))
     if args.skip_baseline:
         return [parley]
     bare = Target(

@@ -75,19 +75,24 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import core.memory.index.search as index_search
-from core.memory.driver import open_connection
-from core.memory.embedders import ResilientEmbedder
-from core.memory.index import MemoryIndex
-from core.memory.memory_config import ChunkingSettings, MemorySettings, SearchSettings, SyncSettings
-from core.memory.query import extract_keywords
-from core.memory.rows import vector_blob
-from core.memory.sources import AGENT_SCOPE
-from core.memory.stopwords import STOP_WORDS_EN, WORD_STOP_WORDS
-from core.memory.store import MemoryStore
-from core.messages import Message
-from core.tokens import TokenCounter
-from core.transcript import Transcript
+import parley.core.memory.index.search as index_search
+from parley.core.memory.driver import open_connection
+from parley.core.memory.embedders import ResilientEmbedder
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.memory_config import (
+    ChunkingSettings,
+    MemorySettings,
+    SearchSettings,
+    SyncSettings,
+)
+from parley.core.memory.query import extract_keywords
+from parley.core.memory.rows import vector_blob
+from parley.core.memory.sources import AGENT_SCOPE
+from parley.core.memory.stopwords import STOP_WORDS_EN, WORD_STOP_WORDS
+from parley.core.memory.store import MemoryStore
+from parley.core.messages import Message
+from parley.core.tokens import TokenCounter
+from parley.core.transcript import Transcript
 
 DIMS = 384
 CHUNKS_PER_FILE = 100

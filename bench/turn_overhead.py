@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from channels.base import (
+from parley.channels.base import (
     OPEN_POLICY,
     ChannelCapabilities,
     ChatPolicy,
@@ -33,12 +33,12 @@ from channels.base import (
     OutboundMessage,
     WebhookRoute,
 )
-from core.messages import Message, TextBlock, Usage
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.transcript import Transcript
-from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.storage.sessions import SessionOrigin
+from parley.core.messages import Message, TextBlock, Usage
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.transcript import Transcript
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
+from parley.gateway.storage.sessions import SessionOrigin
 
 LIVE_ENTRIES = 100
 LONG_PREFIX = 10_000

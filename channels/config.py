@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from channels.base import Activation, ChatPolicy, DmPolicy
+from parley.channels.base import Activation, ChatPolicy, DmPolicy
 
 EditRule = Literal["ignore", "answer"]
 TelegramMode = Literal["polling", "webhook"]

@@ -46,7 +46,7 @@ from typing import Any
 
 import discord
 
-from channels.base import (
+from parley.channels.base import (
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -59,18 +59,18 @@ from channels.base import (
     SeenMark,
     WebhookRoute,
 )
-from channels.config import DiscordConfig
-from channels.discord_backfill import Backfill
-from channels.discord_client import (
+from parley.channels.config import DiscordConfig
+from parley.channels.discord_backfill import Backfill
+from parley.channels.discord_client import (
     is_fatal,
     new_client,
     point_library_at,
     session_event,
     why_stopped,
 )
-from channels.discord_inbound import normalise_edit, normalise_message
-from channels.discord_send import MAX_MESSAGE_CHARS, NETWORK_ERRORS, deliver
-from channels.text import split_message
+from parley.channels.discord_inbound import normalise_edit, normalise_message
+from parley.channels.discord_send import MAX_MESSAGE_CHARS, NETWORK_ERRORS, deliver
+from parley.channels.text import split_message
 
 logger = logging.getLogger("parley.channels.discord")
 

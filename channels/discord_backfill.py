@@ -51,7 +51,7 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 import discord
 
-from channels.base import InboundMessage, SeenMark
+from parley.channels.base import InboundMessage, SeenMark
 
 logger = logging.getLogger("parley.channels.discord")
 

@@ -29,7 +29,7 @@ import discord
 import yarl
 from discord.gateway import DiscordWebSocket
 
-from channels.config import DiscordConfig
+from parley.channels.config import DiscordConfig
 
 logger = logging.getLogger("parley.channels.discord")
 

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import discord
 
-from channels.base import ChatType, InboundMessage
-from channels.config import EditRule
+from parley.channels.base import ChatType, InboundMessage
+from parley.channels.config import EditRule
 
 logger = logging.getLogger("parley.channels.discord")
 

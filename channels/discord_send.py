@@ -24,7 +24,7 @@ from typing import TypedDict
 import aiohttp
 import discord
 
-from channels.base import DeliveryError, DeliveryResult, OutboundMessage, RecipientBlocked
+from parley.channels.base import DeliveryError, DeliveryResult, OutboundMessage, RecipientBlocked
 
 MAX_MESSAGE_CHARS = 2000
 NONCE_CHARS = 25

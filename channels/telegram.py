@@ -32,7 +32,7 @@ from telegram.constants import ChatAction
 from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
-from channels.base import (
+from parley.channels.base import (
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -44,17 +44,17 @@ from channels.base import (
     RecordedCheck,
     WebhookRoute,
 )
-from channels.config import TelegramAccountConfig, TelegramConfig
-from channels.telegram_inbound import normalise_update, parse_message_ref
-from channels.telegram_polling import (
+from parley.channels.config import TelegramAccountConfig, TelegramConfig
+from parley.channels.telegram_inbound import normalise_update, parse_message_ref
+from parley.channels.telegram_polling import (
     ALLOWED_UPDATES,
     DEFAULT_BACKOFF,
     Backoff,
     Poller,
     acknowledge,
 )
-from channels.telegram_recovery import Numbering, probe
-from channels.telegram_send import (
+from parley.channels.telegram_recovery import Numbering, probe
+from parley.channels.telegram_send import (
     MAX_MESSAGE_UTF16,
     SendSettings,
     Sleep,

@@ -24,9 +24,9 @@ from datetime import timedelta
 from telegram import Message, MessageEntity, Update, User
 from telegram.warnings import PTBDeprecationWarning
 
-from channels.base import ChatType, InboundMessage
-from channels.config import EditRule
-from channels.text import utf16_len
+from parley.channels.base import ChatType, InboundMessage
+from parley.channels.config import EditRule
+from parley.channels.text import utf16_len
 
 logger = logging.getLogger("parley.channels.telegram")
 

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 from telegram import Bot, Update
 from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError
 
-from channels.base import InboundHandler, InboundMessage, InboundNotStored
-from channels.telegram_send import Sleep, retry_after_seconds
+from parley.channels.base import InboundHandler, InboundMessage, InboundNotStored
+from parley.channels.telegram_send import Sleep, retry_after_seconds
 
 logger = logging.getLogger("parley.channels.telegram")
 

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from telegram import Bot
 from telegram.error import BadRequest, TelegramError
 
-from channels.base import RecordedCheck
+from parley.channels.base import RecordedCheck
 
 logger = logging.getLogger("parley.channels.telegram")
 

@@ -31,9 +31,9 @@ from telegram.error import (
     TelegramError,
 )
 
-from channels.base import DeliveryError, DeliveryResult, OutboundMessage, RecipientBlocked
-from channels.telegram_inbound import parse_message_ref, read_period
-from channels.text import markdown_to_telegram_html, split_message, strip_markdown, utf16_len
+from parley.channels.base import DeliveryError, DeliveryResult, OutboundMessage, RecipientBlocked
+from parley.channels.telegram_inbound import parse_message_ref, read_period
+from parley.channels.text import markdown_to_telegram_html, split_message, strip_markdown, utf16_len
 
 logger = logging.getLogger("parley.channels.telegram")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
-from channels.base import (
+from parley.channels.base import (
     OPEN_POLICY,
     ChannelCapabilities,
     ChannelStartError,
@@ -30,7 +30,7 @@ from channels.base import (
     OutboundMessage,
     WebhookRoute,
 )
-from channels.config import TerminalConfig
+from parley.channels.config import TerminalConfig
 
 REPLY_PREFIX = "parley> "
 

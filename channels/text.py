@@ -14,7 +14,12 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from channels.markdown_html import Fence, find_fences, markdown_to_telegram_html, strip_markdown
+from parley.channels.markdown_html import (
+    Fence,
+    find_fences,
+    markdown_to_telegram_html,
+    strip_markdown,
+)
 
 __all__ = [
     "MIN_SPLIT_LIMIT",

@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from channels.base import (
+from parley.channels.base import (
     OPEN_POLICY,
     ChannelCapabilities,
     ChannelStartError,
@@ -46,7 +46,7 @@ from channels.base import (
     OutboundMessage,
     WebhookRoute,
 )
-from channels.config import WebConfig
+from parley.channels.config import WebConfig
 
 logger = logging.getLogger("parley.channels.web")
 

@@ -58,7 +58,7 @@ import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 
-from core.messages import (
+from parley.core.messages import (
     FENCE_RECALLED_MEMORY,
     FENCE_SUMMARY,
     FENCE_TURN_CONTEXT,

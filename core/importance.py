@@ -30,8 +30,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from core.identifiers import find_identifiers
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+from parley.core.identifiers import find_identifiers
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 
 ERROR = 0.95
 DECISION = 0.90

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from core.fences import RECALL_CLOSE as RECALL_CLOSE  # re-exported: the recall markers
-from core.fences import RECALL_OPEN as RECALL_OPEN
-from core.fences import (
+from parley.core.fences import RECALL_CLOSE as RECALL_CLOSE  # re-exported: the recall markers
+from parley.core.fences import RECALL_OPEN as RECALL_OPEN
+from parley.core.fences import (
     TURN_CONTEXT_CLOSE,
     TURN_CONTEXT_OPEN,
     fenced,
     neutralise_line,
 )
-from core.messages import FENCE_RECALLED_MEMORY, FENCE_TURN_CONTEXT, TextBlock, ToolSpec
+from parley.core.messages import FENCE_RECALLED_MEMORY, FENCE_TURN_CONTEXT, TextBlock, ToolSpec
 
 PROJECT_FILES = ("AGENTS.md", "SOUL.md", "IDENTITY.md", "USER.md", "TOOLS.md", "MEMORY.md")
 # MEMORY.md falls back to memory.md only when MEMORY.md is absent, so a case-insensitive

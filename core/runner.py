@@ -30,21 +30,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.agent_config import AgentConfig
-from core.context.config import ContextConfig
-from core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
-from core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
-from core.memory.audience import Viewer
-from core.memory.recall import RECALL_META_KEY, LiveContext, Recall, Recaller, previous_user_text
-from core.messages import Message, TextBlock, ToolResultBlock, Usage
-from core.prompt import SystemPromptBuilder, turn_context_block
-from core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
-from core.providers.provider_config import RetryConfig
-from core.providers.retry import call_with_retry
-from core.tools.tool_registry import ToolContext, ToolRegistry
-from core.tools.truncation import tool_result_cap
-from core.transcript import Entry
-from core.transcript_store import SessionTranscript
+from parley.core.agent_config import AgentConfig
+from parley.core.context.config import ContextConfig
+from parley.core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
+from parley.core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
+from parley.core.memory.audience import Viewer
+from parley.core.memory.recall import (
+    RECALL_META_KEY,
+    LiveContext,
+    Recall,
+    Recaller,
+    previous_user_text,
+)
+from parley.core.messages import Message, TextBlock, ToolResultBlock, Usage
+from parley.core.prompt import SystemPromptBuilder, turn_context_block
+from parley.core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.providers.retry import call_with_retry
+from parley.core.tools.tool_registry import ToolContext, ToolRegistry
+from parley.core.tools.truncation import tool_result_cap
+from parley.core.transcript import Entry
+from parley.core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.runner")
 

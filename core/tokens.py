@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from core.messages import (
+from parley.core.messages import (
     Block,
     ImageBlock,
     Message,
@@ -62,7 +62,7 @@ from core.messages import (
     ToolUseBlock,
     Usage,
 )
-from core.transcript import ENTRY_MESSAGE, Entry
+from parley.core.transcript import ENTRY_MESSAGE, Entry
 
 log = logging.getLogger("parley.core.tokens")
 

@@ -19,10 +19,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, Self
 
-from core.errors import TranscriptError
-from core.files import atomic_file
-from core.messages import Message, Usage
-from core.transcript import FILE_MODE, Entry, LoadReport, Transcript, TranscriptHeader
+from parley.core.errors import TranscriptError
+from parley.core.files import atomic_file
+from parley.core.messages import Message, Usage
+from parley.core.transcript import FILE_MODE, Entry, LoadReport, Transcript, TranscriptHeader
 
 # What may name a transcript: the registry's hex ids and the LoCoMo bench's
 # "conv-26-s01". Nothing that could climb out of the sessions directory.

@@ -22,55 +22,55 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from channels.base import Channel, ChannelError, InboundMessage
-from core.context.compaction.compactor import CompactionOutcome
-from core.context.engine import ContextEngine
-from core.context.flush import FlushTarget
-from core.context.report import ContextReport
-from core.context.view import ContextView
-from core.memory.audience import Audience, Viewer
-from core.memory.index import MemoryIndex
-from core.memory.notes import NoteStore
-from core.memory.recall import Recaller
-from core.prompt import SystemPromptBuilder
-from core.providers.base import Provider
-from core.runner import Runner
-from core.tools.builtin import default_registry
-from core.tools.memory import memory_tools
-from core.transcript_store import SessionTranscript
-from gateway.admin.gateway_view import ProviderHealth
-from gateway.admin.metrics import GatewayMetrics
-from gateway.admin.session_figures import SessionFiguresCache
-from gateway.audiences import header_audience
-from gateway.config import LoadedConfig
-from gateway.errors import ChannelFailure, LaneBusy
-from gateway.home_upgrade.audiences import log_legacy_memory
-from gateway.http_server import HttpServer
-from gateway.lanes import LaneManager
-from gateway.memory import build_memory_index, notes_dir, private_roots
-from gateway.providers import build_provider
-from gateway.routing import SessionRoute
-from gateway.runtime.access import AccessGate
-from gateway.runtime.commands.replies import CommandReplies
-from gateway.runtime.context import Runtime
-from gateway.runtime.delivery import Delivery
-from gateway.runtime.dispatch import Dispatch
-from gateway.runtime.inbound import Inbound
-from gateway.runtime.lane_items import LaneItem, LaneTask
-from gateway.runtime.redelivery import Redelivery
-from gateway.runtime.replicas import ReplicaCoordinator
-from gateway.runtime.resets import resolve_timezone
-from gateway.runtime.sessions import Sessions
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.runtime.turn import Turns
-from gateway.storage.sessions import SessionRecord, utcnow
-from gateway.storage.stores import StateStores
-from gateway.workspace import ensure_workspace
+from parley.channels.base import Channel, ChannelError, InboundMessage
+from parley.core.context.compaction.compactor import CompactionOutcome
+from parley.core.context.engine import ContextEngine
+from parley.core.context.flush import FlushTarget
+from parley.core.context.report import ContextReport
+from parley.core.context.view import ContextView
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.notes import NoteStore
+from parley.core.memory.recall import Recaller
+from parley.core.prompt import SystemPromptBuilder
+from parley.core.providers.base import Provider
+from parley.core.runner import Runner
+from parley.core.tools.builtin import default_registry
+from parley.core.tools.memory import memory_tools
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.admin.gateway_view import ProviderHealth
+from parley.gateway.admin.metrics import GatewayMetrics
+from parley.gateway.admin.session_figures import SessionFiguresCache
+from parley.gateway.audiences import header_audience
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import ChannelFailure, LaneBusy
+from parley.gateway.home_upgrade.audiences import log_legacy_memory
+from parley.gateway.http_server import HttpServer
+from parley.gateway.lanes import LaneManager
+from parley.gateway.memory import build_memory_index, notes_dir, private_roots
+from parley.gateway.providers import build_provider
+from parley.gateway.routing import SessionRoute
+from parley.gateway.runtime.access import AccessGate
+from parley.gateway.runtime.commands.replies import CommandReplies
+from parley.gateway.runtime.context import Runtime
+from parley.gateway.runtime.delivery import Delivery
+from parley.gateway.runtime.dispatch import Dispatch
+from parley.gateway.runtime.inbound import Inbound
+from parley.gateway.runtime.lane_items import LaneItem, LaneTask
+from parley.gateway.runtime.redelivery import Redelivery
+from parley.gateway.runtime.replicas import ReplicaCoordinator
+from parley.gateway.runtime.resets import resolve_timezone
+from parley.gateway.runtime.sessions import Sessions
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.runtime.turn import Turns
+from parley.gateway.storage.sessions import SessionRecord, utcnow
+from parley.gateway.storage.stores import StateStores
+from parley.gateway.workspace import ensure_workspace
 
 if TYPE_CHECKING:
-    from gateway.storage.inbox import Inbox
-    from gateway.storage.pairing import PairingStore
-    from gateway.storage.sessions import SessionRegistry
+    from parley.gateway.storage.inbox import Inbox
+    from parley.gateway.storage.pairing import PairingStore
+    from parley.gateway.storage.sessions import SessionRegistry
 
 log = logging.getLogger("parley.gateway")
 

@@ -21,20 +21,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from core.memory.audience import (
+from parley.core.memory.audience import (
     MAIN_PERSON,
     Audience,
     Viewer,
     parse_scope,
 )
-from gateway.routing import (
+from parley.gateway.routing import (
     SessionRoute,
     normalise_channel,
     normalise_peer_id,
     parse_session_key,
     reset_type_for,
 )
-from gateway.session_config import SessionConfig
+from parley.gateway.session_config import SessionConfig
 
 # Transcripts nobody can be attributed to: indexed, but in no conversation's search.
 UNSCOPED = "unscoped"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from channels.base import Channel
-from channels.config import ChannelsConfig
+from parley.channels.base import Channel
+from parley.channels.config import ChannelsConfig
 
 
 def build_channels(
@@ -20,19 +20,19 @@ def build_channels(
     configured = [] if terminal_only else config.configured()
     channels: list[Channel] = []
     if terminal_only or not configured or "terminal" in configured:
-        from channels.terminal import TerminalChannel
+        from parley.channels.terminal import TerminalChannel
 
         channels.append(TerminalChannel(config.terminal, banner=banner, on_close=on_terminal_close))
     if "telegram" in configured:
-        from channels.telegram import TelegramChannel
+        from parley.channels.telegram import TelegramChannel
 
         channels.append(TelegramChannel(config.telegram))
     if "discord" in configured:
-        from channels.discord_adapter import DiscordChannel
+        from parley.channels.discord_adapter import DiscordChannel
 
         channels.append(DiscordChannel(config.discord))
     if not terminal_only and config.web_enabled():
-        from channels.web import WebChannel
+        from parley.channels.web import WebChannel
 
         channels.append(WebChannel(config.web))
     return channels

@@ -29,14 +29,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from channels.config import ChannelsConfig
-from core.agent_config import AgentConfig
-from core.context.config import ContextConfig
-from core.memory.memory_config import MemorySettings
-from core.providers.provider_config import ProvidersConfig
-from gateway.errors import ConfigFileError
-from gateway.lanes import LanesConfig
-from gateway.session_config import SessionConfig
+from parley.channels.config import ChannelsConfig
+from parley.core.agent_config import AgentConfig
+from parley.core.context.config import ContextConfig
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.providers.provider_config import ProvidersConfig
+from parley.gateway.errors import ConfigFileError
+from parley.gateway.lanes import LanesConfig
+from parley.gateway.session_config import SessionConfig
 
 DEFAULT_HOME = Path("~/.parley")
 CONFIG_FILE_NAME = "parley.toml"

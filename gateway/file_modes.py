@@ -24,7 +24,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from gateway.errors import StateError
+from parley.gateway.errors import StateError
 
 OWNER_ONLY_UMASK = 0o077
 DIR_MODE = 0o700

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from channels.base import WebhookRoute
-from gateway.admin.auth import AdminToken, resolve_token
-from gateway.admin.metrics import GatewayMetrics
-from gateway.admin.web_app import build_app
-from gateway.config import HttpConfig
-from gateway.errors import AdminServerError
-from gateway.http_limits import (
+from parley.channels.base import WebhookRoute
+from parley.gateway.admin.auth import AdminToken, resolve_token
+from parley.gateway.admin.metrics import GatewayMetrics
+from parley.gateway.admin.web_app import build_app
+from parley.gateway.config import HttpConfig
+from parley.gateway.errors import AdminServerError
+from parley.gateway.http_limits import (
     GuardedAppRunner,
     HttpLimits,
     connection_budget,
@@ -36,7 +36,7 @@ from gateway.http_limits import (
 )
 
 if TYPE_CHECKING:
-    from gateway.admin.gateway_view import AdminGateway
+    from parley.gateway.admin.gateway_view import AdminGateway
 
 log = logging.getLogger("parley.gateway.http")
 

@@ -26,13 +26,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.memory.embedders import build_embedder
-from core.memory.index import AsyncResource, MemoryIndex
-from core.memory.sources import StoreTranscriptSource
-from core.memory.tasks import task_record_from_turn
-from core.transcript import Entry
-from gateway.audiences import PersonLinks, scope_resolver
-from gateway.config import LoadedConfig
+from parley.core.memory.embedders import build_embedder
+from parley.core.memory.index import AsyncResource, MemoryIndex
+from parley.core.memory.sources import StoreTranscriptSource
+from parley.core.memory.tasks import task_record_from_turn
+from parley.core.transcript import Entry
+from parley.gateway.audiences import PersonLinks, scope_resolver
+from parley.gateway.config import LoadedConfig
 
 log = logging.getLogger("parley.gateway.memory")
 
@@ -41,9 +41,9 @@ log = logging.getLogger("parley.gateway.memory")
 OWN_POOL_SIZE = 4
 
 if TYPE_CHECKING:
-    from core.memory.sources import TranscriptSource
-    from core.memory.store_protocol import StoreBackend
-    from gateway.storage.postgres.database import PgDatabase
+    from parley.core.memory.sources import TranscriptSource
+    from parley.core.memory.store_protocol import StoreBackend
+    from parley.gateway.storage.postgres.database import PgDatabase
 
 
 def memory_db_path(loaded: LoadedConfig) -> Path:
@@ -100,8 +100,8 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
     resource: AsyncResource | None = None
     storage = loaded.config.storage
     if storage.backend == "postgres":
-        from gateway.storage.postgres.memory.backend import PgMemoryBackend
-        from gateway.storage.postgres.transcripts import PgTranscriptStore
+        from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+        from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
 
         if db is None:
             db = _own_pool(loaded)
@@ -172,7 +172,7 @@ async def record_turn_task(
 
 
 def _own_pool(loaded: LoadedConfig) -> PgDatabase:
-    from gateway.storage.postgres.database import PgDatabase
+    from parley.gateway.storage.postgres.database import PgDatabase
 
     storage = loaded.config.storage
     assert storage.url is not None  # the config refuses postgres without one

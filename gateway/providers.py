@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.providers.base import Provider
-from core.providers.provider_config import ProvidersConfig
+from parley.core.providers.base import Provider
+from parley.core.providers.provider_config import ProvidersConfig
 
 # A dummy key for OpenAI-compatible local servers (Ollama, vLLM) that need none:
 # the SDK refuses to start without one.
@@ -38,7 +38,7 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
     choice = choose_provider(config)
     timeout = config.retry.timeout_seconds
     if choice.name == "anthropic":
-        from core.providers.anthropic import AnthropicProvider
+        from parley.core.providers.anthropic import AnthropicProvider
 
         key = config.anthropic.api_key
         return (
@@ -51,7 +51,7 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
             None,
         )
     if choice.name == "openai":
-        from core.providers.openai_compat import OpenAICompatProvider
+        from parley.core.providers.openai_compat import OpenAICompatProvider
 
         key = config.openai.api_key
         return (
@@ -63,6 +63,6 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
             ),
             None,
         )
-    from core.providers.local import BANNER, LocalProvider
+    from parley.core.providers.local import BANNER, LocalProvider
 
     return LocalProvider(config.local), BANNER

@@ -49,9 +49,9 @@ import re
 from dataclasses import dataclass
 from hashlib import blake2b
 
-from channels.base import ChatType
-from core.agent_config import DEFAULT_AGENT_ID
-from gateway.session_config import DEFAULT_MAIN_KEY, ResetType, SessionConfig
+from parley.channels.base import ChatType
+from parley.core.agent_config import DEFAULT_AGENT_ID
+from parley.gateway.session_config import DEFAULT_MAIN_KEY, ResetType, SessionConfig
 
 DEFAULT_ACCOUNT_ID = "default"
 DEFAULT_CHANNEL_NAME = "unknown"

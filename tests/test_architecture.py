@@ -1,6 +1,8 @@
 """The house's rules that no linter states: the no-CLI import contract names every
-module of gateway, loggers sit under ``parley.*``, and modules stay small enough to
-read in one sitting. (Layers and cycles: ``make lint`` runs import-linter.)"""
+module of gateway, every package is installed under ``parley.``, loggers sit under
+``parley.*``, and modules stay small enough to read in one sitting. (Layers and
+cycles: ``make lint`` runs import-linter; bare ``core``/``gateway``/``channels``
+imports: ruff's banned-api.)"""
 
 from __future__ import annotations
 
@@ -23,14 +25,28 @@ def product_modules() -> list[Path]:
 def test_the_no_cli_contract_names_every_module_of_gateway_but_the_cli() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     contracts = config["tool"]["importlinter"]["contracts"]
-    [contract] = [c for c in contracts if c.get("forbidden_modules") == ["gateway.cli"]]
+    [contract] = [c for c in contracts if c.get("forbidden_modules") == ["parley.gateway.cli"]]
     gateway = ROOT / "gateway"
     children = {
-        f"gateway.{p.stem if p.is_file() else p.name}"
+        f"parley.gateway.{p.stem if p.is_file() else p.name}"
         for p in gateway.iterdir()
         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
     }
-    assert set(contract["source_modules"]) == {"core", "channels"} | (children - {"gateway.cli"})
+    assert set(contract["source_modules"]) == {"parley.core", "parley.channels"} | (
+        children - {"parley.gateway.cli"}
+    )
+
+
+def test_every_package_is_installed_under_the_parley_namespace() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = config["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {f"parley.{top}": top for top in PACKAGES}
+    packages = {
+        "parley." + ".".join(init.parent.relative_to(ROOT).parts)
+        for top in PACKAGES
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert set(setuptools["packages"]) == packages
 
 
 @pytest.mark.parametrize("path", product_modules(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -42,36 +42,53 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
-from core.context.compaction.compactor import (
+from parley.core.context.compaction.compactor import (
     TRIGGER_MANUAL,
     TRIGGER_OVERFLOW,
     TRIGGER_THRESHOLD,
     CompactionOutcome,
     Compactor,
 )
-from core.context.compaction.gate import CompactionGate
-from core.context.compaction.summarizer import Summarizer
-from core.context.compaction.triggers import due_trigger
-from core.context.config import ContextConfig
-from core.context.flush import (
+from parley.core.context.compaction.gate import CompactionGate
+from parley.core.context.compaction.summarizer import Summarizer
+from parley.core.context.compaction.triggers import due_trigger
+from parley.core.context.config import ContextConfig
+from parley.core.context.flush import (
     FlushOutcome,
     FlushTarget,
     MemoryFlusher,
     flush_due,
     flushed_this_cycle,
 )
-from core.context.pruning import PRUNE_CUSTOM_TYPE, PruneDecision, decide
-from core.context.session_state import SessionState, SessionStates
-from core.context.trim import fit_view
-from core.context.view import ContextView, build_view, inspect_view, last_call_at, max_messages
-from core.context.window import WindowInfo, check_window, compaction_threshold, resolve_window
-from core.errors import ContextBudgetError, ContextOverflowError
-from core.messages import Message, ToolSpec, Usage
-from core.providers.base import Provider
-from core.providers.provider_config import RetryConfig
-from core.tokens import Calibration, ContextAccountant, ContextSize, TokenCounter, default_counter
-from core.transcript import ENTRY_MESSAGE, Entry
-from core.transcript_store import SessionTranscript
+from parley.core.context.pruning import PRUNE_CUSTOM_TYPE, PruneDecision, decide
+from parley.core.context.session_state import SessionState, SessionStates
+from parley.core.context.trim import fit_view
+from parley.core.context.view import (
+    ContextView,
+    build_view,
+    inspect_view,
+    last_call_at,
+    max_messages,
+)
+from parley.core.context.window import (
+    WindowInfo,
+    check_window,
+    compaction_threshold,
+    resolve_window,
+)
+from parley.core.errors import ContextBudgetError, ContextOverflowError
+from parley.core.messages import Message, ToolSpec, Usage
+from parley.core.providers.base import Provider
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.tokens import (
+    Calibration,
+    ContextAccountant,
+    ContextSize,
+    TokenCounter,
+    default_counter,
+)
+from parley.core.transcript import ENTRY_MESSAGE, Entry
+from parley.core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.context")
 

@@ -27,17 +27,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Literal
 
-from core.context.config import FlushConfig
-from core.errors import ProviderError
-from core.memory.audience import Audience
-from core.memory.notes import NoteError, NoteStore
-from core.messages import Message, ToolSpec, Usage
-from core.prompt import SILENT_REPLY
-from core.providers.base import Provider, ProviderRequest
-from core.providers.provider_config import RetryConfig
-from core.providers.retry import call_with_retry
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, TranscriptHeader
-from core.transcript_store import SessionTranscript
+from parley.core.context.config import FlushConfig
+from parley.core.errors import ProviderError
+from parley.core.memory.audience import Audience
+from parley.core.memory.notes import NoteError, NoteStore
+from parley.core.messages import Message, ToolSpec, Usage
+from parley.core.prompt import SILENT_REPLY
+from parley.core.providers.base import Provider, ProviderRequest
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.providers.retry import call_with_retry
+from parley.core.transcript import (
+    ENTRY_COMPACTION,
+    ENTRY_CUSTOM,
+    ENTRY_MESSAGE,
+    Entry,
+    TranscriptHeader,
+)
+from parley.core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.flush")
 

@@ -51,9 +51,16 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from core.fences import SUMMARY_TAGS, fenced, neutralise
-from core.messages import FENCE_SUMMARY, Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from parley.core.fences import SUMMARY_TAGS, fenced, neutralise
+from parley.core.messages import (
+    FENCE_SUMMARY,
+    Block,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 
 COMPACTION_SUMMARY_PREFIX = (
     "The conversation history before this point was compacted into the following summary:\n"

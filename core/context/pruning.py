@@ -43,10 +43,17 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 from typing import Any
 
-from core.context.config import PruningConfig
-from core.messages import Block, ImageBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.tools.truncation import CHARS_PER_TOKEN
-from core.transcript import ENTRY_CUSTOM, Entry
+from parley.core.context.config import PruningConfig
+from parley.core.messages import (
+    Block,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from parley.core.tools.truncation import CHARS_PER_TOKEN
+from parley.core.transcript import ENTRY_CUSTOM, Entry
 
 log = logging.getLogger("parley.core.pruning")
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from core.context.history import is_summary_block
-from core.messages import Message, TextBlock, ToolSpec
-from core.prompt import InjectedFile, SystemPrompt
+from parley.core.context.history import is_summary_block
+from parley.core.messages import Message, TextBlock, ToolSpec
+from parley.core.prompt import InjectedFile, SystemPrompt
 
 MODE_LIST = "list"
 MODE_DETAIL = "detail"

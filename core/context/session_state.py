@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.tokens import ContextAccountant
+from parley.core.tokens import ContextAccountant
 
 MAX_SESSION_STATES = 4096
 

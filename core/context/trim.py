@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from core.context.history import is_summary_block, is_turn_start, repair_history
-from core.errors import ContextBudgetError
-from core.messages import Message, TextBlock, ToolResultBlock
-from core.prompt import is_recall_block, is_turn_context
+from parley.core.context.history import is_summary_block, is_turn_start, repair_history
+from parley.core.errors import ContextBudgetError
+from parley.core.messages import Message, TextBlock, ToolResultBlock
+from parley.core.prompt import is_recall_block, is_turn_context
 
 TRIMMED_RESULT = "[tool result removed from this request to fit the context window]"
 

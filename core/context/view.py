@@ -18,17 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from core.context.config import ContextConfig
-from core.context.history import build_history, is_turn_start
-from core.context.pruning import (
+from parley.core.context.config import ContextConfig
+from parley.core.context.history import build_history, is_turn_start
+from parley.core.context.pruning import (
     PRUNE_CUSTOM_TYPE,
     PruneDecision,
     apply_decisions,
     recorded_decisions,
 )
-from core.context.window import derived_history_messages
-from core.messages import Message
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from parley.core.context.window import derived_history_messages
+from parley.core.messages import Message
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from core.context.config import CompactionConfig, ContextConfig
-from core.errors import WindowTooSmallError
+from parley.core.context.config import CompactionConfig, ContextConfig
+from parley.core.errors import WindowTooSmallError
 
 log = logging.getLogger("parley.core.window")
 

@@ -12,8 +12,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from core.memory.driver import DriverChoice
-from core.memory.store import MemoryStore
+from parley.core.memory.driver import DriverChoice
+from parley.core.memory.store import MemoryStore
 
 SHADOW_SUFFIX = ".reindex"
 

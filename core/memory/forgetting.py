@@ -27,11 +27,11 @@ from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from core.importance import DEFAULT, NOTHING, text_importance
-from core.memory.decay import is_evergreen, iso_timestamp
-from core.memory.memory_config import ForgettingSettings
-from core.memory.rows import ForgettableChunk, Tombstone
-from core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
+from parley.core.importance import DEFAULT, NOTHING, text_importance
+from parley.core.memory.decay import is_evergreen, iso_timestamp
+from parley.core.memory.memory_config import ForgettingSettings
+from parley.core.memory.rows import ForgettableChunk, Tombstone
+from parley.core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
 
 Policy = Literal["age", "importance", "capacity"]
 POLICIES: tuple[Policy, ...] = ("age", "importance", "capacity")

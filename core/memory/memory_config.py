@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.memory.driver import DriverChoice
-from core.memory.embedders import EmbedderSettings
-from core.memory.recall import DEFAULT_RECALL_BUDGET_TOKENS, DEFAULT_RECALL_MODE, RecallMode
+from parley.core.memory.driver import DriverChoice
+from parley.core.memory.embedders import EmbedderSettings
+from parley.core.memory.recall import DEFAULT_RECALL_BUDGET_TOKENS, DEFAULT_RECALL_MODE, RecallMode
 
 
 class _Strict(BaseModel):

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from core.memory.query import cjk_terms, is_cjk, tokenize
+from parley.core.memory.query import cjk_terms, is_cjk, tokenize
 
 T = TypeVar("T")
 

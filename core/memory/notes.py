@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from core.files import write_atomically
-from core.memory.audience import Audience, parse_folder
+from parley.core.files import write_atomically
+from parley.core.memory.audience import Audience, parse_folder
 
 NOTES_SOURCE = "notes"
 REMEMBERED_FILE = "remembered.md"

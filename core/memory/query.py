@@ -43,7 +43,7 @@ import unicodedata
 from collections.abc import Iterable
 from typing import Literal
 
-from core.memory.stopwords import (
+from parley.core.memory.stopwords import (
     CJK_STOP_WORD_MAX_LEN,
     CJK_STOP_WORDS,
     KO_TRAILING_PARTICLES,

@@ -39,12 +39,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from core.fences import RECALL_CLOSE, RECALL_OPEN, fenced, neutralise
-from core.memory.recall_rules import recall_reason
-from core.messages import FENCE_RECALLED_MEMORY, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.prompt import is_recall_block, is_turn_context
-from core.tokens import default_counter
-from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from parley.core.fences import RECALL_CLOSE, RECALL_OPEN, fenced, neutralise
+from parley.core.memory.recall_rules import recall_reason
+from parley.core.messages import (
+    FENCE_RECALLED_MEMORY,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from parley.core.prompt import is_recall_block, is_turn_context
+from parley.core.tokens import default_counter
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 
 RecallMode = Literal["off", "auto", "always"]
 DEFAULT_RECALL_MODE: RecallMode = "auto"

@@ -29,10 +29,10 @@ from datetime import datetime
 
 import numpy as np
 
-from core.memory.decay import chunk_age_days, decay_multiplier
-from core.memory.memory_config import SearchSettings
-from core.memory.mmr import mmr_rerank
-from core.memory.query import (
+from parley.core.memory.decay import chunk_age_days, decay_multiplier
+from parley.core.memory.memory_config import SearchSettings
+from parley.core.memory.mmr import mmr_rerank
+from parley.core.memory.query import (
     build_cjk_query,
     build_fts_query,
     extract_keywords,
@@ -40,8 +40,8 @@ from core.memory.query import (
     quote_fts,
     tokenize,
 )
-from core.memory.rows import ChunkRow, SearchHit
-from core.memory.store_protocol import SearchStore
+from parley.core.memory.rows import ChunkRow, SearchHit
+from parley.core.memory.store_protocol import SearchStore
 
 # A transcript result whose turns were at least this much returned already is dropped.
 _OVERLAP_DROP = 0.5

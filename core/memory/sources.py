@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from core.errors import TranscriptError
-from core.transcript_store import TranscriptInfo, TranscriptStore
+from parley.core.errors import TranscriptError
+from parley.core.transcript_store import TranscriptInfo, TranscriptStore
 
 AGENT_SCOPE = "agent"
 MEMORY_SOURCE = "memory"

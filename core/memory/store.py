@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import MemoryIndexError
-from core.memory.driver import DriverChoice, DriverInfo, open_connection
-from core.memory.rows import (
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.driver import DriverChoice, DriverInfo, open_connection
+from parley.core.memory.rows import (
     CacheEntry,
     ChunkRow,
     FileRow,
@@ -38,8 +38,8 @@ from core.memory.rows import (
     blob_vector,
     vector_blob,
 )
-from core.memory.store_schema import STORE_VERSION as STORE_VERSION
-from core.memory.store_schema import create_tables
+from parley.core.memory.store_schema import STORE_VERSION as STORE_VERSION
+from parley.core.memory.store_schema import create_tables
 
 # STORE_VERSION is re-exported (``as``): gateway.state_migration reads it from this module
 # with getattr, so it must stay here. The row types come from core.memory.rows; importers

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.memory.rows import (
+from parley.core.memory.rows import (
     ChunkRow,
     FileRow,
     ForgettableChunk,

@@ -32,10 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from core.memory.rows import NewChunk
-from core.memory.sources import AGENT_SCOPE
-from core.messages import ToolResultBlock
-from core.transcript import ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from parley.core.memory.rows import NewChunk
+from parley.core.memory.sources import AGENT_SCOPE
+from parley.core.messages import ToolResultBlock
+from parley.core.transcript import ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
 
 log = logging.getLogger("parley.core.memory")
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from core.messages import Block, Message, ToolSpec, Usage
+from parley.core.messages import Block, Message, ToolSpec, Usage
 
 TextCallback = Callable[[str], Awaitable[None]]
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import (
+from parley.core.errors import (
     ConfigError,
     ContextOverflowError,
     InvalidRequestError,
@@ -63,7 +63,7 @@ from core.errors import (
     ProviderError,
     ServerError,
 )
-from core.messages import (
+from parley.core.messages import (
     ImageBlock,
     Message,
     TextBlock,
@@ -71,7 +71,7 @@ from core.messages import (
     ToolUseBlock,
     Usage,
 )
-from core.providers.base import (
+from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_OVERFLOW,
@@ -79,7 +79,7 @@ from core.providers.base import (
     ProviderResponse,
     TextCallback,
 )
-from core.providers.provider_config import LocalModelConfig
+from parley.core.providers.provider_config import LocalModelConfig
 
 log = logging.getLogger("parley.core.providers.local")
 

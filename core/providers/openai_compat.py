@@ -30,13 +30,13 @@ from typing import Any
 import httpx2
 import openai
 
-from core.errors import (
+from parley.core.errors import (
     MalformedResponseError,
     ProviderConnectionError,
     ProviderError,
     ProviderTimeoutError,
 )
-from core.messages import (
+from parley.core.messages import (
     Block,
     ImageBlock,
     Message,
@@ -46,7 +46,7 @@ from core.messages import (
     ToolUseBlock,
     Usage,
 )
-from core.providers.base import (
+from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_REFUSAL,
@@ -55,8 +55,8 @@ from core.providers.base import (
     ProviderResponse,
     TextCallback,
 )
-from core.providers.retry import classify_status_error
-from core.providers.streaming import (
+from parley.core.providers.retry import classify_status_error
+from parley.core.providers.streaming import (
     StreamingProvider,
     drive_stream,
     error_body,

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from core.errors import (
+from parley.core.errors import (
     AuthenticationError,
     ContextOverflowError,
     InvalidRequestError,
@@ -34,9 +34,9 @@ from core.errors import (
     RateLimitError,
     ServerError,
 )
-from core.providers.base import Provider, ProviderRequest, ProviderResponse, TextCallback
-from core.providers.overflow import match_overflow
-from core.providers.provider_config import RetryConfig
+from parley.core.providers.base import Provider, ProviderRequest, ProviderResponse, TextCallback
+from parley.core.providers.overflow import match_overflow
+from parley.core.providers.provider_config import RetryConfig
 
 log = logging.getLogger("parley.core.providers.retry")
 

@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from core.errors import MalformedResponseError, ProviderError, ProviderTimeoutError
-from core.providers.base import ProviderRequest, ProviderResponse, TextCallback
+from parley.core.errors import MalformedResponseError, ProviderError, ProviderTimeoutError
+from parley.core.providers.base import ProviderRequest, ProviderResponse, TextCallback
 
 DEFAULT_TIMEOUT_SECONDS = 120.0
 

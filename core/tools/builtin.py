@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
-from core.errors import ToolError
-from core.tools.tool_registry import Tool, ToolContext, ToolRegistry
+from parley.core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
+from parley.core.errors import ToolError
+from parley.core.tools.tool_registry import Tool, ToolContext, ToolRegistry
 
 DEFAULT_READ_MAX_LINES = 2000
 DEFAULT_READ_MAX_BYTES = 256 * 1024

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.errors import MemoryIndexError, ToolError
-from core.memory.audience import AudienceError, Viewer, writable
-from core.memory.index import MemoryIndex
-from core.memory.notes import NoteError
-from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
-from core.tools.tool_registry import Tool, ToolContext
+from parley.core.errors import MemoryIndexError, ToolError
+from parley.core.memory.audience import AudienceError, Viewer, writable
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.notes import NoteError
+from parley.core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
+from parley.core.tools.tool_registry import Tool, ToolContext
 
 SCOPES_KEY = "memory_scopes"
 VIEWER_KEY = "memory_viewer"

@@ -32,10 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
-from core.errors import ToolError
-from core.messages import ToolResultBlock, ToolSpec, ToolUseBlock
-from core.tools.truncation import truncate_tool_result
+from parley.core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
+from parley.core.errors import ToolError
+from parley.core.messages import ToolResultBlock, ToolSpec, ToolUseBlock
+from parley.core.tools.truncation import truncate_tool_result
 
 log = logging.getLogger("parley.core.tools")
 

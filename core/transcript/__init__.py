@@ -11,13 +11,13 @@ The names the runtime and the gateway use are re-exported here, so importers say
 ``from core.transcript import Transcript, Entry``.
 """
 
-from core.transcript.base import (
+from parley.core.transcript.base import (
     LiveWindow,
     LoadReport,
     TranscriptBase,
     new_header,
 )
-from core.transcript.entries import (
+from parley.core.transcript.entries import (
     ENTRY_COMPACTION,
     ENTRY_CUSTOM,
     ENTRY_MESSAGE,
@@ -27,7 +27,7 @@ from core.transcript.entries import (
     encode_header,
     parse_entry_or_none,
 )
-from core.transcript.file import FILE_MODE, Transcript
+from parley.core.transcript.file import FILE_MODE, Transcript
 
 __all__ = [
     "ENTRY_COMPACTION",

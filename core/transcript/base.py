@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
-from core.errors import TranscriptError
-from core.messages import Message, Usage
-from core.transcript.entries import (
+from parley.core.errors import TranscriptError
+from parley.core.messages import Message, Usage
+from parley.core.transcript.entries import (
     ENTRY_COMPACTION,
     ENTRY_CUSTOM,
     ENTRY_MESSAGE,

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from core.errors import TranscriptError
-from core.fences import read_user_message
-from core.messages import Message, Usage
+from parley.core.errors import TranscriptError
+from parley.core.fences import read_user_message
+from parley.core.messages import Message, Usage
 
 TRANSCRIPT_VERSION = 1
 ENTRY_MESSAGE = "message"

@@ -32,9 +32,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from core.errors import TranscriptError
-from core.transcript.base import LiveWindow, LoadReport, TailAction, TranscriptBase, new_header
-from core.transcript.entries import (
+from parley.core.errors import TranscriptError
+from parley.core.transcript.base import (
+    LiveWindow,
+    LoadReport,
+    TailAction,
+    TranscriptBase,
+    new_header,
+)
+from parley.core.transcript.entries import (
     ENTRY_COMPACTION,
     Entry,
     TranscriptHeader,

@@ -11,9 +11,9 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from gateway.admin import schemas as s
-from gateway.admin.keys import METRICS, SERVICE
-from gateway.errors import ApiError
+from parley.gateway.admin import schemas as s
+from parley.gateway.admin.keys import METRICS, SERVICE
+from parley.gateway.errors import ApiError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)

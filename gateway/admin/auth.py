@@ -21,8 +21,8 @@ from typing import Literal
 
 from aiohttp import hdrs, web
 
-from core.files import write_atomically
-from gateway.errors import AdminServerError
+from parley.core.files import write_atomically
+from parley.gateway.errors import AdminServerError
 
 SUBPROTOCOL_PREFIX = "bearer."
 MIN_TOKEN_CHARS = 16

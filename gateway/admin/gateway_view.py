@@ -13,20 +13,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from channels.base import Channel
-from core.context.compaction.compactor import CompactionOutcome
-from core.context.report import ContextReport
-from core.context.view import ContextView
-from core.memory.index import MemoryIndex
-from core.providers.base import Provider
-from core.transcript_store import SessionTranscript
-from gateway.admin.session_figures import SessionFiguresCache
-from gateway.config import ParleyConfig
-from gateway.storage.sessions import SessionRecord
+from parley.channels.base import Channel
+from parley.core.context.compaction.compactor import CompactionOutcome
+from parley.core.context.report import ContextReport
+from parley.core.context.view import ContextView
+from parley.core.memory.index import MemoryIndex
+from parley.core.providers.base import Provider
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.admin.session_figures import SessionFiguresCache
+from parley.gateway.config import ParleyConfig
+from parley.gateway.storage.sessions import SessionRecord
 
 if TYPE_CHECKING:
-    from gateway.storage.sessions import SessionRegistry
-    from gateway.storage.stores import StateStores
+    from parley.gateway.storage.sessions import SessionRegistry
+    from parley.gateway.storage.stores import StateStores
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.admin.auth import AdminToken
+from parley.gateway.admin.auth import AdminToken
 
 if TYPE_CHECKING:
-    from gateway.admin.metrics import GatewayMetrics
-    from gateway.admin.service import AdminService
+    from parley.gateway.admin.metrics import GatewayMetrics
+    from parley.gateway.admin.service import AdminService
 
 TOKEN = web.AppKey("parley.token", AdminToken)
 # Canonical paths of the routes that need no token (health, pages, own-credential routes).

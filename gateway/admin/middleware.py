@@ -9,9 +9,9 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from gateway.admin.auth import presented_token
-from gateway.admin.keys import MAX_BODY, METRICS, PUBLIC_RESOURCES, TOKEN
-from gateway.errors import ApiError
+from parley.gateway.admin.auth import presented_token
+from parley.gateway.admin.keys import MAX_BODY, METRICS, PUBLIC_RESOURCES, TOKEN
+from parley.gateway.errors import ApiError
 
 log = logging.getLogger("parley.gateway.admin")
 

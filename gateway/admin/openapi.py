@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from channels.base import WebhookRoute
-from gateway.admin.api import Operation
-from gateway.admin.schemas import SESSION_ID_PATTERN, ErrorBody
+from parley.channels.base import WebhookRoute
+from parley.gateway.admin.api import Operation
+from parley.gateway.admin.schemas import SESSION_ID_PATTERN, ErrorBody
 
 _REF = "#/components/schemas/{model}"
 _REASONS = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway.errors import ApiError
+from parley.gateway.errors import ApiError
 
 STATIC_DIR = Path(__file__).with_name("static")
 ASSET_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}\.(js|css|svg)$"

@@ -23,20 +23,20 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.context.compaction.compactor import CompactionOutcome
-from core.context.compaction.stats import CompactionStats, utilisation
-from core.context.report import ContextReport
-from core.errors import ContextError, CoreError, TranscriptError
-from core.memory.audience import Viewer, audience_label
-from core.prompt import SECTION_PROJECT_CONTEXT
-from core.transcript import ENTRY_COMPACTION
-from core.transcript_store import SessionTranscript
-from gateway.admin import schemas as s
-from gateway.errors import ApiError, LaneBusy
-from gateway.storage.sessions import SessionRecord
+from parley.core.context.compaction.compactor import CompactionOutcome
+from parley.core.context.compaction.stats import CompactionStats, utilisation
+from parley.core.context.report import ContextReport
+from parley.core.errors import ContextError, CoreError, TranscriptError
+from parley.core.memory.audience import Viewer, audience_label
+from parley.core.prompt import SECTION_PROJECT_CONTEXT
+from parley.core.transcript import ENTRY_COMPACTION
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.admin import schemas as s
+from parley.gateway.errors import ApiError, LaneBusy
+from parley.gateway.storage.sessions import SessionRecord
 
 if TYPE_CHECKING:
-    from gateway.admin.gateway_view import AdminGateway
+    from parley.gateway.admin.gateway_view import AdminGateway
 
 log = logging.getLogger("parley.gateway.admin")
 

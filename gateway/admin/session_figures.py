@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from core.context.compaction.stats import CompactionStats, compaction_stats, utilisation
-from core.transcript_store import SessionTranscript
-from gateway.admin.metrics import SessionFigures
+from parley.core.context.compaction.stats import CompactionStats, compaction_stats, utilisation
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.admin.metrics import SessionFigures
 
 # Sessions whose figures stay cached (each a few small dicts).
 CACHED_SESSIONS = 2048

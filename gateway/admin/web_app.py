@@ -8,17 +8,17 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from channels.base import WebhookRoute
-from gateway.admin import api, pages
-from gateway.admin.auth import AdminToken
-from gateway.admin.keys import MAX_BODY, METRICS, OPENAPI, PUBLIC_RESOURCES, SERVICE, TOKEN
-from gateway.admin.metrics import GatewayMetrics
-from gateway.admin.middleware import json_errors, require_token
-from gateway.admin.openapi import build_openapi
-from gateway.admin.service import AdminService
+from parley.channels.base import WebhookRoute
+from parley.gateway.admin import api, pages
+from parley.gateway.admin.auth import AdminToken
+from parley.gateway.admin.keys import MAX_BODY, METRICS, OPENAPI, PUBLIC_RESOURCES, SERVICE, TOKEN
+from parley.gateway.admin.metrics import GatewayMetrics
+from parley.gateway.admin.middleware import json_errors, require_token
+from parley.gateway.admin.openapi import build_openapi
+from parley.gateway.admin.service import AdminService
 
 if TYPE_CHECKING:
-    from gateway.admin.gateway_view import AdminGateway
+    from parley.gateway.admin.gateway_view import AdminGateway
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
-from gateway.config import LoadedConfig
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM
+from parley.gateway.config import LoadedConfig
 
 
 def add_bench_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_bench_commands(sub: argparse._SubParsersAction, common: argparse.Argumen
 
 
 async def bench_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.cli.locomo import LocomoError, embedder_settings, run_locomo
+    from parley.gateway.cli.locomo import LocomoError, embedder_settings, run_locomo
 
     memory = loaded.config.memory
     if args.embedder is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.cli.common import EXIT_OK
-from gateway.config import LoadedConfig, effective_config_toml
+from parley.gateway.cli.common import EXIT_OK
+from parley.gateway.config import LoadedConfig, effective_config_toml
 
 
 def add_config_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.cli.common import EXIT_OK
-from gateway.config import LoadedConfig
+from parley.gateway.cli.common import EXIT_OK
+from parley.gateway.config import LoadedConfig
 
 
 def add_db_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -28,8 +28,12 @@ async def db_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
 
 
 async def _postgres(url: str, action: str) -> int:
-    from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, migrate, schema_version
+    from parley.gateway.storage.postgres.database import PgDatabase
+    from parley.gateway.storage.postgres.schema_migrations import (
+        SCHEMA_VERSION,
+        migrate,
+        schema_version,
+    )
 
     async with PgDatabase(url, pool_size=2, migrate_at_open=False) as db:
         if action == "migrate":
@@ -44,7 +48,7 @@ async def _postgres(url: str, action: str) -> int:
 
 
 async def _sqlite(loaded: LoadedConfig, action: str) -> int:
-    from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
+    from parley.gateway.storage.sqlite.database import SCHEMA_VERSION, Database
 
     # Opening state.db migrates it: "migrate" and "status" differ only in the words.
     async with Database(loaded.state_db) as db:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
-from gateway.config import LoadedConfig
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM
+from parley.gateway.config import LoadedConfig
 
 
 def add_doctor_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_doctor_commands(sub: argparse._SubParsersAction, common: argparse.Argume
 
 async def doctor_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
     # Imported here: the checks bring aiohttp and the admin server's setup.
-    from gateway.cli.doctor_checks import run_doctor
+    from parley.gateway.cli.doctor_checks import run_doctor
 
     findings = await run_doctor(loaded, fix=args.fix)
     marks = {"ok": "ok  ", "warning": "warn", "error": "FAIL"}

@@ -30,20 +30,20 @@ from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 
-from core.errors import TranscriptError
-from core.transcript_store import FileTranscriptStore, TranscriptStore
-from gateway.admin.auth import check_setup
-from gateway.config import LoadedConfig
-from gateway.errors import AdminServerError, GatewayError, StateError
-from gateway.file_modes import find_wide_modes, narrow_modes
-from gateway.home_upgrade.audiences import audience_check
-from gateway.home_upgrade.state import StateMigrationError, Survey, migrate, survey
-from gateway.providers import choose_provider
-from gateway.storage.sqlite.database import Database
+from parley.core.errors import TranscriptError
+from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
+from parley.gateway.admin.auth import check_setup
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import AdminServerError, GatewayError, StateError
+from parley.gateway.file_modes import find_wide_modes, narrow_modes
+from parley.gateway.home_upgrade.audiences import audience_check
+from parley.gateway.home_upgrade.state import StateMigrationError, Survey, migrate, survey
+from parley.gateway.providers import choose_provider
+from parley.gateway.storage.sqlite.database import Database
 
 if TYPE_CHECKING:
-    from gateway.storage.pairing import PairingRequest
-    from gateway.storage.postgres.database import PgDatabase
+    from parley.gateway.storage.pairing import PairingRequest
+    from parley.gateway.storage.postgres.database import PgDatabase
 
 Severity = Literal["ok", "warning", "error"]
 PROBE_TIMEOUT_SECONDS = 5.0
@@ -152,8 +152,8 @@ def _migration_findings(found: Survey, *, fixing: bool) -> list[Finding]:
 async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | None, Finding]]:
     """The shared database, open, and the state finding; None for the database when
     the other checks cannot read it (unreachable, or its schema is not this parley's)."""
-    from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, schema_version
+    from parley.gateway.storage.postgres.database import PgDatabase
+    from parley.gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, schema_version
 
     url = loaded.config.storage.url
     assert url is not None  # the config refuses postgres without one
@@ -184,7 +184,7 @@ async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | No
 
 
 def _pg_transcripts(db: PgDatabase) -> TranscriptStore:
-    from gateway.storage.postgres.transcripts import PgTranscriptStore
+    from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
 
     return PgTranscriptStore(db)
 
@@ -294,15 +294,15 @@ def _listed(items: list[str], shown: int = LISTED_TRANSCRIPTS) -> str:
 
 async def _check_memory(loaded: LoadedConfig, db: PgDatabase | None = None) -> Finding:
     """Open the memory index as the gateway would and report what search can do."""
-    from core.errors import CoreError
-    from gateway.memory import build_memory_index
+    from parley.core.errors import CoreError
+    from parley.gateway.memory import build_memory_index
 
     if not loaded.config.memory.enabled:
         return Finding("memory", "ok", "long-term memory is turned off")
     if loaded.config.storage.backend == "postgres" and db is None:
         return Finding("memory", "error", "PostgreSQL unavailable")
     if loaded.config.storage.backend == "sqlite":
-        from gateway.memory import memory_db_path
+        from parley.gateway.memory import memory_db_path
 
         path = memory_db_path(loaded)
         # Opening creates it: a check must not (the gateway's start does).
@@ -333,7 +333,7 @@ async def _check_provider(loaded: LoadedConfig) -> Finding:
     providers = loaded.config.providers
     choice = choose_provider(providers)
     if choice.name == "local":
-        from core.providers.local import locate_model
+        from parley.core.providers.local import locate_model
 
         try:
             path = locate_model(providers.local)
@@ -429,7 +429,7 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
 
 
 async def _check_pairing(loaded: LoadedConfig) -> Finding:
-    from gateway.storage.sqlite.pairing import SqlitePairingStore
+    from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
 
     if not await asyncio.to_thread(loaded.state_db.exists):
         return Finding("pairing", "ok", "no requests")
@@ -443,7 +443,7 @@ async def _check_pairing(loaded: LoadedConfig) -> Finding:
 
 
 async def _check_pg_pairing(db: PgDatabase) -> Finding:
-    from gateway.storage.postgres.pairing import PgPairingStore
+    from parley.gateway.storage.postgres.pairing import PgPairingStore
 
     store = PgPairingStore(db)
     try:

@@ -49,17 +49,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from core.memory.audience import Audience, Viewer
-from core.memory.embedders import EmbedderSettings, build_embedder
-from core.memory.index import MemoryIndex
-from core.memory.memory_config import MemorySettings
-from core.memory.query import quote_fts
-from core.memory.store_protocol import StoreBackend
-from core.messages import Message, TextBlock
-from core.prompt import render_turn_context, turn_context_block
-from core.tokens import default_counter
-from core.transcript_store import FileTranscriptStore, TranscriptStore
-from gateway.routing import normalise_peer_id
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.embedders import EmbedderSettings, build_embedder
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.query import quote_fts
+from parley.core.memory.store_protocol import StoreBackend
+from parley.core.messages import Message, TextBlock
+from parley.core.prompt import render_turn_context, turn_context_block
+from parley.core.tokens import default_counter
+from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
+from parley.gateway.routing import normalise_peer_id
 
 Backend = Literal["sqlite", "postgres"]
 BUDGETS = (250, 500, 1000, 2000)
@@ -304,8 +304,8 @@ async def _store_backend(
     if backend == "sqlite":
         yield None, "sqlite"
         return
-    from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.memory.backend import PgMemoryBackend
+    from parley.gateway.storage.postgres.database import PgDatabase
+    from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
 
     url = database_url or os.environ.get("PARLEY_DATABASE_URL")
     server = None

@@ -10,22 +10,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.errors import CoreError
-from gateway.cli.bench import add_bench_commands, bench_command
-from gateway.cli.common import EXIT_CONFIG, EXIT_PROBLEM
-from gateway.cli.config import add_config_commands, config_command
-from gateway.cli.db import add_db_commands, db_command
-from gateway.cli.doctor import add_doctor_commands, doctor_command
-from gateway.cli.memory import add_memory_commands, memory_command
-from gateway.cli.migrate import add_migrate_commands, migrate_command
-from gateway.cli.pairing import add_pairing_commands, pairing_command
-from gateway.cli.people import add_people_commands, people_command
-from gateway.cli.run import add_run_commands, serve
-from gateway.cli.sessions import add_sessions_commands, sessions_command
-from gateway.config import LoadedConfig, load_config
-from gateway.errors import ConfigFileError, GatewayError
-from gateway.file_modes import owner_only_umask, secure_home
-from gateway.memory import memory_db_path
+from parley.core.errors import CoreError
+from parley.gateway.cli.bench import add_bench_commands, bench_command
+from parley.gateway.cli.common import EXIT_CONFIG, EXIT_PROBLEM
+from parley.gateway.cli.config import add_config_commands, config_command
+from parley.gateway.cli.db import add_db_commands, db_command
+from parley.gateway.cli.doctor import add_doctor_commands, doctor_command
+from parley.gateway.cli.memory import add_memory_commands, memory_command
+from parley.gateway.cli.migrate import add_migrate_commands, migrate_command
+from parley.gateway.cli.pairing import add_pairing_commands, pairing_command
+from parley.gateway.cli.people import add_people_commands, people_command
+from parley.gateway.cli.run import add_run_commands, serve
+from parley.gateway.cli.sessions import add_sessions_commands, sessions_command
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.errors import ConfigFileError, GatewayError
+from parley.gateway.file_modes import owner_only_umask, secure_home
+from parley.gateway.memory import memory_db_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _logging(loaded: LoadedConfig, args: argparse.Namespace, *, chat: bool) -> None:
-    from gateway.logs import setup_logging
+    from parley.gateway.logs import setup_logging
 
     level = getattr(args, "log_level", None) or loaded.config.logging.level
     json_lines = getattr(args, "log_json", False) or loaded.config.logging.json_lines

@@ -8,15 +8,15 @@ import sys
 import time
 from typing import TextIO
 
-from core.memory.audience import AGENT, Audience, AudienceError, Viewer, parse_scope
-from core.memory.forgetting import format_forgetting_report, format_tombstones
-from core.memory.index import MemoryIndex
-from core.memory.tasks import format_task_stats
-from gateway.audiences import PersonLinks, scope_for_key, viewer_for
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
-from gateway.config import LoadedConfig
-from gateway.memory import build_memory_index
-from gateway.runtime.commands.texts import format_memory_status, format_search
+from parley.core.memory.audience import AGENT, Audience, AudienceError, Viewer, parse_scope
+from parley.core.memory.forgetting import format_forgetting_report, format_tombstones
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.tasks import format_task_stats
+from parley.gateway.audiences import PersonLinks, scope_for_key, viewer_for
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM
+from parley.gateway.config import LoadedConfig
+from parley.gateway.memory import build_memory_index
+from parley.gateway.runtime.commands.texts import format_memory_status, format_search
 
 BAR_WIDTH = 30
 

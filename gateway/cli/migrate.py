@@ -14,12 +14,12 @@ import asyncio
 import sys
 from typing import TextIO
 
-from core.errors import CoreError
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
-from gateway.config import LoadedConfig
-from gateway.errors import StateError
-from gateway.memory import memory_db_path
-from gateway.storage.copy_to_postgres import Migration, Report
+from parley.core.errors import CoreError
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import StateError
+from parley.gateway.memory import memory_db_path
+from parley.gateway.storage.copy_to_postgres import Migration, Report
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -74,8 +74,12 @@ async def migrate_command(loaded: LoadedConfig, args: argparse.Namespace) -> int
 
     import psycopg
 
-    from gateway.storage.postgres.database import PgDatabase, redact_url
-    from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, migrate, schema_version
+    from parley.gateway.storage.postgres.database import PgDatabase, redact_url
+    from parley.gateway.storage.postgres.schema_migrations import (
+        SCHEMA_VERSION,
+        migrate,
+        schema_version,
+    )
 
     dry_run = bool(args.dry_run)
     try:

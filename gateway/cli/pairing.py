@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING
 
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM, table
-from gateway.config import LoadedConfig
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM, table
+from parley.gateway.config import LoadedConfig
 
 if TYPE_CHECKING:  # imported lazily: startup stays fast
     from datetime import datetime
 
-    from gateway.storage.pairing import PairingRequest
+    from parley.gateway.storage.pairing import PairingRequest
 
 
 def add_pairing_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_pairing_commands(sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 async def pairing_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.storage.stores import StateStores
+    from parley.gateway.storage.stores import StateStores
 
     async with StateStores(loaded) as state:
         store = state.pairing

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
-from gateway.config import LoadedConfig
-from gateway.people import PersonError, erase_person, format_people, list_people
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM
+from parley.gateway.config import LoadedConfig
+from parley.gateway.people import PersonError, erase_person, format_people, list_people
 
 
 def add_people_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

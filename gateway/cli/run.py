@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import signal
 
-from gateway.cli.common import EXIT_OK
-from gateway.config import LoadedConfig
+from parley.gateway.cli.common import EXIT_OK
+from parley.gateway.config import LoadedConfig
 
 
 def add_run_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -24,9 +24,9 @@ def add_run_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentP
 async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     """The gateway with its channels until SIGINT or SIGTERM, or (the terminal chat) until
     input ends and what is queued is answered."""
-    from gateway.app import Gateway
-    from gateway.channel_factory import build_channels
-    from gateway.providers import build_provider
+    from parley.gateway.app import Gateway
+    from parley.gateway.channel_factory import build_channels
+    from parley.gateway.providers import build_provider
 
     config = loaded.config
     stop = asyncio.Event()

@@ -10,15 +10,15 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import TranscriptError
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM, table
-from gateway.config import LoadedConfig
+from parley.core.errors import TranscriptError
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM, table
+from parley.gateway.config import LoadedConfig
 
 if TYPE_CHECKING:  # imported lazily: startup stays fast
-    from core.transcript import Entry
-    from core.transcript_store import TranscriptStore
-    from gateway.storage.sessions import SessionRecord
-    from gateway.storage.stores import StateStores
+    from parley.core.transcript import Entry
+    from parley.core.transcript_store import TranscriptStore
+    from parley.gateway.storage.sessions import SessionRecord
+    from parley.gateway.storage.stores import StateStores
 
 
 def add_sessions_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def add_sessions_commands(sub: argparse._SubParsersAction, common: argparse.Argu
 
 
 async def sessions_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
-    from gateway.storage.stores import StateStores
+    from parley.gateway.storage.stores import StateStores
 
     action = args.sessions_command
     if loaded.config.storage.backend == "sqlite" and not loaded.state_db.exists():
@@ -107,7 +107,7 @@ async def _resolve_session(state: StateStores, key: str) -> SessionRecord:
 
 
 async def _export(store: TranscriptStore, session_id: str, output: Path | None) -> int:
-    from core.transcript_store import export_transcript, write_jsonl
+    from parley.core.transcript_store import export_transcript, write_jsonl
 
     try:
         if output is None:

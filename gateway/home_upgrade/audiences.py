@@ -55,14 +55,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from core.files import write_atomically
-from core.memory.audience import Audience, parse_scope
-from core.memory.notes import MAX_NOTE_CHARS, NoteStore
-from gateway.audiences import PersonLinks, scope_for_key
-from gateway.config import LoadedConfig
-from gateway.home_upgrade.task_scopes import legacy_task_logs as scoped_before_audiences
-from gateway.home_upgrade.task_scopes import rescope_task_logs
-from gateway.memory import LEGACY_SHARED_TASKS_DIR, notes_dir, tasks_dir
+from parley.core.files import write_atomically
+from parley.core.memory.audience import Audience, parse_scope
+from parley.core.memory.notes import MAX_NOTE_CHARS, NoteStore
+from parley.gateway.audiences import PersonLinks, scope_for_key
+from parley.gateway.config import LoadedConfig
+from parley.gateway.home_upgrade.task_scopes import legacy_task_logs as scoped_before_audiences
+from parley.gateway.home_upgrade.task_scopes import rescope_task_logs
+from parley.gateway.memory import LEGACY_SHARED_TASKS_DIR, notes_dir, tasks_dir
 
 # The logger keeps the name it had before the module moved: log filters may name it.
 log = logging.getLogger("parley.gateway.audience_migration")
@@ -350,7 +350,7 @@ async def migrate_audiences(
 ) -> AudienceMigrationReport:
     """Back up, move the flush blocks and task logs, sync the index. Nothing pending:
     nothing is written (no backup either)."""
-    from gateway.home_upgrade.state import StateMigrationError, backup
+    from parley.gateway.home_upgrade.state import StateMigrationError, backup
 
     found = await asyncio.to_thread(survey_audiences, loaded)
     report = AudienceMigrationReport(stranded=list(found.stranded))
@@ -501,9 +501,9 @@ def _remove_empty_dirs(root: Path) -> None:
 
 
 async def _sync_index(loaded: LoadedConfig) -> str:
-    from core.errors import CoreError
-    from gateway.errors import GatewayError
-    from gateway.memory import build_memory_index
+    from parley.core.errors import CoreError
+    from parley.gateway.errors import GatewayError
+    from parley.gateway.memory import build_memory_index
 
     index = build_memory_index(loaded)
     try:

@@ -45,14 +45,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from core.memory import store as memory_store
-from core.memory.rows import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
-from core.memory.store import META_KEY
-from core.transcript import TRANSCRIPT_VERSION
-from gateway.config import DEFAULT_HOME, LoadedConfig
-from gateway.errors import StateError
-from gateway.storage.sqlite.database import MIGRATIONS, Database
-from gateway.storage.sqlite.database import SCHEMA_VERSION as STATE_SCHEMA_VERSION
+from parley.core.memory import store as memory_store
+from parley.core.memory.rows import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
+from parley.core.memory.store import META_KEY
+from parley.core.transcript import TRANSCRIPT_VERSION
+from parley.gateway.config import DEFAULT_HOME, LoadedConfig
+from parley.gateway.errors import StateError
+from parley.gateway.storage.sqlite.database import MIGRATIONS, Database
+from parley.gateway.storage.sqlite.database import SCHEMA_VERSION as STATE_SCHEMA_VERSION
 
 BACKUPS_DIR = "backups"
 # Not state: logs can be large and are not read back; backups would nest.
@@ -123,7 +123,7 @@ def survey(loaded: LoadedConfig) -> Survey:
 
 
 def _memory_db(loaded: LoadedConfig) -> Path:
-    from gateway.memory import memory_db_path
+    from parley.gateway.memory import memory_db_path
 
     return memory_db_path(loaded)
 
@@ -403,7 +403,7 @@ def _repair_state_db(path: Path) -> None:
 
 async def _open_memory(loaded: LoadedConfig, *, rebuild: bool) -> None:
     """The store's open upgrades the file's layout; a sync rebuilds the rows."""
-    from gateway.memory import build_memory_index
+    from parley.gateway.memory import build_memory_index
 
     index = build_memory_index(loaded)
     await index.open()

@@ -19,11 +19,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from core.files import write_atomically
-from core.memory.audience import parse_scope
-from core.memory.tasks import TaskLog, TaskRecord, parse_records, scope_file_name
-from gateway.audiences import UNSCOPED, scope_for_key
-from gateway.routing import normalise_agent_id
+from parley.core.files import write_atomically
+from parley.core.memory.audience import parse_scope
+from parley.core.memory.tasks import TaskLog, TaskRecord, parse_records, scope_file_name
+from parley.gateway.audiences import UNSCOPED, scope_for_key
+from parley.gateway.routing import normalise_agent_id
 
 LEGACY_KINDS = ("dm", "group")
 

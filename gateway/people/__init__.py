@@ -51,9 +51,9 @@ share with one another are its internals, for its own modules alone):
 - ``listing``: ``parley people list`` (``list_people``, ``format_people``).
 """
 
-from gateway.people.erase import ErasureReport, erase_person
-from gateway.people.listing import KnownPerson, format_people, list_people
-from gateway.people.who import Person, PersonError, resolve_person
+from parley.gateway.people.erase import ErasureReport, erase_person
+from parley.gateway.people.listing import KnownPerson, format_people, list_people
+from parley.gateway.people.who import Person, PersonError, resolve_person
 
 __all__ = [
     "ErasureReport",

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.memory.audience import MAIN_PERSON, Audience, parse_scope
-from core.memory.notes import NoteStore
-from core.memory.tasks import scope_file_name
-from core.transcript_store import FileTranscriptStore
-from gateway.audiences import scope_resolver
-from gateway.config import LoadedConfig
-from gateway.errors import GatewayError
-from gateway.home_upgrade.audiences import (
+from parley.core.memory.audience import MAIN_PERSON, Audience, parse_scope
+from parley.core.memory.notes import NoteStore
+from parley.core.memory.tasks import scope_file_name
+from parley.core.transcript_store import FileTranscriptStore
+from parley.gateway.audiences import scope_resolver
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import GatewayError
+from parley.gateway.home_upgrade.audiences import (
     MEMORY_DIR_NAME,
     FlushBlock,
     blocks_in,
@@ -26,12 +26,12 @@ from gateway.home_upgrade.audiences import (
     rewrite_file,
     workspace_flush_blocks,
 )
-from gateway.memory import memory_db_path, notes_dir, tasks_dir
-from gateway.people import inventory
-from gateway.people.inventory import SessionInfo, State, TaskFile
-from gateway.people.who import Person, resolve_person
-from gateway.routing import normalise_channel, normalise_peer_id
-from gateway.storage.pairing import PairingRequest
+from parley.gateway.memory import memory_db_path, notes_dir, tasks_dir
+from parley.gateway.people import inventory
+from parley.gateway.people.inventory import SessionInfo, State, TaskFile
+from parley.gateway.people.who import Person, resolve_person
+from parley.gateway.routing import normalise_channel, normalise_peer_id
+from parley.gateway.storage.pairing import PairingRequest
 
 # Items named per line of output; the rest are counted.
 LISTED = 8
@@ -280,7 +280,7 @@ async def _index_rows(
     files: _LocalFiles,
 ) -> tuple[list[str], int, list[Any]]:
     """The person's indexed files, their chunk count, and their tombstones."""
-    from gateway.memory import build_memory_index
+    from parley.gateway.memory import build_memory_index
 
     index = build_memory_index(loaded, db=state.pg)
     paths = _index_paths(loaded, theirs, files)
@@ -384,8 +384,8 @@ async def _resync(
 ) -> None:
     """Sync the index (the rows of every removed file go), drop the person's tombstones,
     and check that nothing of theirs is left in it."""
-    from core.errors import CoreError
-    from gateway.memory import build_memory_index
+    from parley.core.errors import CoreError
+    from parley.gateway.memory import build_memory_index
 
     index = build_memory_index(loaded, db=state.pg)
     try:

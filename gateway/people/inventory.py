@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.memory.tasks import parse_records
-from core.transcript_store import FileTranscriptStore, TranscriptStore
-from gateway.audiences import PersonLinks, scope_for_key, scope_resolver
-from gateway.config import LoadedConfig
-from gateway.home_upgrade.audiences import legacy_tasks_dir
-from gateway.memory import memory_db_path, tasks_dir
-from gateway.people.who import PersonError
-from gateway.storage.sessions import SessionRecord
+from parley.core.memory.tasks import parse_records
+from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
+from parley.gateway.audiences import PersonLinks, scope_for_key, scope_resolver
+from parley.gateway.config import LoadedConfig
+from parley.gateway.home_upgrade.audiences import legacy_tasks_dir
+from parley.gateway.memory import memory_db_path, tasks_dir
+from parley.gateway.people.who import PersonError
+from parley.gateway.storage.sessions import SessionRecord
 
 _MAX_HEADER_BYTES = 64 * 1024
 # The listener every replica's session locks keep on PostgreSQL (gateway/pg/session_locks.py).
@@ -72,12 +72,12 @@ class State:
 async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
     storage = loaded.config.storage
     if storage.backend == "postgres":
-        from gateway.storage.postgres.database import PgDatabase
-        from gateway.storage.postgres.inbox import PgInbox
-        from gateway.storage.postgres.pairing import PgPairingStore
-        from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, schema_version
-        from gateway.storage.postgres.session_registry import PgSessionRegistry
-        from gateway.storage.postgres.transcripts import PgTranscriptStore
+        from parley.gateway.storage.postgres.database import PgDatabase
+        from parley.gateway.storage.postgres.inbox import PgInbox
+        from parley.gateway.storage.postgres.pairing import PgPairingStore
+        from parley.gateway.storage.postgres.schema_migrations import SCHEMA_VERSION, schema_version
+        from parley.gateway.storage.postgres.session_registry import PgSessionRegistry
+        from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
 
         assert storage.url is not None  # the config refuses postgres without one
         # Not migrated here: an erase (or a dry run) changes nothing but the person's rows.
@@ -100,10 +100,10 @@ async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
                 pg,
             )
         return
-    from gateway.storage.sqlite.database import Database
-    from gateway.storage.sqlite.inbox import SqliteInbox
-    from gateway.storage.sqlite.pairing import SqlitePairingStore
-    from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+    from parley.gateway.storage.sqlite.database import Database
+    from parley.gateway.storage.sqlite.inbox import SqliteInbox
+    from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
+    from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
     transcripts = FileTranscriptStore(loaded.sessions_dir, fsync=storage.fsync)
     if not await asyncio.to_thread(loaded.state_db.exists):
@@ -117,7 +117,7 @@ async def open_state(loaded: LoadedConfig) -> AsyncIterator[State]:
 
 def refuse_outdated(loaded: LoadedConfig) -> None:
     """Opening state written by an earlier parley would upgrade it: doctor's job."""
-    from gateway.home_upgrade.state import survey
+    from parley.gateway.home_upgrade.state import survey
 
     found = survey(loaded)
     if found.steps or found.refusals:

@@ -6,14 +6,14 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.memory.audience import parse_scope
-from core.memory.notes import NoteStore
-from gateway.audiences import PersonLinks
-from gateway.config import LoadedConfig
-from gateway.memory import notes_dir
-from gateway.people import inventory
-from gateway.people.who import Person, person_id
-from gateway.routing import normalise_channel, normalise_peer_id
+from parley.core.memory.audience import parse_scope
+from parley.core.memory.notes import NoteStore
+from parley.gateway.audiences import PersonLinks
+from parley.gateway.config import LoadedConfig
+from parley.gateway.memory import notes_dir
+from parley.gateway.people import inventory
+from parley.gateway.people.who import Person, person_id
+from parley.gateway.routing import normalise_channel, normalise_peer_id
 
 
 @dataclass

@@ -7,11 +7,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from core.memory.audience import MAIN_PERSON, Audience, AudienceError, parse_scope
-from gateway.audiences import PersonLinks, scope_for_key
-from gateway.config import LoadedConfig
-from gateway.errors import GatewayError
-from gateway.routing import normalise_channel, normalise_peer_id
+from parley.core.memory.audience import MAIN_PERSON, Audience, AudienceError, parse_scope
+from parley.gateway.audiences import PersonLinks, scope_for_key
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import GatewayError
+from parley.gateway.routing import normalise_channel, normalise_peer_id
 
 _RAW_ID = re.compile(r"[a-z0-9_.@+~-]{1,64}")
 

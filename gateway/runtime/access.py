@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from channels.base import Channel, InboundMessage
-from gateway.storage.pairing import PairingCheck, PairingRequest, pairing_text
+from parley.channels.base import Channel, InboundMessage
+from parley.gateway.storage.pairing import PairingCheck, PairingRequest, pairing_text
 
 log = logging.getLogger("parley.gateway.access")
 

@@ -16,31 +16,31 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from channels.base import Channel, InboundMessage
-from core.context.compaction.stats import CompactionStats
-from core.context.engine import ContextEngine
-from core.memory.audience import Audience, Viewer
-from core.memory.index import MemoryIndex
-from core.prompt import SystemPromptBuilder
-from core.providers.base import Provider
-from core.runner import Runner
-from core.transcript_store import SessionTranscript
-from gateway.admin.gateway_view import ProviderHealth
-from gateway.admin.metrics import GatewayMetrics
-from gateway.admin.session_figures import SessionFiguresCache
-from gateway.admin.session_figures import figures as session_figures
-from gateway.audiences import PersonLinks, audience_for, viewer_for
-from gateway.config import LoadedConfig
-from gateway.errors import NotStarted
-from gateway.routing import SessionRoute, resolve_session_key
-from gateway.storage.errors import storage_failure
-from gateway.storage.sessions import SessionRecord
-from gateway.storage.stores import StateStores
+from parley.channels.base import Channel, InboundMessage
+from parley.core.context.compaction.stats import CompactionStats
+from parley.core.context.engine import ContextEngine
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.index import MemoryIndex
+from parley.core.prompt import SystemPromptBuilder
+from parley.core.providers.base import Provider
+from parley.core.runner import Runner
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.admin.gateway_view import ProviderHealth
+from parley.gateway.admin.metrics import GatewayMetrics
+from parley.gateway.admin.session_figures import SessionFiguresCache
+from parley.gateway.admin.session_figures import figures as session_figures
+from parley.gateway.audiences import PersonLinks, audience_for, viewer_for
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import NotStarted
+from parley.gateway.routing import SessionRoute, resolve_session_key
+from parley.gateway.storage.errors import storage_failure
+from parley.gateway.storage.sessions import SessionRecord
+from parley.gateway.storage.stores import StateStores
 
 if TYPE_CHECKING:
-    from gateway.storage.inbox import Inbox
-    from gateway.storage.pairing import PairingStore
-    from gateway.storage.sessions import SessionRegistry
+    from parley.gateway.storage.inbox import Inbox
+    from parley.gateway.storage.pairing import PairingStore
+    from parley.gateway.storage.sessions import SessionRegistry
 
 log = logging.getLogger("parley.gateway")
 

@@ -13,19 +13,19 @@ import asyncio
 import dataclasses
 import logging
 
-from channels.base import (
+from parley.channels.base import (
     DeliveryError,
     DeliveryResult,
     InboundMessage,
     OutboundMessage,
     RecipientBlocked,
 )
-from core.prompt import SILENT_REPLY
-from gateway.runtime.context import Runtime, last_entry_id
-from gateway.runtime.send_recovery import parts_already_sent, send_mark
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.storage.inbox import InboxItem, SentMessages
-from gateway.storage.sessions import SessionRecord
+from parley.core.prompt import SILENT_REPLY
+from parley.gateway.runtime.context import Runtime, last_entry_id
+from parley.gateway.runtime.send_recovery import parts_already_sent, send_mark
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.storage.inbox import InboxItem, SentMessages
+from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

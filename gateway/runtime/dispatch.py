@@ -11,20 +11,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from channels.base import InboundMessage
-from core.transcript_store import SessionTranscript
-from gateway.routing import SessionRoute
-from gateway.runtime.commands.parsing import match_reset_trigger, parse_compact_command
-from gateway.runtime.context import Runtime
-from gateway.runtime.delivery import Delivery
-from gateway.runtime.lane_items import LaneItem, LaneTask
-from gateway.runtime.sessions import Sessions
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.runtime.turn import Turns
-from gateway.runtime.user_errors import INTERNAL_ERROR_TEXT, STORAGE_ERROR_TEXT
-from gateway.storage.errors import storage_failure
-from gateway.storage.inbox import InboxItem, SentMessages
-from gateway.storage.sessions import SessionRecord
+from parley.channels.base import InboundMessage
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.routing import SessionRoute
+from parley.gateway.runtime.commands.parsing import match_reset_trigger, parse_compact_command
+from parley.gateway.runtime.context import Runtime
+from parley.gateway.runtime.delivery import Delivery
+from parley.gateway.runtime.lane_items import LaneItem, LaneTask
+from parley.gateway.runtime.sessions import Sessions
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.runtime.turn import Turns
+from parley.gateway.runtime.user_errors import INTERNAL_ERROR_TEXT, STORAGE_ERROR_TEXT
+from parley.gateway.storage.errors import storage_failure
+from parley.gateway.storage.inbox import InboxItem, SentMessages
+from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

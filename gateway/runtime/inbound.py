@@ -12,18 +12,18 @@ import asyncio
 import logging
 from collections import OrderedDict
 
-from channels.base import Channel, ChannelError, InboundMessage, InboundNotStored
-from gateway.lanes import LaneManager
-from gateway.runtime.access import AccessGate
-from gateway.runtime.commands.parsing import parse_info_command
-from gateway.runtime.commands.replies import CommandReplies
-from gateway.runtime.context import Runtime
-from gateway.runtime.delivery import Delivery, reply_to
-from gateway.runtime.dispatch import Dispatch
-from gateway.runtime.lane_items import LaneItem, LaneTask
-from gateway.runtime.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
-from gateway.storage.errors import storage_failure
-from gateway.storage.inbox import well_formed
+from parley.channels.base import Channel, ChannelError, InboundMessage, InboundNotStored
+from parley.gateway.lanes import LaneManager
+from parley.gateway.runtime.access import AccessGate
+from parley.gateway.runtime.commands.parsing import parse_info_command
+from parley.gateway.runtime.commands.replies import CommandReplies
+from parley.gateway.runtime.context import Runtime
+from parley.gateway.runtime.delivery import Delivery, reply_to
+from parley.gateway.runtime.dispatch import Dispatch
+from parley.gateway.runtime.lane_items import LaneItem, LaneTask
+from parley.gateway.runtime.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
+from parley.gateway.storage.errors import storage_failure
+from parley.gateway.storage.inbox import well_formed
 
 log = logging.getLogger("parley.gateway")
 

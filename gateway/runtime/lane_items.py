@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.base import InboundMessage
-from gateway.routing import SessionRoute
-from gateway.storage.inbox import InboxItem
+from parley.channels.base import InboundMessage
+from parley.gateway.routing import SessionRoute
+from parley.gateway.storage.inbox import InboxItem
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,12 @@ import logging
 import time
 from datetime import timedelta
 
-from gateway.lanes import LaneManager
-from gateway.runtime.context import Runtime
-from gateway.runtime.dispatch import Dispatch
-from gateway.runtime.lane_items import LaneItem, LaneTask
-from gateway.storage.inbox import InboxItem
-from gateway.storage.sessions import utcnow
+from parley.gateway.lanes import LaneManager
+from parley.gateway.runtime.context import Runtime
+from parley.gateway.runtime.dispatch import Dispatch
+from parley.gateway.runtime.lane_items import LaneItem, LaneTask
+from parley.gateway.storage.inbox import InboxItem
+from parley.gateway.storage.sessions import utcnow
 
 log = logging.getLogger("parley.gateway")
 

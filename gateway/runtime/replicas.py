@@ -35,17 +35,17 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gateway.lanes import LaneManager
-from gateway.runtime.commands.parsing import parse_info_command
-from gateway.runtime.context import Runtime
-from gateway.runtime.dispatch import Dispatch
-from gateway.runtime.lane_items import LaneItem, LaneTask
-from gateway.runtime.redelivery import Redelivery
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.storage.inbox import InboxItem, ReplicaInbox
+from parley.gateway.lanes import LaneManager
+from parley.gateway.runtime.commands.parsing import parse_info_command
+from parley.gateway.runtime.context import Runtime
+from parley.gateway.runtime.dispatch import Dispatch
+from parley.gateway.runtime.lane_items import LaneItem, LaneTask
+from parley.gateway.runtime.redelivery import Redelivery
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.storage.inbox import InboxItem, ReplicaInbox
 
 if TYPE_CHECKING:
-    from gateway.storage.postgres.session_locks import SessionLocks
+    from parley.gateway.storage.postgres.session_locks import SessionLocks
 
 log = logging.getLogger("parley.gateway.replicas")
 

@@ -25,7 +25,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gateway.session_config import ResetConfig, ResetType, SessionConfig
+from parley.gateway.session_config import ResetConfig, ResetType, SessionConfig
 
 logger = logging.getLogger("parley.gateway.resets")
 

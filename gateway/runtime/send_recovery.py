@@ -27,8 +27,8 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from channels.base import Channel, OutboundMessage, SendRecovery
-from gateway.storage.inbox import UNKNOWN_SEND_MARK, InboxItem
+from parley.channels.base import Channel, OutboundMessage, SendRecovery
+from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, InboxItem
 
 log = logging.getLogger("parley.gateway.send_recovery")
 

@@ -11,17 +11,17 @@ import asyncio
 import logging
 from typing import Any
 
-from core.context.compaction.compactor import CompactionOutcome
-from core.errors import ContextError
-from core.memory.audience import Audience
-from core.transcript_store import SessionTranscript
-from gateway.audiences import scope_for_key
-from gateway.runtime.context import Runtime, last_entry_id
-from gateway.runtime.lane_items import LaneItem
-from gateway.runtime.resets import resolve_reset_policy, should_reset
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.runtime.user_errors import describe_context_error
-from gateway.storage.sessions import SessionOrigin, SessionRecord
+from parley.core.context.compaction.compactor import CompactionOutcome
+from parley.core.errors import ContextError
+from parley.core.memory.audience import Audience
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.audiences import scope_for_key
+from parley.gateway.runtime.context import Runtime, last_entry_id
+from parley.gateway.runtime.lane_items import LaneItem
+from parley.gateway.runtime.resets import resolve_reset_policy, should_reset
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.runtime.user_errors import describe_context_error
+from parley.gateway.storage.sessions import SessionOrigin, SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

@@ -14,9 +14,9 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from core.errors import TranscriptError
-from core.transcript_store import SessionTranscript, TranscriptStore
-from gateway.storage.sessions import SessionRecord
+from parley.core.errors import TranscriptError
+from parley.core.transcript_store import SessionTranscript, TranscriptStore
+from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

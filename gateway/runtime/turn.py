@@ -12,9 +12,9 @@ import re
 import time
 from collections.abc import AsyncIterator
 
-from channels.base import Channel, InboundMessage
-from core.context.compaction.stats import DEFAULT_STRATEGY
-from core.errors import (
+from parley.channels.base import Channel, InboundMessage
+from parley.core.context.compaction.stats import DEFAULT_STRATEGY
+from parley.core.errors import (
     AuthenticationError,
     ContextError,
     OverloadedError,
@@ -23,22 +23,22 @@ from core.errors import (
     ProviderTimeoutError,
     ServerError,
 )
-from core.memory.audience import Viewer, visible_scopes
-from core.prompt import render_turn_context
-from core.runner import TurnRequest
-from core.transcript import ENTRY_COMPACTION
-from core.transcript_store import SessionTranscript
-from gateway.admin.gateway_view import ProviderHealth
-from gateway.memory import record_turn_task
-from gateway.runtime.context import Runtime, last_entry_id
-from gateway.runtime.lane_items import LaneItem
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.runtime.user_errors import (
+from parley.core.memory.audience import Viewer, visible_scopes
+from parley.core.prompt import render_turn_context
+from parley.core.runner import TurnRequest
+from parley.core.transcript import ENTRY_COMPACTION
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.admin.gateway_view import ProviderHealth
+from parley.gateway.memory import record_turn_task
+from parley.gateway.runtime.context import Runtime, last_entry_id
+from parley.gateway.runtime.lane_items import LaneItem
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.runtime.user_errors import (
     EMPTY_REPLY_TEXT,
     describe_context_error,
     describe_provider_error,
 )
-from gateway.storage.sessions import SessionRecord
+from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from core.errors import (
+from parley.core.errors import (
     AuthenticationError,
     ContextError,
     ContextOverflowError,

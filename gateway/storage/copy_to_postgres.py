@@ -28,19 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from core.errors import CoreError
-from core.transcript import ENTRY_COMPACTION, TranscriptHeader, parse_entry_or_none
-from core.transcript_store import FileTranscriptStore, TranscriptInfo
-from gateway.config import LoadedConfig
-from gateway.errors import StateError
-from gateway.storage.sqlite.database import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
+from parley.core.errors import CoreError
+from parley.core.transcript import ENTRY_COMPACTION, TranscriptHeader, parse_entry_or_none
+from parley.core.transcript_store import FileTranscriptStore, TranscriptInfo
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import StateError
+from parley.gateway.storage.sqlite.database import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from core.memory.rows import CacheEntry, FileRow, StoredChunk
-    from core.memory.store import MemoryStore
-    from gateway.storage.postgres.database import Connection, PgDatabase
-    from gateway.storage.postgres.memory.store import PgMemoryStore
-    from gateway.storage.postgres.memory.vectors import VectorIndex
+    from parley.core.memory.rows import CacheEntry, FileRow, StoredChunk
+    from parley.core.memory.store import MemoryStore
+    from parley.gateway.storage.postgres.database import Connection, PgDatabase
+    from parley.gateway.storage.postgres.memory.store import PgMemoryStore
+    from parley.gateway.storage.postgres.memory.vectors import VectorIndex
 
 # Rows (or transcript lines) per target transaction: few round trips of commits, and
 # a kill loses at most one batch, which the next run writes again.
@@ -286,7 +286,7 @@ class Migration:
         return total, self.pg.call(_stored_lines, sid), copied
 
     def _flush_lines(self, sid: str, pending: list[tuple[int, str, str, int | None]]) -> int:
-        from gateway.storage.postgres.transcripts import insert_line
+        from parley.gateway.storage.postgres.transcripts import insert_line
 
         def write(conn: Connection) -> None:
             for seq, kind, line, kept in pending:
@@ -300,7 +300,7 @@ class Migration:
     # -- memory --------------------------------------------------------------------------
 
     def _memory(self) -> None:
-        from core.memory.store import MemoryStore
+        from parley.core.memory.store import MemoryStore
 
         path = self.memory_db
         if not path.is_file():
@@ -317,8 +317,8 @@ class Migration:
             source.close()
 
     def _memory_target(self) -> PgMemoryStore | None:
-        from gateway.storage.postgres.memory.backend import PgMemoryBackend
-        from gateway.storage.postgres.memory.base import LIVE
+        from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+        from parley.gateway.storage.postgres.memory.base import LIVE
 
         name = self.loaded.config.agent.id
         if self.dry_run:
@@ -329,7 +329,7 @@ class Migration:
         return backend.open_live(vector=True)
 
     def _copy_memory(self, source: MemoryStore, target: PgMemoryStore) -> None:
-        from core.errors import MemoryIndexError
+        from parley.core.errors import MemoryIndexError
 
         meta, current = source.meta(), target.meta()
         if current is not None and meta is not None and current != meta and target.files():
@@ -562,7 +562,11 @@ def _write_memory_file(
 ) -> None:
     """A file and its chunks as they are in the source (times and all), in one
     transaction: a kill leaves the file either absent, as it was, or complete."""
-    from gateway.storage.postgres.memory.chunks import chunk_params, insert_chunks, upsert_file_row
+    from parley.gateway.storage.postgres.memory.chunks import (
+        chunk_params,
+        insert_chunks,
+        upsert_file_row,
+    )
 
     ix = _index_id(conn, target)
     # The store's own per-file lock: a replica syncing the same file waits for us.

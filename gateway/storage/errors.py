@@ -9,8 +9,8 @@ import errno
 import sqlite3
 from types import ModuleType
 
-from core.errors import TranscriptError
-from gateway.errors import StateError
+from parley.core.errors import TranscriptError
+from parley.gateway.errors import StateError
 
 psycopg: ModuleType | None
 try:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from channels.base import InboundMessage, SeenMark
-from gateway.routing import normalise_channel, normalise_peer_id
+from parley.channels.base import InboundMessage, SeenMark
+from parley.gateway.routing import normalise_channel, normalise_peer_id
 
 OPEN_STATES = ("received", "replied")
 # The send mark of a reply whose chat had several replies in doubt at once: a message

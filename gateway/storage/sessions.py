@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from core.messages import Usage
+from parley.core.messages import Usage
 
 SESSION_COLUMNS = (
     "session_id, key, agent_id, channel, account, chat_type, peer, parent_key, display_name,"

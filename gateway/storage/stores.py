@@ -13,19 +13,19 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from core.transcript_store import FileTranscriptStore, TranscriptStore
-from gateway.config import LoadedConfig
-from gateway.storage.inbox import Inbox, ReplicaInbox
-from gateway.storage.pairing import PairingStore
-from gateway.storage.sessions import SessionRegistry, utcnow
-from gateway.storage.sqlite.database import Database
-from gateway.storage.sqlite.inbox import SqliteInbox
-from gateway.storage.sqlite.pairing import SqlitePairingStore
-from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
+from parley.gateway.config import LoadedConfig
+from parley.gateway.storage.inbox import Inbox, ReplicaInbox
+from parley.gateway.storage.pairing import PairingStore
+from parley.gateway.storage.sessions import SessionRegistry, utcnow
+from parley.gateway.storage.sqlite.database import Database
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
+from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
+from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 if TYPE_CHECKING:
-    from gateway.storage.postgres.database import PgDatabase
-    from gateway.storage.postgres.session_locks import SessionLocks
+    from parley.gateway.storage.postgres.database import PgDatabase
+    from parley.gateway.storage.postgres.session_locks import SessionLocks
 
 
 class StateStores:
@@ -46,12 +46,12 @@ class StateStores:
         # SQLite, where one process owns the state and its lanes are lock enough.
         self.locks: SessionLocks | None = None
         if storage.backend == "postgres":
-            from gateway.storage.postgres.database import PgDatabase
-            from gateway.storage.postgres.inbox import PgInbox
-            from gateway.storage.postgres.pairing import PgPairingStore
-            from gateway.storage.postgres.session_locks import SessionLocks
-            from gateway.storage.postgres.session_registry import PgSessionRegistry
-            from gateway.storage.postgres.transcripts import PgTranscriptStore
+            from parley.gateway.storage.postgres.database import PgDatabase
+            from parley.gateway.storage.postgres.inbox import PgInbox
+            from parley.gateway.storage.postgres.pairing import PgPairingStore
+            from parley.gateway.storage.postgres.session_locks import SessionLocks
+            from parley.gateway.storage.postgres.session_registry import PgSessionRegistry
+            from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
 
             assert storage.url is not None  # the config refuses postgres without one
             self.pg = PgDatabase(storage.url.get_secret_value(), pool_size=storage.pool_size)

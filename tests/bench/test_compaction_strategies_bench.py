@@ -12,8 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from core.context.compaction.summarizer import REQUIRED_HEADINGS
-from core.tokens import default_counter
+from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS
+from parley.core.tokens import default_counter
 from tests.gateway.cli.test_locomo import SCORED, locomo_data
 
 BENCH_PATH = Path(__file__).resolve().parents[2] / "bench" / "compaction_strategies.py"

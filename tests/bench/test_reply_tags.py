@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from bench import reply_tags
-from core.messages import Message, TextBlock
-from core.providers.base import ProviderRequest
+from parley.core.messages import Message, TextBlock
+from parley.core.providers.base import ProviderRequest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -12,9 +12,9 @@ import pytest
 import yarl
 from discord.gateway import DiscordWebSocket
 
-from channels.base import InboundMessage, OutboundMessage
-from channels.config import DiscordConfig
-from channels.discord_adapter import DiscordChannel
+from parley.channels.base import InboundMessage, OutboundMessage
+from parley.channels.config import DiscordConfig
+from parley.channels.discord_adapter import DiscordChannel
 from tests.fakes.discord_api import FakeDiscord
 
 TOKEN = "token-main"

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from channels.base import InboundMessage, InboundNotStored
-from channels.config import TelegramConfig
-from channels.telegram import TelegramChannel
-from channels.telegram_polling import Backoff
+from parley.channels.base import InboundMessage, InboundNotStored
+from parley.channels.config import TelegramConfig
+from parley.channels.telegram import TelegramChannel
+from parley.channels.telegram_polling import Backoff
 from tests.fakes.telegram_api import FakeTelegram
 
 TOKEN = "123:AAA"

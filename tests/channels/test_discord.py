@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from channels.base import ChatPolicy, InboundMessage
+from parley.channels.base import ChatPolicy, InboundMessage
 from tests.channels.discord_support import (
     ANN,
     BOB,
@@ -320,7 +320,7 @@ async def test_an_event_the_library_cannot_parse_is_skipped(
 async def test_a_client_that_stops_unexpectedly_is_restarted(
     fake: FakeDiscord, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("channels.discord_adapter.RESTART_INITIAL_SECONDS", 0.01)
+    monkeypatch.setattr("parley.channels.discord_adapter.RESTART_INITIAL_SECONDS", 0.01)
 
     def broken(data: Any) -> None:
         raise RuntimeError("a library bug")

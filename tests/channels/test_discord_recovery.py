@@ -15,9 +15,9 @@ import aiohttp
 import discord
 import pytest
 
-from channels.base import InboundMessage, InboundNotStored, SeenMark
-from channels.discord_adapter import DiscordChannel
-from channels.discord_backfill import LastSeen
+from parley.channels.base import InboundMessage, InboundNotStored, SeenMark
+from parley.channels.discord_adapter import DiscordChannel
+from parley.channels.discord_backfill import LastSeen
 from tests.channels.discord_support import (
     ANN,
     BOB,
@@ -65,8 +65,8 @@ def _found(pattern: str, text: str) -> str:
 async def test_a_message_not_stored_is_handed_over_again_in_order(
     fake: FakeDiscord, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("channels.discord_adapter.STORE_RETRY_INITIAL_SECONDS", 0.001)
-    monkeypatch.setattr("channels.discord_adapter.STORE_RETRY_MAX_SECONDS", 0.004)
+    monkeypatch.setattr("parley.channels.discord_adapter.STORE_RETRY_INITIAL_SECONDS", 0.001)
+    monkeypatch.setattr("parley.channels.discord_adapter.STORE_RETRY_MAX_SECONDS", 0.004)
     attempts: list[str] = []
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -111,8 +111,8 @@ async def test_stop_ends_the_backoff_at_once(
     fake: FakeDiscord, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An hour's wait, and a grace long enough that only an interruptible wait ends it.
-    monkeypatch.setattr("channels.discord_adapter.STORE_RETRY_INITIAL_SECONDS", 3600.0)
-    monkeypatch.setattr("channels.discord_adapter.STOP_GRACE_SECONDS", 3600.0)
+    monkeypatch.setattr("parley.channels.discord_adapter.STORE_RETRY_INITIAL_SECONDS", 3600.0)
+    monkeypatch.setattr("parley.channels.discord_adapter.STOP_GRACE_SECONDS", 3600.0)
     refused = asyncio.Event()
     calls = 0
 
@@ -352,8 +352,8 @@ async def test_live_messages_wait_for_the_backfill_and_are_not_doubled(
 async def test_backfill_caps(
     fake: FakeDiscord, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("channels.discord_backfill.MAX_CHANNELS_PER_BACKFILL", 1)
-    monkeypatch.setattr("channels.discord_backfill.MAX_MESSAGES_PER_CHANNEL", 2)
+    monkeypatch.setattr("parley.channels.discord_backfill.MAX_CHANNELS_PER_BACKFILL", 1)
+    monkeypatch.setattr("parley.channels.discord_backfill.MAX_MESSAGES_PER_CHANNEL", 2)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         async with running(fake) as (_, inbox):
             await fake.push_message(TOKEN, channel_id=RANDOM, content="r before", author=ANN)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from channels.base import (
+from parley.channels.base import (
     ChannelStartError,
     ChatPolicy,
     DeliveryError,
@@ -17,8 +17,8 @@ from channels.base import (
     OutboundMessage,
     RecipientBlocked,
 )
-from channels.config import DiscordConfig
-from channels.discord_adapter import DiscordChannel
+from parley.channels.config import DiscordConfig
+from parley.channels.discord_adapter import DiscordChannel
 from tests.channels.discord_support import (
     ANN,
     BOB,

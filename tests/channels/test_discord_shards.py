@@ -11,9 +11,9 @@ import discord
 import pytest
 from pydantic import ValidationError
 
-from channels.base import ChannelStartError, SeenMark
-from channels.config import DiscordAccountConfig, DiscordConfig
-from channels.discord_adapter import DiscordChannel, shard_of_guild
+from parley.channels.base import ChannelStartError, SeenMark
+from parley.channels.config import DiscordAccountConfig, DiscordConfig
+from parley.channels.discord_adapter import DiscordChannel, shard_of_guild
 from tests.channels.discord_support import (
     ANN,
     BOB,

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from telegram import Update, User
 
-from channels.discord_inbound import render_text
-from channels.telegram_inbound import normalise_update
-from channels.text import MIN_SPLIT_LIMIT, split_message, utf16_len
-from core.messages import Message
-from core.transcript import Transcript
-from gateway.routing import SESSION_KEY_RE, resolve_session_key
-from gateway.session_config import SessionConfig
+from parley.channels.discord_inbound import render_text
+from parley.channels.telegram_inbound import normalise_update
+from parley.channels.text import MIN_SPLIT_LIMIT, split_message, utf16_len
+from parley.core.messages import Message
+from parley.core.transcript import Transcript
+from parley.gateway.routing import SESSION_KEY_RE, resolve_session_key
+from parley.gateway.session_config import SessionConfig
 
 # derandomize: the same examples on every run; each property stays within a few seconds.
 FAST = settings(

@@ -10,17 +10,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from telegram.error import RetryAfter
 
-from channels.base import (
+from parley.channels.base import (
     ChannelStartError,
     DeliveryError,
     InboundMessage,
     OutboundMessage,
     RecipientBlocked,
 )
-from channels.telegram import TelegramChannel
-from channels.telegram_polling import acknowledge
-from channels.telegram_send import retry_after_seconds
-from channels.text import utf16_len
+from parley.channels.telegram import TelegramChannel
+from parley.channels.telegram_polling import acknowledge
+from parley.channels.telegram_send import retry_after_seconds
+from parley.channels.text import utf16_len
 from tests.channels.telegram_helpers import (
     OTHER_BOT_ID,
     OTHER_TOKEN,

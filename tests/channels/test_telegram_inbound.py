@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from channels.base import InboundMessage, OutboundMessage
-from channels.telegram import TelegramChannel
+from parley.channels.base import InboundMessage, OutboundMessage
+from parley.channels.telegram import TelegramChannel
 from tests.channels.telegram_helpers import (
     BOT_ID,
     TOKEN,

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from channels.base import OutboundMessage
-from channels.telegram import TelegramChannel
-from channels.telegram_recovery import PROBE_IDS, Numbering, shares_bot_numbering
+from parley.channels.base import OutboundMessage
+from parley.channels.telegram import TelegramChannel
+from parley.channels.telegram_recovery import PROBE_IDS, Numbering, shares_bot_numbering
 from tests.channels.telegram_helpers import (
     TOKEN,
     Inbox,

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from channels.telegram import SECRET_HEADER, TelegramChannel
+from parley.channels.telegram import SECRET_HEADER, TelegramChannel
 from tests.channels.telegram_helpers import (
     FAST_BACKOFF,
     TOKEN,

@@ -7,9 +7,9 @@ import io
 
 import pytest
 
-from channels.base import InboundMessage, InboundNotStored
-from channels.config import TerminalConfig
-from channels.terminal import TerminalChannel
+from parley.channels.base import InboundMessage, InboundNotStored
+from parley.channels.config import TerminalConfig
+from parley.channels.terminal import TerminalChannel
 
 
 async def test_a_failing_message_does_not_end_the_reader() -> None:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from channels.markdown_html import find_fences
-from channels.text import (
+from parley.channels.markdown_html import find_fences
+from parley.channels.text import (
     MIN_SPLIT_LIMIT,
     markdown_to_telegram_html,
     split_message,

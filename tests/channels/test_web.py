@@ -13,16 +13,16 @@ import pytest
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from channels.base import (
+from parley.channels.base import (
     Channel,
     ChannelStartError,
     DeliveryError,
     InboundMessage,
     OutboundMessage,
 )
-from channels.config import ChannelsConfig, WebConfig
-from channels.web import PROTOCOL, WebChannel
-from gateway.channel_factory import build_channels
+from parley.channels.config import ChannelsConfig, WebConfig
+from parley.channels.web import PROTOCOL, WebChannel
+from parley.gateway.channel_factory import build_channels
 
 PROTOCOLS = (PROTOCOL, "bearer.x")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.importance import (
+from parley.core.importance import (
     ASK,
     CHATTER,
     CONSTRAINT,
@@ -21,7 +21,7 @@ from core.importance import (
     score_messages,
     text_importance,
 )
-from core.messages import Message, ToolResultBlock, ToolUseBlock
+from parley.core.messages import Message, ToolResultBlock, ToolUseBlock
 
 
 @pytest.mark.parametrize(

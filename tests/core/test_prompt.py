@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.messages import ToolSpec
-from core.prompt import (
+from parley.core.messages import ToolSpec
+from parley.core.prompt import (
     MIN_FILE_BUDGET_CHARS,
     PROJECT_FILES,
     SECTION_MEMORY_RECALL,

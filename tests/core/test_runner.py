@@ -4,15 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from core.agent_config import AgentConfig
-from core.errors import ContextOverflowError, RateLimitError
-from core.messages import TextBlock, ToolUseBlock, Usage
-from core.prompt import SystemPromptBuilder
-from core.providers.base import STOP_END, STOP_OVERFLOW, STOP_TOOL_USE, ProviderResponse
-from core.providers.provider_config import RetryConfig
-from core.runner import TOOL_LIMIT_NOTE, Runner, TurnRequest
-from core.tools.builtin import default_registry
-from core.transcript import Transcript
+from parley.core.agent_config import AgentConfig
+from parley.core.errors import ContextOverflowError, RateLimitError
+from parley.core.messages import TextBlock, ToolUseBlock, Usage
+from parley.core.prompt import SystemPromptBuilder
+from parley.core.providers.base import STOP_END, STOP_OVERFLOW, STOP_TOOL_USE, ProviderResponse
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.runner import TOOL_LIMIT_NOTE, Runner, TurnRequest
+from parley.core.tools.builtin import default_registry
+from parley.core.transcript import Transcript
 from tests.fakes.scripted_provider import ScriptedProvider
 
 

@@ -8,25 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from core.agent_config import AgentConfig
-from core.errors import MemoryIndexError
-from core.memory.index import MemoryIndex
-from core.memory.recall import (
+from parley.core.agent_config import AgentConfig
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.recall import (
     RECALL_META_KEY,
     Recaller,
     RecallSearch,
     index_search,
     is_recall_block,
 )
-from core.memory.rows import SearchHit
-from core.messages import Message, TextBlock, ToolUseBlock, Usage
-from core.prompt import SystemPromptBuilder, is_turn_context
-from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
-from core.providers.provider_config import RetryConfig
-from core.runner import Runner, TurnRequest
-from core.tokens import default_counter
-from core.tools.builtin import default_registry
-from core.transcript import Transcript
+from parley.core.memory.rows import SearchHit
+from parley.core.messages import Message, TextBlock, ToolUseBlock, Usage
+from parley.core.prompt import SystemPromptBuilder, is_turn_context
+from parley.core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.runner import Runner, TurnRequest
+from parley.core.tokens import default_counter
+from parley.core.tools.builtin import default_registry
+from parley.core.transcript import Transcript
 from tests.core.memory.helpers import Layout, make_layout, open_index, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.scripted_provider import ScriptedProvider

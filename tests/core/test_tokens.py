@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core import tokens as tokens_module
-from core.messages import (
+from parley.core import tokens as tokens_module
+from parley.core.messages import (
     ImageBlock,
     Message,
     TextBlock,
@@ -18,7 +18,7 @@ from core.messages import (
     ToolUseBlock,
     Usage,
 )
-from core.tokens import (
+from parley.core.tokens import (
     CALIBRATION_MAX_RATIO,
     CALIBRATION_MIN_RATIO,
     ENCODING_NAME,
@@ -31,7 +31,7 @@ from core.tokens import (
     TokenCounter,
     default_counter,
 )
-from core.transcript import Entry
+from parley.core.transcript import Entry
 
 # --- TokenCounter: real cl100k counts ------------------------------------------------------
 

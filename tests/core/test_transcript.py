@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import TranscriptError
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.transcript import Entry, Transcript
-from core.transcript import file as transcript_module
+from parley.core.errors import TranscriptError
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.transcript import Entry, Transcript
+from parley.core.transcript import file as transcript_module
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -106,7 +106,7 @@ def test_create_never_leaves_a_transcript_without_its_header(
         seen_during_write.append(path.exists())
         return real_write(fd, data)
 
-    monkeypatch.setattr("core.transcript.file.os.write", write)
+    monkeypatch.setattr("parley.core.transcript.file.os.write", write)
     Transcript.create(path, "a", "k").close()
     monkeypatch.undo()
     assert seen_during_write and not any(seen_during_write)

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import TranscriptError
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.transcript import Entry
-from core.transcript import base as transcript_module
-from core.transcript_store import (
+from parley.core.errors import TranscriptError
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.transcript import Entry
+from parley.core.transcript import base as transcript_module
+from parley.core.transcript_store import (
     FileTranscriptStore,
     SessionTranscript,
     TranscriptStore,
     export_transcript,
     write_jsonl,
 )
-from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.transcripts import PgTranscriptStore
+from parley.gateway.storage.postgres.database import PgDatabase
+from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
 
 SID = "0123456789abcdef0123456789abcdef"
 KEY = "agent:main:telegram:direct:42"

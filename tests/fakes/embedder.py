@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.errors import EmbedderError
-from core.memory.embedders import Embedder, ResilientEmbedder, RetryPolicy, normalize_rows
-from core.memory.query import tokenize
+from parley.core.errors import EmbedderError
+from parley.core.memory.embedders import Embedder, ResilientEmbedder, RetryPolicy, normalize_rows
+from parley.core.memory.query import tokenize
 
 FAKE_PROVIDER = "fake"
 DEFAULT_FAKE_DIMENSIONS = 64

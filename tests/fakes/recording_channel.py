@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from datetime import UTC, datetime
 
-from channels.base import (
+from parley.channels.base import (
     OPEN_POLICY,
     ChannelCapabilities,
     ChatPolicy,

@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from core.messages import TextBlock, Usage
-from core.prompt import is_turn_context
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
+from parley.core.messages import TextBlock, Usage
+from parley.core.prompt import is_turn_context
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
 
 Step = ProviderResponse | BaseException | Callable[[ProviderRequest], ProviderResponse]
 

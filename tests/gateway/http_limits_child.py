@@ -28,14 +28,14 @@ class _Count(logging.Handler):
 
 
 async def _serve(home: Path) -> None:
-    import gateway.memory
-    from gateway.app import Gateway
+    import parley.gateway.memory
+    from parley.gateway.app import Gateway
     from tests.fakes.embedder import HashingEmbedder, resilient
     from tests.fakes.recording_channel import RecordingChannel
     from tests.fakes.scripted_provider import ScriptedProvider
     from tests.gateway.memory_helpers import memory_config
 
-    gateway.memory.build_embedder = lambda settings: resilient(HashingEmbedder())  # type: ignore[assignment]
+    parley.gateway.memory.build_embedder = lambda settings: resilient(HashingEmbedder())  # type: ignore[assignment]
     accept_errors = _Count()
     logging.getLogger("asyncio").addHandler(accept_errors)  # "accept() out of system resource"
     loaded = memory_config(

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from core.memory.embedders import EmbedderSettings, ResilientEmbedder
-from core.memory.index import MemoryIndex, SyncReport
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
-from gateway.app import Gateway
-from gateway.config import LoadedConfig, load_config
-from gateway.logs import ROOT_LOGGER
+from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder
+from parley.core.memory.index import MemoryIndex, SyncReport
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
+from parley.gateway.app import Gateway
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.logs import ROOT_LOGGER
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 
@@ -62,7 +62,7 @@ def use_hashing_embedder(monkeypatch: pytest.MonkeyPatch) -> list[HashingEmbedde
         made.append(embedder)
         return resilient(embedder)
 
-    monkeypatch.setattr("gateway.memory.build_embedder", build)
+    monkeypatch.setattr("parley.gateway.memory.build_embedder", build)
     return made
 
 

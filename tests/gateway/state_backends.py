@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.inbox import PgInbox
-from gateway.storage.postgres.pairing import PgPairingStore
-from gateway.storage.postgres.session_registry import PgSessionRegistry
-from gateway.storage.sessions import utcnow
-from gateway.storage.sqlite.database import Database
-from gateway.storage.sqlite.inbox import SqliteInbox
-from gateway.storage.sqlite.pairing import SqlitePairingStore
-from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.inbox import PgInbox
+from parley.gateway.storage.postgres.pairing import PgPairingStore
+from parley.gateway.storage.postgres.session_registry import PgSessionRegistry
+from parley.gateway.storage.sessions import utcnow
+from parley.gateway.storage.sqlite.database import Database
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
+from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
+from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 BACKENDS = ("sqlite", "postgres")
 

@@ -15,17 +15,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-import gateway.cli.main as cli
-from channels.base import (
+import parley.gateway.cli.main as cli
+from parley.channels.base import (
     ChannelCapabilities,
     ChatPolicy,
     DeliveryError,
     WebhookRoute,
 )
-from core.transcript import Transcript
-from gateway.app import Gateway
-from gateway.errors import PairingError
-from gateway.storage.pairing import (
+from parley.core.transcript import Transcript
+from parley.gateway.app import Gateway
+from parley.gateway.errors import PairingError
+from parley.gateway.storage.pairing import (
     CODE_TTL,
     MAX_PENDING_PER_CHANNEL,
     RENOTIFY_AFTER,

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from channels.base import DeliveryError, RecipientBlocked
-from core.errors import OverloadedError
-from core.messages import TextBlock, ToolUseBlock, Usage
-from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
-from core.transcript import Transcript
-from gateway.app import Gateway
-from gateway.config import LoadedConfig, load_config
-from gateway.runtime.user_errors import BUSY_TEXT
-from gateway.storage.sqlite.database import Database
-from gateway.storage.sqlite.inbox import SqliteInbox
+from parley.channels.base import DeliveryError, RecipientBlocked
+from parley.core.errors import OverloadedError
+from parley.core.messages import TextBlock, ToolUseBlock, Usage
+from parley.core.providers.base import STOP_END, STOP_TOOL_USE, ProviderResponse
+from parley.core.transcript import Transcript
+from parley.gateway.app import Gateway
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.runtime.user_errors import BUSY_TEXT
+from parley.gateway.storage.sqlite.database import Database
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 
@@ -305,7 +305,7 @@ async def test_reply_written_before_a_crash_is_delivered_without_a_model_call(
         inbox = SqliteInbox(db)
         recorded = await inbox.record(channel.inbound("late", message_id="k1"))
     transcript = Transcript.open(config.sessions_dir / f"{record.session_id}.jsonl")
-    from core.messages import Message
+    from parley.core.messages import Message
 
     transcript.append_message(Message.user("late"), meta={"inbox_ids": [recorded.item.id]})
     transcript.append_message(Message.assistant("already answered"), usage=Usage(1, 1))
@@ -344,7 +344,7 @@ async def test_a_reply_the_platform_could_not_take_is_sent_again_later(
     stack: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gateway, channel, _ = stack
-    monkeypatch.setattr("gateway.runtime.delivery.DELIVERY_BACKOFF_SECONDS", (0.0, 0.0))
+    monkeypatch.setattr("parley.gateway.runtime.delivery.DELIVERY_BACKOFF_SECONDS", (0.0, 0.0))
     down = DeliveryError("the platform is unreachable", retryable=True)
     channel.fail_next.extend([down] * 3)  # every attempt of the first delivery
     await gateway.handle_inbound(channel.inbound("are you there?"))
@@ -369,7 +369,7 @@ async def test_a_reply_the_platform_could_not_take_is_sent_again_later(
     channel.fail_next.extend([down] * 3)
     await gateway.handle_inbound(channel.inbound("and now?"))
     await gateway.wait_idle()
-    monkeypatch.setattr("gateway.runtime.redelivery.REDELIVERY_GIVE_UP", timedelta(0))
+    monkeypatch.setattr("parley.gateway.runtime.redelivery.REDELIVERY_GIVE_UP", timedelta(0))
     assert await gateway.redeliver_now() == 0
     counts = await gateway.inbox.counts()
     assert counts == {"delivered": 1, "failed": 1}

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.recall import is_recall_block
-from core.messages import TextBlock
-from gateway.app import Gateway
+from parley.core.memory.recall import is_recall_block
+from parley.core.messages import TextBlock
+from parley.gateway.app import Gateway
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import memory_config, say, use_hashing_embedder

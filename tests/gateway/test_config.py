@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from gateway.config import (
+from parley.gateway.config import (
     ParleyConfig,
     effective_config_toml,
     load_config,
 )
-from gateway.errors import ConfigFileError
+from parley.gateway.errors import ConfigFileError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "parley.example.toml"
 

@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
-from core.context.history import COMPACTION_SUMMARY_PREFIX
-from core.errors import OverloadedError
-from core.messages import TextBlock, Usage
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.tokens import default_counter
-from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
-from gateway.app import Gateway
-from gateway.config import LoadedConfig, load_config
-from gateway.storage.sessions import SessionRecord
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.context.history import COMPACTION_SUMMARY_PREFIX
+from parley.core.errors import OverloadedError
+from parley.core.messages import TextBlock, Usage
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.tokens import default_counter
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from parley.gateway.app import Gateway
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.storage.sessions import SessionRecord
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from channels.discord_adapter import DiscordChannel
-from gateway.app import Gateway
-from gateway.config import load_config
+from parley.channels.discord_adapter import DiscordChannel
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
 from tests.channels.discord_support import (
     ANN,
     BOT_ID,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.store import MemoryStore
-from gateway.cli.doctor_checks import _check_file_modes
-from gateway.file_modes import find_wide_modes, narrow_modes, secure_home
-from gateway.logs import setup_logging
-from gateway.storage.sqlite.database import Database
+from parley.core.memory.store import MemoryStore
+from parley.gateway.cli.doctor_checks import _check_file_modes
+from parley.gateway.file_modes import find_wide_modes, narrow_modes, secure_home
+from parley.gateway.logs import setup_logging
+from parley.gateway.storage.sqlite.database import Database
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.gateway.cli.test_main import anthropic_env, parley
 

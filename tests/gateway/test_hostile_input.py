@@ -29,13 +29,13 @@ import pytest
 from telegram import Update
 from yarl import URL
 
-from channels.discord_adapter import DiscordChannel
-from channels.telegram import SECRET_HEADER, TelegramChannel
-from core.messages import ToolResultBlock
-from core.providers.anthropic import to_wire_messages
-from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.routing import SESSION_KEY_RE
+from parley.channels.discord_adapter import DiscordChannel
+from parley.channels.telegram import SECRET_HEADER, TelegramChannel
+from parley.core.messages import ToolResultBlock
+from parley.core.providers.anthropic import to_wire_messages
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
+from parley.gateway.routing import SESSION_KEY_RE
 from tests.channels import discord_support as ds
 from tests.channels.telegram_helpers import FAST_BACKOFF, TOKEN, fake_telegram, loopback_only
 from tests.channels.telegram_helpers import make_config as telegram_config

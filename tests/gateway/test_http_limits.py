@@ -24,9 +24,9 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import HttpConfig, load_config
-from gateway.errors import ConfigFileError
-from gateway.http_limits import (
+from parley.gateway.config import HttpConfig, load_config
+from parley.gateway.errors import ConfigFileError
+from parley.gateway.http_limits import (
     BASE_RESERVED_FDS,
     MIN_CONNECTIONS,
     connection_budget,

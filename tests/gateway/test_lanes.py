@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 from pydantic import ValidationError
 
-from gateway.lanes import (
+from parley.gateway.lanes import (
     DEFAULT_MAX_CONCURRENT_RUNS,
     DEFAULT_QUEUE_CAP,
     LaneManager,

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
-from core.memory.audience import Audience, visible_scopes
-from core.memory.sources import AGENT_SCOPE
-from core.messages import TextBlock, Usage
-from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.tokens import default_counter
-from core.transcript import Transcript
-from gateway.app import Gateway
-from gateway.audiences import (
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.memory.audience import Audience, visible_scopes
+from parley.core.memory.sources import AGENT_SCOPE
+from parley.core.messages import TextBlock, Usage
+from parley.core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.tokens import default_counter
+from parley.core.transcript import Transcript
+from parley.gateway.app import Gateway
+from parley.gateway.audiences import (
     UNSCOPED,
     PersonLinks,
     audience_for,
@@ -29,10 +29,10 @@ from gateway.audiences import (
     scope_resolver,
     viewer_for,
 )
-from gateway.routing import SessionRoute
-from gateway.runtime.commands.texts import MEMORY_USAGE
-from gateway.session_config import SessionConfig
-from gateway.storage.sessions import SessionRecord
+from parley.gateway.routing import SessionRoute
+from parley.gateway.runtime.commands.texts import MEMORY_USAGE
+from parley.gateway.session_config import SessionConfig
+from parley.gateway.storage.sessions import SessionRecord
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 from tests.gateway.memory_helpers import (

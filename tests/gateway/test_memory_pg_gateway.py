@@ -16,20 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.embedders import EmbedderSettings, ResilientEmbedder
-from core.memory.sources import AGENT_SCOPE, StoreTranscriptSource
-from core.memory.tasks import TaskRecord
-from core.messages import Message
-from gateway.app import Gateway
-from gateway.cli.main import build_parser
-from gateway.cli.memory import memory_command
-from gateway.config import LoadedConfig
-from gateway.errors import ConfigFileError, StateError
-from gateway.memory import build_memory_index
-from gateway.runtime.commands.texts import format_memory_status
-from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
-from gateway.storage.stores import StateStores
+from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder
+from parley.core.memory.sources import AGENT_SCOPE, StoreTranscriptSource
+from parley.core.memory.tasks import TaskRecord
+from parley.core.messages import Message
+from parley.gateway.app import Gateway
+from parley.gateway.cli.main import build_parser
+from parley.gateway.cli.memory import memory_command
+from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import ConfigFileError, StateError
+from parley.gateway.memory import build_memory_index
+from parley.gateway.runtime.commands.texts import format_memory_status
+from parley.gateway.storage.postgres.database import Connection
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -47,7 +47,7 @@ def small_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
     def build(settings: EmbedderSettings) -> ResilientEmbedder:
         return resilient(HashingEmbedder(dimensions=DIMS))
 
-    monkeypatch.setattr("gateway.memory.build_embedder", build)
+    monkeypatch.setattr("parley.gateway.memory.build_embedder", build)
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.tasks import TaskRecord
-from gateway.app import Gateway
-from gateway.audiences import scope_for_key
+from parley.core.memory.tasks import TaskRecord
+from parley.gateway.app import Gateway
+from parley.gateway.audiences import scope_for_key
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import (

@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from channels.base import ChatPolicy
-from core.memory.audience import Audience, Viewer
-from core.memory.notes import NoteStore
-from core.memory.rows import SearchHit, Tombstone
-from core.memory.tasks import TaskRecord, scope_file_name
-from core.transcript_store import write_jsonl_file
-from gateway.app import Gateway
-from gateway.cli.main import build_parser
-from gateway.cli.people import people_command
-from gateway.config import LoadedConfig
-from gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
-from gateway.people import PersonError, erase_person, list_people, resolve_person
-from gateway.storage.sessions import SessionOrigin
-from gateway.storage.stores import StateStores
+from parley.channels.base import ChatPolicy
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.notes import NoteStore
+from parley.core.memory.rows import SearchHit, Tombstone
+from parley.core.memory.tasks import TaskRecord, scope_file_name
+from parley.core.transcript_store import write_jsonl_file
+from parley.gateway.app import Gateway
+from parley.gateway.cli.main import build_parser
+from parley.gateway.cli.people import people_command
+from parley.gateway.config import LoadedConfig
+from parley.gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
+from parley.gateway.people import PersonError, erase_person, list_people, resolve_person
+from parley.gateway.storage.sessions import SessionOrigin
+from parley.gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -57,7 +57,8 @@ ALICE_CANARIES = (SAID, REMEMBERED, FLUSHED, TOOLED, LEGACY, RESET, FORGOTTEN)
 def small_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
     # 8 dimensions: this machine's pgvector dies on 16 or more (test_memory_pg_gateway).
     monkeypatch.setattr(
-        "gateway.memory.build_embedder", lambda settings: resilient(HashingEmbedder(dimensions=8))
+        "parley.gateway.memory.build_embedder",
+        lambda settings: resilient(HashingEmbedder(dimensions=8)),
     )
 
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from channels.discord_adapter import DiscordChannel
-from channels.telegram import TelegramChannel
-from channels.telegram_polling import Backoff
-from gateway.app import Gateway
-from gateway.config import load_config
+from parley.channels.discord_adapter import DiscordChannel
+from parley.channels.telegram import TelegramChannel
+from parley.channels.telegram_polling import Backoff
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
 from tests.channels.discord_support import (
     ANN,
     BOB,

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from core.transcript_store import SessionTranscript
-from gateway.app import Gateway
-from gateway.config import load_config
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
 from tests.fakes import anthropic_api, openai_api
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.llm_common import FakeLLMServer, Hang, RawResponse, Reply, Step, StreamError

@@ -12,9 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from core.memory.recall import RECALL_META_KEY, is_recall_block
-from core.messages import TextBlock
-from gateway.app import Gateway
+from parley.core.memory.recall import RECALL_META_KEY, is_recall_block
+from parley.core.messages import TextBlock
+from parley.gateway.app import Gateway
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import memory_config, say, spy_on_sync, use_hashing_embedder

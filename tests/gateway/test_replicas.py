@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.admin.schemas import SessionListQuery, TranscriptQuery
-from gateway.admin.service import AdminService
-from gateway.app import Gateway
-from gateway.config import LoadedConfig, load_config
+from parley.gateway.admin.schemas import SessionListQuery, TranscriptQuery
+from parley.gateway.admin.service import AdminService
+from parley.gateway.app import Gateway
+from parley.gateway.config import LoadedConfig, load_config
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 

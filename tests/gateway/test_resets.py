@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.runtime import resets
-from gateway.runtime.resets import (
+from parley.gateway.runtime import resets
+from parley.gateway.runtime.resets import (
     StaleReason,
     daily_boundary,
     is_stale,
@@ -22,7 +22,7 @@ from gateway.runtime.resets import (
     resolve_timezone,
     should_reset,
 )
-from gateway.session_config import ResetConfig, SessionConfig
+from parley.gateway.session_config import ResetConfig, SessionConfig
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

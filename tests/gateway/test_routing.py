@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.routing import (
+from parley.gateway.routing import (
     SessionRoute,
     normalise_agent_id,
     normalise_peer_id,
@@ -18,7 +18,7 @@ from gateway.routing import (
     reset_type_for,
     resolve_session_key,
 )
-from gateway.session_config import SessionConfig
+from parley.gateway.session_config import SessionConfig
 
 # Written out here rather than imported, so the test does not trust the module's regex.
 STRICT_KEY = re.compile(r"agent:[a-z0-9][a-z0-9_-]{0,63}(:[a-z0-9_.@+~-]{1,64}){1,7}")

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from channels.base import InboundMessage, OutboundMessage
-from channels.discord_adapter import DiscordChannel
-from channels.telegram import TelegramChannel
-from gateway.app import Gateway
-from gateway.config import LoadedConfig, load_config
-from gateway.storage.inbox import SentMessages
-from gateway.storage.sqlite.database import Database
-from gateway.storage.sqlite.inbox import SqliteInbox
+from parley.channels.base import InboundMessage, OutboundMessage
+from parley.channels.discord_adapter import DiscordChannel
+from parley.channels.telegram import TelegramChannel
+from parley.gateway.app import Gateway
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.storage.inbox import SentMessages
+from parley.gateway.storage.sqlite.database import Database
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
 from tests.channels.discord_support import ANN, BOT_ID, LIMIT, fake_discord
 from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
 from tests.channels.telegram_helpers import FAST_BACKOFF, TOKEN, Sleeps, loopback_only

@@ -13,11 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from channels.telegram import TelegramChannel
-from channels.text import utf16_len
-from core.transcript import Transcript
-from gateway.app import Gateway
-from gateway.config import load_config
+from parley.channels.telegram import TelegramChannel
+from parley.channels.text import utf16_len
+from parley.core.transcript import Transcript
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
 from tests.channels.telegram_helpers import (
     FAST_BACKOFF,
     OTHER_BOT_ID,

@@ -33,8 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from core.context.compaction.ledger import Ledger, extract_ledger
-from core.context.compaction.strategies import (
+from parley.core.context.compaction.ledger import Ledger, extract_ledger
+from parley.core.context.compaction.strategies import (
     STRATEGY_SLIDING_WINDOW,
     STRATEGY_SUMMARY,
     CompactionStrategy,
@@ -45,14 +45,14 @@ from core.context.compaction.strategies import (
     build_strategy,
     summarizer_chain,
 )
-from core.context.compaction.summarizer import Summarizer
-from core.context.config import CompactionConfig
-from core.context.history import is_turn_start, summary_message
-from core.errors import SummaryError, TranscriptError
-from core.messages import Message, TextBlock, Usage
-from core.prompt import SILENT_REPLY, is_volatile
-from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
-from core.transcript_store import SessionTranscript, write_jsonl_file
+from parley.core.context.compaction.summarizer import Summarizer
+from parley.core.context.config import CompactionConfig
+from parley.core.context.history import is_turn_start, summary_message
+from parley.core.errors import SummaryError, TranscriptError
+from parley.core.messages import Message, TextBlock, Usage
+from parley.core.prompt import SILENT_REPLY, is_volatile
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from parley.core.transcript_store import SessionTranscript, write_jsonl_file
 
 log = logging.getLogger("parley.core.compaction")
 

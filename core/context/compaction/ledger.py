@@ -33,8 +33,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.identifiers import absent_identifiers, find_identifiers, identifier_key
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+from parley.core.identifiers import absent_identifiers, find_identifiers, identifier_key
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 
 DEFAULT_MAX_IDENTIFIERS = 400
 DEFAULT_MAX_ASKS = 20

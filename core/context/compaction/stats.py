@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from core.transcript import ENTRY_COMPACTION, Entry
+from parley.core.transcript import ENTRY_COMPACTION, Entry
 
 DEFAULT_STRATEGY = "summary"
 

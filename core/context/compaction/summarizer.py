@@ -38,9 +38,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.errors import AuthenticationError, ContextOverflowError, ProviderError, SummaryError
-from core.identifiers import absent_identifiers
-from core.messages import (
+from parley.core.errors import (
+    AuthenticationError,
+    ContextOverflowError,
+    ProviderError,
+    SummaryError,
+)
+from parley.core.identifiers import absent_identifiers
+from parley.core.messages import (
     ImageBlock,
     Message,
     TextBlock,
@@ -48,9 +53,9 @@ from core.messages import (
     ToolUseBlock,
     Usage,
 )
-from core.providers.base import Provider, ProviderRequest
-from core.providers.provider_config import RetryConfig
-from core.providers.retry import call_with_retry
+from parley.core.providers.base import Provider, ProviderRequest
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.providers.retry import call_with_retry
 
 BASE_CHUNK_RATIO = 0.4
 MIN_CHUNK_RATIO = 0.15

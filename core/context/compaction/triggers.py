@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from core.context.compaction.compactor import TRIGGER_AGE, TRIGGER_HISTORY, TRIGGER_MESSAGES
-from core.context.config import CompactionConfig
-from core.context.history import is_turn_start
-from core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
+from parley.core.context.compaction.compactor import TRIGGER_AGE, TRIGGER_HISTORY, TRIGGER_MESSAGES
+from parley.core.context.config import CompactionConfig
+from parley.core.context.history import is_turn_start
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 
 
 def parse_timestamp(raw: str) -> datetime | None:

@@ -11,13 +11,19 @@ Token counts are cl100k (``core.tokens``); every chunk satisfies
 The names importers use are re-exported here.
 """
 
-from core.memory.chunking.markdown import (
+from parley.core.memory.chunking.markdown import (
     DEFAULT_CHUNK_OVERLAP_TOKENS,
     DEFAULT_CHUNK_TOKENS,
     chunk_markdown,
 )
-from core.memory.chunking.text import CUT_MARKER, Chunk, count_tokens, split_lines, split_text
-from core.memory.chunking.transcripts import (
+from parley.core.memory.chunking.text import (
+    CUT_MARKER,
+    Chunk,
+    count_tokens,
+    split_lines,
+    split_text,
+)
+from parley.core.memory.chunking.transcripts import (
     DEFAULT_TURN_CHUNK_TOKENS,
     DEFAULT_TURN_OVERLAP,
     IMAGE_NOTE,

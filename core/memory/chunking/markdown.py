@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from core.memory.chunking.text import (
+from parley.core.memory.chunking.text import (
     Chunk,
     check_limits,
     count_tokens,

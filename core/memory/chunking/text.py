@@ -13,7 +13,7 @@ import hashlib
 import unicodedata
 from dataclasses import dataclass
 
-from core.tokens import default_counter
+from parley.core.tokens import default_counter
 
 MIN_CHUNK_TOKENS = 8  # a code point is at most 4 tokens, so every cut can make progress
 CUT_MARKER = "…"  # ends a turn cut to fit max_tokens

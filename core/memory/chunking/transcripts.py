@@ -21,8 +21,8 @@ from datetime import UTC, date, datetime
 from functools import lru_cache
 from typing import Any
 
-from core.errors import TranscriptError
-from core.memory.chunking.text import (
+from parley.core.errors import TranscriptError
+from parley.core.memory.chunking.text import (
     CUT_MARKER,
     Chunk,
     check_limits,
@@ -30,10 +30,10 @@ from core.memory.chunking.text import (
     fits,
     sha256_hex,
 )
-from core.memory.redact import redact_secrets
-from core.messages import ImageBlock, TextBlock
-from core.prompt import SILENT_REPLY, TURN_CONTEXT_PREFIX, is_recall_block, is_turn_context
-from core.transcript import ENTRY_MESSAGE, Entry
+from parley.core.memory.redact import redact_secrets
+from parley.core.messages import ImageBlock, TextBlock
+from parley.core.prompt import SILENT_REPLY, TURN_CONTEXT_PREFIX, is_recall_block, is_turn_context
+from parley.core.transcript import ENTRY_MESSAGE, Entry
 
 # Transcript chunks are small: a snippet should hold a few turns around the hit, not a
 # whole conversation. Tuned by bench/ (the lead adjusts these from its figures).

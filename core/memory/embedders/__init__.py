@@ -20,22 +20,22 @@ Errors (``core.errors``): ``EmbedderError`` (``.provider``, ``.retryable``),
 ``EmbedderHTTPError`` here (a server's status, with ``status`` and ``retry_after``).
 """
 
-from core.memory.embedders.base import (
+from parley.core.memory.embedders.base import (
     Embedder,
     EmbedderHTTPError,
     NoneEmbedder,
     normalize_rows,
     provider_key_for,
 )
-from core.memory.embedders.embedder_config import EmbedderSettings, OpenAIEmbedderSettings
-from core.memory.embedders.factory import (
+from parley.core.memory.embedders.embedder_config import EmbedderSettings, OpenAIEmbedderSettings
+from parley.core.memory.embedders.factory import (
     AUTO_ORDER,
     AutoChoice,
     build_embedder,
     provider_installed,
     resolve_auto,
 )
-from core.memory.embedders.local import (
+from parley.core.memory.embedders.local import (
     E5Embedder,
     MiniLMEmbedder,
     e5_installed,
@@ -43,8 +43,8 @@ from core.memory.embedders.local import (
     load_minilm,
     minilm_installed,
 )
-from core.memory.embedders.openai_compat import OpenAIEmbedder, embeddings_url
-from core.memory.embedders.resilient import (
+from parley.core.memory.embedders.openai_compat import OpenAIEmbedder, embeddings_url
+from parley.core.memory.embedders.resilient import (
     DEFAULT_QUERY_BUDGET_SECONDS,
     LOCAL_TIMEOUTS,
     REMOTE_TIMEOUTS,

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from core.errors import EmbedderError, EmbedderUnavailableError
+from parley.core.errors import EmbedderError, EmbedderUnavailableError
 
 log = logging.getLogger("parley.core.memory.embedders")
 

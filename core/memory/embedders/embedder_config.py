@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from core.memory.embedders.openai_compat import (
+from parley.core.memory.embedders.openai_compat import (
     DEFAULT_OPENAI_EMBEDDING_MODEL,
     DEFAULT_OPENAI_TIMEOUT_SECONDS,
 )
-from core.memory.embedders.resilient import DEFAULT_FAILURE_LIMIT, DEFAULT_LOCKOUT_SECONDS
+from parley.core.memory.embedders.resilient import DEFAULT_FAILURE_LIMIT, DEFAULT_LOCKOUT_SECONDS
 
 EmbedderProviderName = Literal["auto", "local", "e5", "openai", "none"]
 FallbackProviderName = Literal["none", "e5", "local", "openai"]

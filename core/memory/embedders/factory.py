@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from core.errors import ConfigError
-from core.memory.embedders.base import NONE_PROVIDER, Embedder, NoneEmbedder, log
-from core.memory.embedders.embedder_config import EmbedderSettings
-from core.memory.embedders.local import (
+from parley.core.errors import ConfigError
+from parley.core.memory.embedders.base import NONE_PROVIDER, Embedder, NoneEmbedder, log
+from parley.core.memory.embedders.embedder_config import EmbedderSettings
+from parley.core.memory.embedders.local import (
     DEFAULT_E5_MAX_BATCH,
     DEFAULT_LOCAL_MAX_BATCH,
     E5_MODEL,
@@ -23,13 +23,13 @@ from core.memory.embedders.local import (
     load_minilm,
     minilm_installed,
 )
-from core.memory.embedders.openai_compat import (
+from parley.core.memory.embedders.openai_compat import (
     DEFAULT_OPENAI_BASE_URL,
     DEFAULT_OPENAI_MAX_BATCH,
     OPENAI_PROVIDER,
     OpenAIEmbedder,
 )
-from core.memory.embedders.resilient import ResilientEmbedder
+from parley.core.memory.embedders.resilient import ResilientEmbedder
 
 # e5 first: small, multilingual, no torch. MiniLM next. A remote server only when the
 # operator configured one: "auto" never sends memory to a third party by itself.

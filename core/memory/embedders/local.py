@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from core.errors import EmbedderError, EmbedderUnavailableError
-from core.memory.embedders.base import empty_matrix, normalize_rows, text_list
+from parley.core.errors import EmbedderError, EmbedderUnavailableError
+from parley.core.memory.embedders.base import empty_matrix, normalize_rows, text_list
 
 MINILM_PROVIDER = "local"
 MINILM_MODEL = "all-MiniLM-L6-v2"

@@ -29,8 +29,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from core.errors import EmbedderError
-from core.memory.embedders.base import (
+from parley.core.errors import EmbedderError
+from parley.core.memory.embedders.base import (
     EmbedderHTTPError,
     empty_matrix,
     log,
@@ -38,7 +38,7 @@ from core.memory.embedders.base import (
     provider_key_for,
     text_list,
 )
-from core.providers.retry import parse_retry_after
+from parley.core.providers.retry import parse_retry_after
 
 OPENAI_PROVIDER = "openai"
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"

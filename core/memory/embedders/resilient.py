@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.errors import EmbedderError, EmbedderUnavailableError
-from core.memory.embedders.base import (
+from parley.core.errors import EmbedderError, EmbedderUnavailableError
+from parley.core.memory.embedders.base import (
     NONE_PROVIDER,
     Embedder,
     empty_matrix,

@@ -44,16 +44,16 @@ Where each job lives:
 This module re-exports what importers of ``core.memory.index`` use.
 """
 
-from core.memory.backend import SHADOW_SUFFIX
-from core.memory.index.file_sync import (
+from parley.core.memory.backend import SHADOW_SUFFIX
+from parley.core.memory.index.file_sync import (
     UNSCOPED,
     ProgressCallback,
     SyncReport,
     default_scope_resolver,
 )
-from core.memory.index.memory_index import AsyncResource, MemoryIndex
-from core.memory.index.search import SIMILARITY_FLOORS, SearchResult
-from core.memory.index.status import MemoryStatus
+from parley.core.memory.index.memory_index import AsyncResource, MemoryIndex
+from parley.core.memory.index.search import SIMILARITY_FLOORS, SearchResult
+from parley.core.memory.index.status import MemoryStatus
 
 __all__ = [
     "SHADOW_SUFFIX",

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from core.errors import MemoryIndexError
-from core.memory.audience import Audience, Viewer, may_read
-from core.memory.index.discovery import IndexSources, inside
-from core.memory.index.workers import StoreThreads
-from core.memory.notes import Forgotten
-from core.memory.sources import memory_path
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.audience import Audience, Viewer, may_read
+from parley.core.memory.index.discovery import IndexSources, inside
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.notes import Forgotten
+from parley.core.memory.sources import memory_path
 
 # memory_get reads at most this much of a file.
 MAX_GET_LINES = 2000

@@ -14,9 +14,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.memory.memory_config import MemorySettings
-from core.memory.notes import NOTES_SOURCE, NoteStore
-from core.memory.sources import (
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.notes import NOTES_SOURCE, NoteStore
+from parley.core.memory.sources import (
     MEMORY_SOURCE,
     SESSIONS_SOURCE,
     TASKS_SOURCE,
@@ -26,7 +26,7 @@ from core.memory.sources import (
     memory_files,
     task_files,
 )
-from core.memory.tasks import TaskLog
+from parley.core.memory.tasks import TaskLog
 
 
 class IndexSources:

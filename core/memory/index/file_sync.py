@@ -19,24 +19,24 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import EmbedderError, MemoryIndexError, TranscriptError
-from core.memory.audience import parse_scope
-from core.memory.chunking import (
+from parley.core.errors import EmbedderError, MemoryIndexError, TranscriptError
+from parley.core.memory.audience import parse_scope
+from parley.core.memory.chunking import (
     Chunk,
     chunk_markdown,
     chunk_turns,
     header_agent_name,
     transcript_turns,
 )
-from core.memory.embedders import ResilientEmbedder
-from core.memory.forgetting import FORGETTABLE_SOURCES
-from core.memory.index.discovery import IndexSources
-from core.memory.index.state import IndexState, made_by
-from core.memory.index.workers import StoreThreads
-from core.memory.memory_config import MemorySettings
-from core.memory.query import cjk_index_text
-from core.memory.rows import FileRow, IndexMeta, NewChunk
-from core.memory.sources import (
+from parley.core.memory.embedders import ResilientEmbedder
+from parley.core.memory.forgetting import FORGETTABLE_SOURCES
+from parley.core.memory.index.discovery import IndexSources
+from parley.core.memory.index.state import IndexState, made_by
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.query import cjk_index_text
+from parley.core.memory.rows import FileRow, IndexMeta, NewChunk
+from parley.core.memory.sources import (
     AGENT_SCOPE,
     SESSIONS_SOURCE,
     TASKS_SOURCE,
@@ -44,8 +44,8 @@ from core.memory.sources import (
     SourceFile,
     read_header,
 )
-from core.memory.store_protocol import MemoryStoreProtocol
-from core.memory.tasks import task_chunks
+from parley.core.memory.store_protocol import MemoryStoreProtocol
+from parley.core.memory.tasks import task_chunks
 
 # Bounds a file the index will read: bigger memory files are indexed up to this size.
 MAX_FILE_BYTES = 64 * 1024 * 1024

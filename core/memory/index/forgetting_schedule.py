@@ -13,19 +13,19 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from core.errors import MemoryIndexError
-from core.memory.decay import iso_timestamp
-from core.memory.forgetting import (
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.decay import iso_timestamp
+from parley.core.memory.forgetting import (
     FORGETTABLE_SOURCES,
     LAST_RUN_KEY,
     ForgettingReport,
     plan_forgetting,
 )
-from core.memory.index.file_sync import SyncReport
-from core.memory.index.state import IndexState
-from core.memory.index.workers import StoreThreads
-from core.memory.memory_config import ForgettingSettings
-from core.memory.rows import Tombstone
+from parley.core.memory.index.file_sync import SyncReport
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.memory_config import ForgettingSettings
+from parley.core.memory.rows import Tombstone
 
 log = logging.getLogger("parley.core.memory")
 

@@ -18,33 +18,33 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from core.memory.audience import Audience, Viewer
-from core.memory.backend import SqliteBackend
-from core.memory.embedders import ResilientEmbedder
-from core.memory.forgetting import ForgettingReport
-from core.memory.index.access import MemoryAccess
-from core.memory.index.discovery import IndexSources
-from core.memory.index.file_sync import (
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.backend import SqliteBackend
+from parley.core.memory.embedders import ResilientEmbedder
+from parley.core.memory.forgetting import ForgettingReport
+from parley.core.memory.index.access import MemoryAccess
+from parley.core.memory.index.discovery import IndexSources
+from parley.core.memory.index.file_sync import (
     FileSync,
     ProgressCallback,
     SyncReport,
     default_scope_resolver,
 )
-from core.memory.index.forgetting_schedule import ForgettingSchedule
-from core.memory.index.rebuild import Rebuild
-from core.memory.index.search import IndexSearch, SearchResult
-from core.memory.index.state import IndexState, wanted_meta
-from core.memory.index.status import IndexStatus, MemoryStatus
-from core.memory.index.sync import SyncRunner
-from core.memory.index.triggers import SyncTriggers
-from core.memory.index.watch import MemoryFileWatcher
-from core.memory.index.workers import StoreThreads
-from core.memory.memory_config import MemorySettings
-from core.memory.notes import Forgotten, NoteStore
-from core.memory.rows import IndexMeta, Tombstone
-from core.memory.sources import FileTranscriptSource, ScopeResolver, TranscriptSource
-from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
-from core.memory.tasks import TaskLog, TaskRecord, TaskStats, task_stats
+from parley.core.memory.index.forgetting_schedule import ForgettingSchedule
+from parley.core.memory.index.rebuild import Rebuild
+from parley.core.memory.index.search import IndexSearch, SearchResult
+from parley.core.memory.index.state import IndexState, wanted_meta
+from parley.core.memory.index.status import IndexStatus, MemoryStatus
+from parley.core.memory.index.sync import SyncRunner
+from parley.core.memory.index.triggers import SyncTriggers
+from parley.core.memory.index.watch import MemoryFileWatcher
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.notes import Forgotten, NoteStore
+from parley.core.memory.rows import IndexMeta, Tombstone
+from parley.core.memory.sources import FileTranscriptSource, ScopeResolver, TranscriptSource
+from parley.core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
+from parley.core.memory.tasks import TaskLog, TaskRecord, TaskStats, task_stats
 
 T = TypeVar("T")
 

@@ -10,12 +10,12 @@ schedule's last run are carried over, so what was forgotten stays forgotten.
 
 from __future__ import annotations
 
-from core.memory.forgetting import LAST_RUN_KEY
-from core.memory.index.file_sync import FileSync, ProgressCallback, SyncReport
-from core.memory.index.state import IndexState
-from core.memory.index.workers import StoreThreads
-from core.memory.rows import IndexMeta
-from core.memory.store_protocol import StoreBackend
+from parley.core.memory.forgetting import LAST_RUN_KEY
+from parley.core.memory.index.file_sync import FileSync, ProgressCallback, SyncReport
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.rows import IndexMeta
+from parley.core.memory.store_protocol import StoreBackend
 
 
 class Rebuild:

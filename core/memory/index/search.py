@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import EmbedderError
-from core.memory.embedders import ResilientEmbedder
-from core.memory.index.file_sync import SyncReport
-from core.memory.index.state import IndexState, made_by
-from core.memory.index.workers import StoreThreads
-from core.memory.memory_config import MemorySettings
-from core.memory.rows import SearchHit
-from core.memory.search import SearchParams, SearchTrace, run_search
+from parley.core.errors import EmbedderError
+from parley.core.memory.embedders import ResilientEmbedder
+from parley.core.memory.index.file_sync import SyncReport
+from parley.core.memory.index.state import IndexState, made_by
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.rows import SearchHit
+from parley.core.memory.search import SearchParams, SearchTrace, run_search
 
 # Where unrelated text lands in cosine similarity, per embedder. e5 puts almost
 # everything above 0.75 (measured on LoCoMo: the best chunk of an unrelated conversation

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.memory.embedders import Embedder
-from core.memory.rows import IndexMeta
+from parley.core.memory.embedders import Embedder
+from parley.core.memory.rows import IndexMeta
 
 TOKENIZER = "cl100k_base"
 

@@ -16,20 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import TranscriptError
-from core.memory.audience import Viewer, may_read, visible_scopes
-from core.memory.embedders import ResilientEmbedder
-from core.memory.forgetting import LAST_RUN_KEY
-from core.memory.index.discovery import IndexSources
-from core.memory.index.search import keyword_only_reason
-from core.memory.index.state import IndexState
-from core.memory.index.sync import SyncRunner
-from core.memory.index.workers import StoreThreads
-from core.memory.memory_config import MemorySettings
-from core.memory.notes import NOTES_SOURCE
-from core.memory.rows import IndexMeta, StoreCounts
-from core.memory.sources import AGENT_SCOPE, SESSIONS_SOURCE, TASKS_SOURCE
-from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
+from parley.core.errors import TranscriptError
+from parley.core.memory.audience import Viewer, may_read, visible_scopes
+from parley.core.memory.embedders import ResilientEmbedder
+from parley.core.memory.forgetting import LAST_RUN_KEY
+from parley.core.memory.index.discovery import IndexSources
+from parley.core.memory.index.search import keyword_only_reason
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.sync import SyncRunner
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.notes import NOTES_SOURCE
+from parley.core.memory.rows import IndexMeta, StoreCounts
+from parley.core.memory.sources import AGENT_SCOPE, SESSIONS_SOURCE, TASKS_SOURCE
+from parley.core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
 
 
 @dataclass(frozen=True, slots=True)

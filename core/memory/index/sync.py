@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from core.memory.index.file_sync import FileSync, ProgressCallback, SyncReport
-from core.memory.index.forgetting_schedule import ForgettingSchedule
-from core.memory.index.rebuild import Rebuild
-from core.memory.index.state import IndexState
-from core.memory.index.workers import StoreThreads
-from core.memory.rows import IndexMeta
+from parley.core.memory.index.file_sync import FileSync, ProgressCallback, SyncReport
+from parley.core.memory.index.forgetting_schedule import ForgettingSchedule
+from parley.core.memory.index.rebuild import Rebuild
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.workers import StoreThreads
+from parley.core.memory.rows import IndexMeta
 
 log = logging.getLogger("parley.core.memory")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from core.memory.index.state import IndexState
-from core.memory.memory_config import MemorySettings
-from core.memory.notes import NOTES_SOURCE
-from core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.notes import NOTES_SOURCE
+from parley.core.memory.sources import SESSIONS_SOURCE, TASKS_SOURCE
 
 
 class SyncTriggers:

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core.memory.index.state import IndexState
-from core.memory.memory_config import MemorySettings
-from core.memory.notes import NOTES_SOURCE, NoteStore
-from core.memory.sources import SourceFile, memory_files
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.notes import NOTES_SOURCE, NoteStore
+from parley.core.memory.sources import SourceFile, memory_files
 
 
 class MemoryFileWatcher:

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from core.errors import MemoryIndexError
-from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
 
 T = TypeVar("T")
 

@@ -9,17 +9,17 @@ import asyncio
 import contextlib
 from typing import Any
 
-from channels.base import InboundMessage
-from core.context.report import ContextReport, build_context_report, render_context
-from core.context.view import ContextView
-from core.errors import CoreError, TranscriptError
-from core.memory.notes import NoteError
-from core.memory.recall import last_recall
-from core.memory.tasks import format_task_stats
-from core.transcript_store import SessionTranscript
-from gateway.routing import SessionRoute
-from gateway.runtime.commands.parsing import InfoCommand
-from gateway.runtime.commands.texts import (
+from parley.channels.base import InboundMessage
+from parley.core.context.report import ContextReport, build_context_report, render_context
+from parley.core.context.view import ContextView
+from parley.core.errors import CoreError, TranscriptError
+from parley.core.memory.notes import NoteError
+from parley.core.memory.recall import last_recall
+from parley.core.memory.tasks import format_task_stats
+from parley.core.transcript_store import SessionTranscript
+from parley.gateway.routing import SessionRoute
+from parley.gateway.runtime.commands.parsing import InfoCommand
+from parley.gateway.runtime.commands.texts import (
     FORGET_USAGE,
     HELP_TEXT,
     MEMORY_USAGE,
@@ -28,9 +28,9 @@ from gateway.runtime.commands.texts import (
     format_search,
     format_status,
 )
-from gateway.runtime.context import Runtime
-from gateway.runtime.transcripts import TranscriptCache
-from gateway.storage.sessions import SessionRecord
+from parley.gateway.runtime.context import Runtime
+from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.storage.sessions import SessionRecord
 
 MEMORY_OFF_TEXT = "Long-term memory is turned off ([memory] enabled = false)."
 

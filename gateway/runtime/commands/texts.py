@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from core.context.compaction.stats import CompactionStats
-from core.memory.audience import audience_label
-from core.memory.index import MemoryStatus, SearchResult
-from gateway.storage.sessions import SessionRecord
+from parley.core.context.compaction.stats import CompactionStats
+from parley.core.memory.audience import audience_label
+from parley.core.memory.index import MemoryStatus, SearchResult
+from parley.gateway.storage.sessions import SessionRecord
 
 SNIPPET_PREVIEW_CHARS = 300
 

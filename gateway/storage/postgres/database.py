@@ -18,8 +18,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from gateway.errors import StateError
-from gateway.storage.postgres.schema_migrations import migrate
+from parley.gateway.errors import StateError
+from parley.gateway.storage.postgres.schema_migrations import migrate
 
 log = logging.getLogger("parley.gateway.pg")
 

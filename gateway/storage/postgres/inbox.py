@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from channels.base import InboundMessage, SeenMark
-from gateway.storage.inbox import (
+from parley.channels.base import InboundMessage, SeenMark
+from parley.gateway.storage.inbox import (
     UNKNOWN_SEND_MARK,
     InboxItem,
     RecordResult,
@@ -31,8 +31,8 @@ from gateway.storage.inbox import (
     newest_marks,
     sender_matches,
 )
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.session_locks import SessionLocks
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.session_locks import SessionLocks
 
 # Rows fetched per round trip while scanning for the newest message per conversation.
 NEWEST_BATCH = 500

@@ -15,8 +15,8 @@ from datetime import datetime
 
 import psycopg
 
-from gateway.errors import PairingError
-from gateway.storage.pairing import (
+from parley.gateway.errors import PairingError
+from parley.gateway.storage.pairing import (
     CODE_TTL,
     MAX_PENDING_PER_CHANNEL,
     PairingCheck,
@@ -29,8 +29,8 @@ from gateway.storage.pairing import (
     normalise_code,
     request_from_row,
 )
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.sessions import utcnow
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.sessions import utcnow
 
 # pg_advisory_xact_lock(class, hashtext(channel)): the two-key form, so it can never
 # meet the one-key migration lock. "pair" in ASCII; any constant will do.

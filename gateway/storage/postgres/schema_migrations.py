@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from gateway.errors import SchemaTooNewError, StateError
+from parley.gateway.errors import SchemaTooNewError, StateError
 
 log = logging.getLogger("parley.gateway.pg")
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import psycopg
 from psycopg.rows import TupleRow
 
-from gateway.errors import StateError
+from parley.gateway.errors import StateError
 
 log = logging.getLogger("parley.gateway.pg")
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from core.messages import Usage
-from gateway.errors import StateError
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.sessions import (
+from parley.core.messages import Usage
+from parley.gateway.errors import StateError
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.sessions import (
     SESSION_COLUMNS,
     SessionOrigin,
     SessionPage,

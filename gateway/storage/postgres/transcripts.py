@@ -31,8 +31,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
-from core.errors import TranscriptError
-from core.transcript import (
+from parley.core.errors import TranscriptError
+from parley.core.transcript import (
     ENTRY_COMPACTION,
     Entry,
     LiveWindow,
@@ -43,9 +43,9 @@ from core.transcript import (
     new_header,
     parse_entry_or_none,
 )
-from core.transcript_store import TranscriptInfo, check_session_id
-from gateway.errors import StateError
-from gateway.storage.postgres.database import Connection, PgDatabase
+from parley.core.transcript_store import TranscriptInfo, check_session_id
+from parley.gateway.errors import StateError
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
 
 T = TypeVar("T")
 

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.errors import SchemaTooNewError, StateError
-from gateway.file_modes import owner_only_sqlite
+from parley.gateway.errors import SchemaTooNewError, StateError
+from parley.gateway.file_modes import owner_only_sqlite
 
 log = logging.getLogger("parley.gateway.db")
 

@@ -25,8 +25,8 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from channels.base import InboundMessage, SeenMark
-from gateway.storage.inbox import (
+from parley.channels.base import InboundMessage, SeenMark
+from parley.gateway.storage.inbox import (
     DELETE_BATCH,
     UNKNOWN_SEND_MARK,
     InboxItem,
@@ -37,7 +37,7 @@ from gateway.storage.inbox import (
     newest_marks,
     sender_matches,
 )
-from gateway.storage.sqlite.database import Database, delete_rows_in
+from parley.gateway.storage.sqlite.database import Database, delete_rows_in
 
 
 class SqliteInbox:

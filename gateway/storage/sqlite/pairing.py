@@ -18,8 +18,8 @@ import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 
-from gateway.errors import PairingError
-from gateway.storage.pairing import (
+from parley.gateway.errors import PairingError
+from parley.gateway.storage.pairing import (
     CODE_TTL,
     MAX_PENDING_PER_CHANNEL,
     PairingCheck,
@@ -32,8 +32,8 @@ from gateway.storage.pairing import (
     normalise_code,
     request_from_row,
 )
-from gateway.storage.sessions import utcnow
-from gateway.storage.sqlite.database import Database
+from parley.gateway.storage.sessions import utcnow
+from parley.gateway.storage.sqlite.database import Database
 
 
 class SqlitePairingStore:

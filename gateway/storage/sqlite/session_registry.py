@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from core.messages import Usage
-from gateway.storage.sessions import (
+from parley.core.messages import Usage
+from parley.gateway.storage.sessions import (
     MAX_PAGE_SIZE,
     SESSION_COLUMNS,
     SessionOrigin,
@@ -27,7 +27,7 @@ from gateway.storage.sessions import (
     split_cursor,
     utcnow,
 )
-from gateway.storage.sqlite.database import Database, delete_rows_in
+from parley.gateway.storage.sqlite.database import Database, delete_rows_in
 
 
 class SqliteSessionRegistry:

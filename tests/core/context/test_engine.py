@@ -15,29 +15,29 @@ from pathlib import Path
 
 import pytest
 
-from core.agent_config import AgentConfig
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
-from core.context.config import ContextConfig
-from core.context.engine import ContextEngine, TurnEvents, ViewRequest
-from core.context.flush import FLUSH_CUSTOM_TYPE, FLUSH_PROMPT, FlushTarget
-from core.context.history import COMPACTION_SUMMARY_PREFIX
-from core.context.pruning import PRUNE_CUSTOM_TYPE
-from core.errors import (
+from parley.core.agent_config import AgentConfig
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.context.config import ContextConfig
+from parley.core.context.engine import ContextEngine, TurnEvents, ViewRequest
+from parley.core.context.flush import FLUSH_CUSTOM_TYPE, FLUSH_PROMPT, FlushTarget
+from parley.core.context.history import COMPACTION_SUMMARY_PREFIX
+from parley.core.context.pruning import PRUNE_CUSTOM_TYPE
+from parley.core.errors import (
     ContextBudgetError,
     ContextOverflowError,
     InvalidRequestError,
     WindowTooSmallError,
 )
-from core.memory.audience import AGENT, Audience
-from core.memory.notes import NoteStore
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.prompt import SILENT_REPLY, SystemPromptBuilder
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.providers.provider_config import RetryConfig
-from core.runner import Runner, TurnRequest
-from core.tokens import default_counter
-from core.tools.builtin import default_registry
-from core.transcript import ENTRY_COMPACTION, Transcript, TranscriptHeader
+from parley.core.memory.audience import AGENT, Audience
+from parley.core.memory.notes import NoteStore
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.prompt import SILENT_REPLY, SystemPromptBuilder
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.runner import Runner, TurnRequest
+from parley.core.tokens import default_counter
+from parley.core.tools.builtin import default_registry
+from parley.core.transcript import ENTRY_COMPACTION, Transcript, TranscriptHeader
 from tests.fakes.scripted_provider import ScriptedProvider, echo_text
 
 MODEL = "scripted-model"

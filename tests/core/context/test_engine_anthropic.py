@@ -21,22 +21,22 @@ from typing import Any
 
 import pytest
 
-from core.agent_config import AgentConfig
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
-from core.context.config import ContextConfig
-from core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
-from core.context.flush import FLUSH_CUSTOM_TYPE, FlushTarget
-from core.context.history import COMPACTION_SUMMARY_PREFIX
-from core.errors import ContextOverflowError
-from core.memory.audience import Audience
-from core.memory.notes import NoteStore
-from core.messages import Message, Usage
-from core.prompt import SystemPrompt, SystemPromptBuilder
-from core.providers.anthropic import AnthropicProvider
-from core.providers.provider_config import RetryConfig
-from core.runner import Runner, TurnRequest, TurnResult
-from core.tools.builtin import default_registry
-from core.transcript import ENTRY_COMPACTION, Transcript
+from parley.core.agent_config import AgentConfig
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.context.config import ContextConfig
+from parley.core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
+from parley.core.context.flush import FLUSH_CUSTOM_TYPE, FlushTarget
+from parley.core.context.history import COMPACTION_SUMMARY_PREFIX
+from parley.core.errors import ContextOverflowError
+from parley.core.memory.audience import Audience
+from parley.core.memory.notes import NoteStore
+from parley.core.messages import Message, Usage
+from parley.core.prompt import SystemPrompt, SystemPromptBuilder
+from parley.core.providers.anthropic import AnthropicProvider
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.runner import Runner, TurnRequest, TurnResult
+from parley.core.tools.builtin import default_registry
+from parley.core.transcript import ENTRY_COMPACTION, Transcript
 from tests.fakes.anthropic_api import FakeAnthropic, prompt_segments, prompt_tokens
 from tests.fakes.llm_common import HttpError, Reply, Step, estimate_tokens
 

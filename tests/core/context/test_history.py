@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.context.history import (
+from parley.core.context.history import (
     COMPACTION_SUMMARY_PREFIX,
     COMPACTION_SUMMARY_SUFFIX,
     MISSING_TOOL_RESULT,
@@ -19,8 +19,15 @@ from core.context.history import (
     repair_history,
     summary_message,
 )
-from core.messages import FENCE_SUMMARY, Block, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
+from parley.core.messages import (
+    FENCE_SUMMARY,
+    Block,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry, Transcript
 
 _ids = itertools.count()
 

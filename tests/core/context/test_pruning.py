@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.context.config import PruningConfig
-from core.context.pruning import (
+from parley.core.context.config import PruningConfig
+from parley.core.context.pruning import (
     PRUNE_CUSTOM_TYPE,
     PRUNED_IMAGE_PLACEHOLDER,
     PruneDecision,
@@ -22,8 +22,8 @@ from core.context.pruning import (
     soft_trim_text,
     view_chars,
 )
-from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.transcript import ENTRY_CUSTOM, Entry, Transcript
+from parley.core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolUseBlock
+from parley.core.transcript import ENTRY_CUSTOM, Entry, Transcript
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 COLD = NOW - timedelta(hours=1)  # far past the default 5-minute TTL

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from core.context.history import summary_message
-from core.context.report import (
+from parley.core.context.history import summary_message
+from parley.core.context.report import (
     REPORT_TITLE,
     USAGE,
     ContextReport,
     build_context_report,
     render_context,
 )
-from core.messages import Message, ToolResultBlock, ToolSpec, ToolUseBlock
-from core.prompt import PROJECT_FILES, SystemPromptBuilder
+from parley.core.messages import Message, ToolResultBlock, ToolSpec, ToolUseBlock
+from parley.core.prompt import PROJECT_FILES, SystemPromptBuilder
 
 
 class FakeCounter:

@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from core.context.config import CompactionConfig, ContextConfig, ModelWindowConfig
-from core.context.window import (
+from parley.core.context.config import CompactionConfig, ContextConfig, ModelWindowConfig
+from parley.core.context.window import (
     KNOWN_CONTEXT_WINDOWS,
     WindowInfo,
     check_window,
@@ -14,7 +14,7 @@ from core.context.window import (
     known_window,
     resolve_window,
 )
-from core.errors import ContextError, WindowTooSmallError
+from parley.core.errors import ContextError, WindowTooSmallError
 
 # --- the table ----------------------------------------------------------------------------
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from core.memory.driver import open_connection
-from core.memory.embedders import Embedder, ResilientEmbedder
-from core.memory.index import MemoryIndex
-from core.memory.memory_config import MemorySettings, SyncSettings
-from core.messages import Message
-from core.transcript import Transcript
+from parley.core.memory.driver import open_connection
+from parley.core.memory.embedders import Embedder, ResilientEmbedder
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.memory_config import MemorySettings, SyncSettings
+from parley.core.messages import Message
+from parley.core.transcript import Transcript
 
 QUIET_SYNC = SyncSettings(on_start=False, watch=False)
 

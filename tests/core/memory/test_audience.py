@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.memory.audience import (
+from parley.core.memory.audience import (
     AGENT,
     AGENT_SCOPE,
     MAIN_PERSON,

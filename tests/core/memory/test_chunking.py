@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.memory.chunking import (
+from parley.core.memory.chunking import (
     CUT_MARKER,
     DEFAULT_CHUNK_OVERLAP_TOKENS,
     DEFAULT_CHUNK_TOKENS,
@@ -31,8 +31,8 @@ from core.memory.chunking import (
     split_text,
     transcript_turns,
 )
-from core.memory.redact import REDACTED
-from core.messages import (
+from parley.core.memory.redact import REDACTED
+from parley.core.messages import (
     FENCE_RECALLED_MEMORY,
     ImageBlock,
     Message,
@@ -40,8 +40,8 @@ from core.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from core.prompt import RECALL_CLOSE, RECALL_OPEN, render_turn_context, turn_context_block
-from core.transcript import ENTRY_MESSAGE, Entry, Transcript, TranscriptHeader
+from parley.core.prompt import RECALL_CLOSE, RECALL_OPEN, render_turn_context, turn_context_block
+from parley.core.transcript import ENTRY_MESSAGE, Entry, Transcript, TranscriptHeader
 
 VOCAB = tuple(
     re.findall(

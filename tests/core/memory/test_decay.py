@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.memory.decay import (
+from parley.core.memory.decay import (
     DEFAULT_HALF_LIFE_DAYS,
     chunk_age_days,
     decay_multiplier,

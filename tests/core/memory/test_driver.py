@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from core.memory.driver import DriverInfo, open_connection
+from parley.core.memory.driver import DriverInfo, open_connection
 
 
 @pytest.fixture

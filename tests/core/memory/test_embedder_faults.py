@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.errors import EmbedderError
-from core.memory.embedders import (
+from parley.core.errors import EmbedderError
+from parley.core.memory.embedders import (
     DEFAULT_QUERY_BUDGET_SECONDS,
     CallTimeouts,
     ResilientEmbedder,
     RetryPolicy,
 )
-from core.memory.index import MemoryIndex
+from parley.core.memory.index import MemoryIndex
 from tests.core.memory.helpers import Layout, make_layout, open_index, quiet_settings
 from tests.fakes.embedder import HashingEmbedder
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from core.errors import ConfigError, EmbedderError, EmbedderUnavailableError
-from core.memory.embedders import (
+from parley.core.errors import ConfigError, EmbedderError, EmbedderUnavailableError
+from parley.core.memory.embedders import (
     AUTO_ORDER,
     CallTimeouts,
     E5Embedder,
@@ -41,7 +41,7 @@ from core.memory.embedders import (
     resolve_auto,
     split_batches,
 )
-from core.memory.embedders.local import E5_MODEL, MINILM_ENCODE_BATCH, MINILM_MODEL
+from parley.core.memory.embedders.local import E5_MODEL, MINILM_ENCODE_BATCH, MINILM_MODEL
 from tests.fakes.llm_common import Hang, HttpError, estimate_tokens
 from tests.fakes.openai_api import (
     EMBEDDINGS_PATH,

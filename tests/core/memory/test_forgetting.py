@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from core.memory.backend import SqliteBackend
-from core.memory.forgetting import (
+from parley.core.memory.backend import SqliteBackend
+from parley.core.memory.forgetting import (
     LAST_RUN_KEY,
     chunk_importance,
     format_forgetting_report,
@@ -22,12 +22,12 @@ from core.memory.forgetting import (
     plan_forgetting,
     policy_for,
 )
-from core.memory.index import MemoryIndex
-from core.memory.memory_config import ChunkingSettings, ForgettingSettings, ScopeForgetting
-from core.memory.rows import ForgettableChunk
-from core.memory.store_protocol import StoreBackend
-from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.memory_config import ChunkingSettings, ForgettingSettings, ScopeForgetting
+from parley.core.memory.rows import ForgettableChunk
+from parley.core.memory.store_protocol import StoreBackend
+from parley.gateway.storage.postgres.database import PgDatabase
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-import core.memory.index.watch as watch_module
-from core.errors import MemoryIndexError
-from core.memory.audience import Audience, Viewer
-from core.memory.driver import open_connection
-from core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
-from core.memory.index import (
+import parley.core.memory.index.watch as watch_module
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.driver import open_connection
+from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
+from parley.core.memory.index import (
     SHADOW_SUFFIX,
     UNSCOPED,
     MemoryIndex,
@@ -28,9 +28,9 @@ from core.memory.index import (
     SyncReport,
     default_scope_resolver,
 )
-from core.memory.memory_config import ChunkingSettings, SyncSettings
-from core.memory.redact import REDACTED
-from core.memory.sources import AGENT_SCOPE, SourceFile
+from parley.core.memory.memory_config import ChunkingSettings, SyncSettings
+from parley.core.memory.redact import REDACTED
+from parley.core.memory.sources import AGENT_SCOPE, SourceFile
 from tests.core.memory.helpers import (
     KeepOpen,
     Layout,

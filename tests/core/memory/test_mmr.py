@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.memory.mmr import DEFAULT_MMR_LAMBDA, jaccard, mmr_rerank, similarity_tokens
+from parley.core.memory.mmr import DEFAULT_MMR_LAMBDA, jaccard, mmr_rerank, similarity_tokens
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.audience import Audience
-from core.memory.notes import MAX_NOTE_CHARS, REMEMBERED_FILE, NoteError, NoteStore
+from parley.core.memory.audience import Audience
+from parley.core.memory.notes import MAX_NOTE_CHARS, REMEMBERED_FILE, NoteError, NoteStore
 
 ALICE = Audience.person("alice")
 BOB = Audience.person("bob")

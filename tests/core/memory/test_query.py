@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.memory.query import (
+from parley.core.memory.query import (
     MAX_QUERY_TERMS,
     NON_FINITE_RANK_SCORE,
     bm25_to_score,

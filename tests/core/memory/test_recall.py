@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from core.fences import neutralise
-from core.memory.index import MemoryIndex
-from core.memory.recall import (
+from parley.core.fences import neutralise
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.recall import (
     RECALL_CLOSE,
     RECALL_HEADER,
     RECALL_META_KEY,
@@ -27,10 +27,10 @@ from core.memory.recall import (
     previous_user_text,
     recall_for_benchmark,
 )
-from core.memory.rows import SearchHit
-from core.messages import Message, TextBlock
-from core.tokens import TokenCounter, default_counter
-from core.transcript import Transcript
+from parley.core.memory.rows import SearchHit
+from parley.core.messages import Message, TextBlock
+from parley.core.tokens import TokenCounter, default_counter
+from parley.core.transcript import Transcript
 from tests.core.memory.helpers import Layout, make_layout, open_index, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.memory.recall_rules import (
+from parley.core.memory.recall_rules import (
     RULE_DATE,
     RULE_DECISION,
     RULE_FILE,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.memory.redact import REDACTED, redact_secrets
+from parley.core.memory.redact import REDACTED, redact_secrets
 
 # Fake credentials in each provider's shape (none of them is, or was, a real key).
 ANTHROPIC = "sk-ant-api03-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2

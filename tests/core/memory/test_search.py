@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
-from core.memory.memory_config import ChunkingSettings, SearchSettings
-from core.memory.rows import FileRow, NewChunk
-from core.memory.search import SearchParams, run_search
-from core.memory.store import MemoryStore
+from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder, build_embedder
+from parley.core.memory.memory_config import ChunkingSettings, SearchSettings
+from parley.core.memory.rows import FileRow, NewChunk
+from parley.core.memory.search import SearchParams, run_search
+from parley.core.memory.store import MemoryStore
 from tests.core.memory.helpers import (
     KeepOpen,
     Layout,

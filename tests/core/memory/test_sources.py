@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.sources import (
+from parley.core.memory.sources import (
     AGENT_SCOPE,
     MEMORY_SOURCE,
     SESSIONS_SOURCE,

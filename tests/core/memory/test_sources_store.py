@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import TranscriptError
-from core.memory.index import MemoryIndex
-from core.memory.sources import (
+from parley.core.errors import TranscriptError
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.sources import (
     SESSIONS_SOURCE,
     FileTranscriptSource,
     SourceFile,
@@ -19,9 +19,9 @@ from core.memory.sources import (
     stamp_marker,
     transcript_files,
 )
-from core.messages import Message
-from core.transcript import Transcript
-from core.transcript_store import FileTranscriptStore, TranscriptInfo
+from parley.core.messages import Message
+from parley.core.transcript import Transcript
+from parley.core.transcript_store import FileTranscriptStore, TranscriptInfo
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 

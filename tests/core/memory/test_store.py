@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import core.memory.store as store_module
-from core.errors import MemoryIndexError
-from core.memory.query import cjk_index_text
-from core.memory.rows import FileRow, IndexMeta, NewChunk, SourceCount
-from core.memory.store import MemoryStore
+import parley.core.memory.store as store_module
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.query import cjk_index_text
+from parley.core.memory.rows import FileRow, IndexMeta, NewChunk, SourceCount
+from parley.core.memory.store import MemoryStore
 
 DIMS = 4
 

@@ -12,14 +12,14 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from core.errors import MemoryIndexError
-from core.memory.backend import SqliteBackend
-from core.memory.index import MemoryIndex
-from core.memory.query import build_cjk_query, build_fts_query, cjk_index_text
-from core.memory.rows import FileRow, IndexMeta, NewChunk, Tombstone
-from core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
-from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.backend import SqliteBackend
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.query import build_cjk_query, build_fts_query, cjk_index_text
+from parley.core.memory.rows import FileRow, IndexMeta, NewChunk, Tombstone
+from parley.core.memory.store_protocol import MemoryStoreProtocol, StoreBackend
+from parley.gateway.storage.postgres.database import PgDatabase
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
 from tests.core.memory.helpers import make_layout, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 

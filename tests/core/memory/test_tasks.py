@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from core.memory.index import MemoryIndex
-from core.memory.memory_config import ForgettingSettings
-from core.memory.tasks import (
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.memory_config import ForgettingSettings
+from parley.core.memory.tasks import (
     TaskLog,
     TaskRecord,
     format_task_stats,
@@ -23,8 +23,8 @@ from core.memory.tasks import (
     task_record_from_turn,
     task_stats,
 )
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
-from core.transcript import Entry
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+from parley.core.transcript import Entry
 from tests.core.memory.helpers import make_layout, quiet_settings
 
 START = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)

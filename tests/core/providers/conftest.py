@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from core.providers.anthropic import AnthropicProvider
-from core.providers.openai_compat import OpenAICompatProvider
+from parley.core.providers.anthropic import AnthropicProvider
+from parley.core.providers.openai_compat import OpenAICompatProvider
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.openai_api import FakeOpenAI
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import (
+from parley.core.errors import (
     AuthenticationError,
     ContextOverflowError,
     InvalidRequestError,
@@ -21,7 +21,7 @@ from core.errors import (
     RateLimitError,
     ServerError,
 )
-from core.messages import (
+from parley.core.messages import (
     ImageBlock,
     Message,
     TextBlock,
@@ -29,13 +29,13 @@ from core.messages import (
     ToolSpec,
     ToolUseBlock,
 )
-from core.providers.anthropic import (
+from parley.core.providers.anthropic import (
     MAX_CACHE_BREAKPOINTS,
     AnthropicProvider,
     build_params,
     to_wire_messages,
 )
-from core.providers.base import (
+from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_OVERFLOW,

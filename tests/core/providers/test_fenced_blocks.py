@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from core.fences import RECALL_CLOSE, RECALL_OPEN
-from core.messages import FENCE_RECALLED_MEMORY, Message, TextBlock
-from core.prompt import render_turn_context, turn_context_block
-from core.providers import anthropic, local, openai_compat
-from core.providers.anthropic import AnthropicProvider, build_params
-from core.providers.base import ProviderRequest
+from parley.core.fences import RECALL_CLOSE, RECALL_OPEN
+from parley.core.messages import FENCE_RECALLED_MEMORY, Message, TextBlock
+from parley.core.prompt import render_turn_context, turn_context_block
+from parley.core.providers import anthropic, local, openai_compat
+from parley.core.providers.anthropic import AnthropicProvider, build_params
+from parley.core.providers.base import ProviderRequest
 from tests.core.providers.conftest import TEST_ANTHROPIC_MODEL
 from tests.fakes.anthropic_api import FakeAnthropic, InvalidRequest, validate
 

@@ -10,23 +10,30 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from core.errors import ConfigError, ContextOverflowError, ProviderError
-from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolSpec, ToolUseBlock
-from core.providers.base import (
+from parley.core.errors import ConfigError, ContextOverflowError, ProviderError
+from parley.core.messages import (
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
+from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_OVERFLOW,
     Provider,
     ProviderRequest,
 )
-from core.providers.local import (
+from parley.core.providers.local import (
     DEFAULT_MODEL_FILE,
     IMAGE_PLACEHOLDER,
     LocalProvider,
     locate_model,
     to_chat_messages,
 )
-from core.providers.provider_config import LocalModelConfig
+from parley.core.providers.provider_config import LocalModelConfig
 
 pytest.importorskip("xllamacpp")
 

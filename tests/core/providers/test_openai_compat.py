@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from core.errors import (
+from parley.core.errors import (
     AuthenticationError,
     ContextOverflowError,
     InvalidRequestError,
@@ -18,8 +18,15 @@ from core.errors import (
     RateLimitError,
     ServerError,
 )
-from core.messages import ImageBlock, Message, TextBlock, ToolResultBlock, ToolSpec, ToolUseBlock
-from core.providers.base import (
+from parley.core.messages import (
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
+from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_REFUSAL,
@@ -27,7 +34,7 @@ from core.providers.base import (
     Provider,
     ProviderRequest,
 )
-from core.providers.openai_compat import OpenAICompatProvider, to_wire_messages
+from parley.core.providers.openai_compat import OpenAICompatProvider, to_wire_messages
 from tests.core.providers.conftest import TEST_KEY, TEST_OPENAI_MODEL
 from tests.fakes.llm_common import (
     Hang,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.providers.overflow import OverflowMatch, match_overflow
+from parley.core.providers.overflow import OverflowMatch, match_overflow
 
 CASES: list[tuple[str, dict, OverflowMatch | None]] = [
     # Anthropic

@@ -13,7 +13,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from core.errors import (
+from parley.core.errors import (
     AuthenticationError,
     ContextOverflowError,
     InvalidRequestError,
@@ -24,11 +24,11 @@ from core.errors import (
     RateLimitError,
     ServerError,
 )
-from core.messages import Message, TextBlock
-from core.providers.anthropic import AnthropicProvider
-from core.providers.base import ProviderRequest, ProviderResponse, TextCallback
-from core.providers.provider_config import RetryConfig
-from core.providers.retry import (
+from parley.core.messages import Message, TextBlock
+from parley.core.providers.anthropic import AnthropicProvider
+from parley.core.providers.base import ProviderRequest, ProviderResponse, TextCallback
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.providers.retry import (
     backoff_delay,
     call_with_retry,
     classify_status_error,

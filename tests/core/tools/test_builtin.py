@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from core.messages import ToolResultBlock, ToolUseBlock
-from core.tools.builtin import DEFAULT_READ_MAX_LINES, default_registry
-from core.tools.tool_registry import ToolContext, ToolRegistry
+from parley.core.messages import ToolResultBlock, ToolUseBlock
+from parley.core.tools.builtin import DEFAULT_READ_MAX_LINES, default_registry
+from parley.core.tools.tool_registry import ToolContext, ToolRegistry
 
 NOW = datetime(2026, 3, 2, 5, 30, 15, tzinfo=UTC)  # a Monday
 

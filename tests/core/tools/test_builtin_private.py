@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core.messages import ToolResultBlock, ToolUseBlock
-from core.tools.builtin import default_registry
-from core.tools.tool_registry import ToolContext, ToolRegistry
+from parley.core.messages import ToolResultBlock, ToolUseBlock
+from parley.core.tools.builtin import default_registry
+from parley.core.tools.tool_registry import ToolContext, ToolRegistry
 
 CANARY = "CANARY-alice-locker-7491"
 

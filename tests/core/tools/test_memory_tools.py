@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from core.memory.audience import AGENT, Audience, Viewer
-from core.memory.index import MemoryIndex
-from core.memory.sources import AGENT_SCOPE
-from core.messages import ToolResultBlock, ToolUseBlock
-from core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
-from core.tools.memory import REMEMBER_TOOL, SCOPES_KEY, VIEWER_KEY, memory_tools
-from core.tools.tool_registry import ToolContext, ToolRegistry
+from parley.core.memory.audience import AGENT, Audience, Viewer
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.sources import AGENT_SCOPE
+from parley.core.messages import ToolResultBlock, ToolUseBlock
+from parley.core.prompt import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
+from parley.core.tools.memory import REMEMBER_TOOL, SCOPES_KEY, VIEWER_KEY, memory_tools
+from parley.core.tools.tool_registry import ToolContext, ToolRegistry
 from tests.core.memory.helpers import Layout, make_layout, quiet_settings
 from tests.fakes.embedder import HashingEmbedder, resilient
 

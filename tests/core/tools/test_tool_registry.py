@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
-from core.errors import ToolError
-from core.messages import ToolResultBlock, ToolUseBlock
-from core.tools.tool_registry import (
+from parley.core.agent_config import DEFAULT_TOOL_RESULT_MAX_CHARS
+from parley.core.errors import ToolError
+from parley.core.messages import ToolResultBlock, ToolUseBlock
+from parley.core.tools.tool_registry import (
     DEFAULT_ERROR_MESSAGE_MAX_CHARS,
     DEFAULT_TOOL_TIMEOUT_SECONDS,
     Tool,
@@ -24,7 +24,7 @@ from core.tools.tool_registry import (
     schema_problem,
     truncate_result,
 )
-from core.tools.truncation import truncate_tool_result
+from parley.core.tools.truncation import truncate_tool_result
 
 SHORT_TIMEOUT = 0.05
 NOTICE = re.compile(r"\[\.\.\. ([\d,]+) characters? \([\d,]+ lines?\) omitted \.\.\.\]$")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from core.tools.truncation import (
+from parley.core.tools.truncation import (
     IMPORTANT_TAIL_CHARS,
     TAIL_MAX_CHARS,
     TOOL_RESULT_HARD_MAX_CHARS,

@@ -12,10 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from channels.web import WebChannel
-from core.messages import TextBlock, ToolUseBlock, Usage
-from core.providers.base import STOP_TOOL_USE, ProviderResponse
-from gateway.app import Gateway
+from parley.channels.web import WebChannel
+from parley.core.messages import TextBlock, ToolUseBlock, Usage
+from parley.core.providers.base import STOP_TOOL_USE, ProviderResponse
+from parley.gateway.app import Gateway
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import memory_config, use_hashing_embedder

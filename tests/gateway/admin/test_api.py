@@ -12,17 +12,17 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.messages import TextBlock, Usage
-from core.providers.base import STOP_END, ProviderResponse
-from core.transcript import Transcript
-from gateway.admin.api import OPERATIONS
-from gateway.admin.auth import resolve_token
-from gateway.admin.service import _page, _reading
-from gateway.admin.web_app import PAGE_OPERATIONS
-from gateway.app import Gateway
-from gateway.cli.doctor_checks import _check_http
-from gateway.config import load_config
-from gateway.errors import AdminServerError, ApiError
+from parley.core.messages import TextBlock, Usage
+from parley.core.providers.base import STOP_END, ProviderResponse
+from parley.core.transcript import Transcript
+from parley.gateway.admin.api import OPERATIONS
+from parley.gateway.admin.auth import resolve_token
+from parley.gateway.admin.service import _page, _reading
+from parley.gateway.admin.web_app import PAGE_OPERATIONS
+from parley.gateway.app import Gateway
+from parley.gateway.cli.doctor_checks import _check_http
+from parley.gateway.config import load_config
+from parley.gateway.errors import AdminServerError, ApiError
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.admin.conftest import FACT, AdminWorld, seed_session

@@ -34,7 +34,7 @@ from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 
-import gateway.admin
+import parley.gateway.admin
 
 MAX_EXAMPLES = 25
 
@@ -46,7 +46,9 @@ CONFORMANCE = [
 ]
 NO_SERVER_ERROR = [schemathesis.checks.not_a_server_error]
 
-STATIC_FILES = sorted(p.name for p in (Path(gateway.admin.__file__).parent / "static").iterdir())
+STATIC_FILES = sorted(
+    p.name for p in (Path(parley.gateway.admin.__file__).parent / "static").iterdir()
+)
 
 RESET = ("POST", "/api/sessions/{id}/reset")
 COMPACT = ("POST", "/api/sessions/{id}/compact")

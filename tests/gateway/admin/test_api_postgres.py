@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from core.transcript_store import TranscriptStore
-from gateway.admin.service import AdminService
+from parley.core.transcript_store import TranscriptStore
+from parley.gateway.admin.service import AdminService
 from tests.gateway.admin.conftest import FACT, AdminWorld, admin_world, tool_call
 from tests.gateway.memory_helpers import use_hashing_embedder
 

@@ -9,8 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import REGISTRY
 
-from core.messages import Usage
-from gateway.admin.metrics import (
+from parley.core.messages import Usage
+from parley.gateway.admin.metrics import (
     SESSIONS_KEPT,
     TURN_BUCKETS,
     GatewayMetrics,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli.main import main
-from gateway.storage.postgres.schema_migrations import SCHEMA_VERSION
+from parley.gateway.cli.main import main
+from parley.gateway.storage.postgres.schema_migrations import SCHEMA_VERSION
 
 
 def test_postgres_migrate_is_idempotent_and_status_tells_the_version(
@@ -48,7 +48,7 @@ def test_postgres_unreachable_is_a_clear_failure(
 def test_sqlite_migrate_creates_state_db(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gateway.storage.sqlite.database import SCHEMA_VERSION as SQLITE_VERSION
+    from parley.gateway.storage.sqlite.database import SCHEMA_VERSION as SQLITE_VERSION
 
     monkeypatch.setenv("PARLEY_HOME", str(tmp_path))
     assert main(["db", "migrate"]) == 0

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from core.messages import Message
-from core.transcript_store import FileTranscriptStore, TranscriptStore
-from gateway.cli.doctor_checks import Finding, _check_transcripts, run_doctor
-from gateway.config import LoadedConfig
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.stores import StateStores
+from parley.core.messages import Message
+from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
+from parley.gateway.cli.doctor_checks import Finding, _check_transcripts, run_doctor
+from parley.gateway.config import LoadedConfig
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.gateway.memory_helpers import memory_config
 
@@ -28,7 +28,8 @@ STORAGE_CHECKS = ("state", "state.db", "transcripts", "memory", "pairing")
 def small_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
     # 8 dimensions and exact vectors: this machine's pgvector cannot do more.
     monkeypatch.setattr(
-        "gateway.memory.build_embedder", lambda settings: resilient(HashingEmbedder(dimensions=8))
+        "parley.gateway.memory.build_embedder",
+        lambda settings: resilient(HashingEmbedder(dimensions=8)),
     )
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli.doctor_checks import _check_channels, _check_pairing
-from gateway.config import load_config
+from parley.gateway.cli.doctor_checks import _check_channels, _check_pairing
+from parley.gateway.config import load_config
 from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
 from tests.channels.discord_support import fake_discord
 from tests.fakes.telegram_api import FakeTelegram

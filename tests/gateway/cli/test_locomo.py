@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from core.memory.chunking import transcript_turns
-from core.memory.embedders import EmbedderSettings
-from core.memory.memory_config import MemorySettings
-from core.prompt import is_turn_context
-from core.tokens import default_counter
-from core.transcript import Transcript
-from gateway.cli.locomo import (
+from parley.core.memory.chunking import transcript_turns
+from parley.core.memory.embedders import EmbedderSettings
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.prompt import is_turn_context
+from parley.core.tokens import default_counter
+from parley.core.transcript import Transcript
+from parley.gateway.cli.locomo import (
     BUDGETS,
     LocomoError,
     found_dia_ids,
@@ -29,7 +29,7 @@ from gateway.cli.locomo import (
     run_locomo,
     write_transcripts,
 )
-from gateway.cli.main import main
+from parley.gateway.cli.main import main
 from tests.gateway.memory_helpers import restored_logging
 
 S1_SESSION_1 = [

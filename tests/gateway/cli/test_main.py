@@ -25,7 +25,7 @@ async def parley(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli.main",
+        "parley.gateway.cli.main",
         *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,

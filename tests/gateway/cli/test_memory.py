@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from core.messages import Message, TextBlock
-from core.prompt import render_turn_context
-from core.transcript import Transcript
-from gateway.audiences import scope_for_key
-from gateway.cli.main import main
+from parley.core.messages import Message, TextBlock
+from parley.core.prompt import render_turn_context
+from parley.core.transcript import Transcript
+from parley.gateway.audiences import scope_for_key
+from parley.gateway.cli.main import main
 from tests.gateway.memory_helpers import restored_logging
 
 ALICE_KEY = "agent:main:test:direct:alice"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.tasks import TaskLog, TaskRecord
-from core.messages import Message
-from core.transcript import Transcript
-from gateway.cli.main import main
+from parley.core.memory.tasks import TaskLog, TaskRecord
+from parley.core.messages import Message
+from parley.core.transcript import Transcript
+from parley.gateway.cli.main import main
 from tests.gateway.memory_helpers import restored_logging
 
 OLD = datetime.now(UTC) - timedelta(days=100)

@@ -17,27 +17,27 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from channels.base import InboundMessage
-from core.memory.index import MemoryIndex
-from core.memory.rows import Tombstone
-from core.memory.store import MemoryStore
-from core.messages import Message, Usage
-from core.transcript_store import FileTranscriptStore, write_jsonl
-from gateway.audiences import scope_resolver
-from gateway.cli.migrate import add_migrate_commands, migrate_command
-from gateway.config import LoadedConfig, load_config
-from gateway.errors import StateError
-from gateway.memory import memory_db_path
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.inbox import PgInbox
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
-from gateway.storage.postgres.schema_migrations import schema_version
-from gateway.storage.postgres.transcripts import PgTranscriptStore
-from gateway.storage.sessions import SessionOrigin
-from gateway.storage.sqlite.database import Database
-from gateway.storage.sqlite.inbox import SqliteInbox
-from gateway.storage.sqlite.pairing import SqlitePairingStore
-from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+from parley.channels.base import InboundMessage
+from parley.core.memory.index import MemoryIndex
+from parley.core.memory.rows import Tombstone
+from parley.core.memory.store import MemoryStore
+from parley.core.messages import Message, Usage
+from parley.core.transcript_store import FileTranscriptStore, write_jsonl
+from parley.gateway.audiences import scope_resolver
+from parley.gateway.cli.migrate import add_migrate_commands, migrate_command
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.errors import StateError
+from parley.gateway.memory import memory_db_path
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.inbox import PgInbox
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.gateway.storage.postgres.schema_migrations import schema_version
+from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
+from parley.gateway.storage.sessions import SessionOrigin
+from parley.gateway.storage.sqlite.database import Database
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
+from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
+from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 from tests.fakes.embedder import HashingEmbedder, resilient
 
 T = TypeVar("T")

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from core.messages import Message, TextBlock, ToolUseBlock, Usage
-from core.transcript import base as transcript_module
-from core.transcript_store import FileTranscriptStore, SessionTranscript, TranscriptStore
-from gateway.cli.common import EXIT_OK, EXIT_PROBLEM
-from gateway.cli.main import main
-from gateway.config import LoadedConfig, load_config
-from gateway.storage.sessions import SessionOrigin
-from gateway.storage.stores import StateStores
+from parley.core.messages import Message, TextBlock, ToolUseBlock, Usage
+from parley.core.transcript import base as transcript_module
+from parley.core.transcript_store import FileTranscriptStore, SessionTranscript, TranscriptStore
+from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM
+from parley.gateway.cli.main import main
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.storage.sessions import SessionOrigin
+from parley.gateway.storage.stores import StateStores
 from tests.gateway.memory_helpers import restored_logging
 
 ALICE_KEY = "agent:main:test:direct:alice"
@@ -90,9 +90,13 @@ def seed(
 ) -> dict[str, bytes]:
     """Alice, Bob and Carol in the backend; each one's expected export by session id."""
     ids = iter([ALICE_ID, BOB_ID, CAROL_ID])
-    monkeypatch.setattr("gateway.storage.sqlite.session_registry.new_session_id", lambda: next(ids))
     monkeypatch.setattr(
-        "gateway.storage.postgres.session_registry.new_session_id", lambda: next(ids), raising=False
+        "parley.gateway.storage.sqlite.session_registry.new_session_id", lambda: next(ids)
+    )
+    monkeypatch.setattr(
+        "parley.gateway.storage.postgres.session_registry.new_session_id",
+        lambda: next(ids),
+        raising=False,
     )
     people = [("alice", ALICE_KEY), ("bob", BOB_KEY), ("carol", "agent:main:test:direct:carol")]
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.audience import Audience, Viewer
-from core.memory.notes import NoteStore
-from core.memory.rows import SearchHit
-from core.memory.tasks import TaskRecord, scope_file_name
-from gateway.app import Gateway
-from gateway.audiences import PersonLinks, viewer_for
-from gateway.cli.doctor_checks import Finding, run_doctor
-from gateway.config import LoadedConfig
-from gateway.home_upgrade.audiences import log_legacy_memory, survey_audiences
-from gateway.home_upgrade.state import BACKUPS_DIR
-from gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
+from parley.core.memory.audience import Audience, Viewer
+from parley.core.memory.notes import NoteStore
+from parley.core.memory.rows import SearchHit
+from parley.core.memory.tasks import TaskRecord, scope_file_name
+from parley.gateway.app import Gateway
+from parley.gateway.audiences import PersonLinks, viewer_for
+from parley.gateway.cli.doctor_checks import Finding, run_doctor
+from parley.gateway.config import LoadedConfig
+from parley.gateway.home_upgrade.audiences import log_legacy_memory, survey_audiences
+from parley.gateway.home_upgrade.state import BACKUPS_DIR
+from parley.gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import memory_config, use_hashing_embedder
@@ -79,7 +79,7 @@ def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LoadedConfig:
 
 
 async def doctor(loaded: LoadedConfig, monkeypatch: pytest.MonkeyPatch, *, fix: bool = False):
-    import gateway.cli.doctor_checks as module
+    import parley.gateway.cli.doctor_checks as module
 
     async def no_probe(*args: object) -> Finding:
         return Finding("provider", "ok", "not probed")
@@ -266,7 +266,7 @@ async def test_a_task_log_already_in_the_private_folder_is_merged_older_first(
 
 
 def test_the_backup_keeps_files_outside_the_home_apart(tmp_path: Path) -> None:
-    from gateway.home_upgrade.state import backup
+    from parley.gateway.home_upgrade.state import backup
 
     home = tmp_path / "home"
     home.mkdir()
@@ -281,7 +281,7 @@ def test_the_backup_keeps_files_outside_the_home_apart(tmp_path: Path) -> None:
 
 
 def test_a_block_of_a_key_made_while_linked_is_the_linked_persons(tmp_path: Path) -> None:
-    from gateway.home_upgrade.audiences import blocks_in
+    from parley.gateway.home_upgrade.audiences import blocks_in
 
     text = legacy_block("10:00", "agent:main:telegram:direct:alice", ALICE_NOTE)
     lines = text.splitlines(keepends=True)

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from core.memory import rows as memory_rows
-from core.memory import store as memory_store
-from core.memory.sources import AGENT_SCOPE
-from core.transcript_store import FileTranscriptStore
-from gateway.cli.doctor_checks import Finding, run_doctor
-from gateway.config import LoadedConfig, load_config
-from gateway.home_upgrade.state import BACKUPS_DIR, StateMigrationError, migrate, survey
-from gateway.memory import build_memory_index, memory_db_path
-from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
-from gateway.storage.sqlite.inbox import SqliteInbox
-from gateway.storage.sqlite.pairing import SqlitePairingStore
-from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+from parley.core.memory import rows as memory_rows
+from parley.core.memory import store as memory_store
+from parley.core.memory.sources import AGENT_SCOPE
+from parley.core.transcript_store import FileTranscriptStore
+from parley.gateway.cli.doctor_checks import Finding, run_doctor
+from parley.gateway.config import LoadedConfig, load_config
+from parley.gateway.home_upgrade.state import BACKUPS_DIR, StateMigrationError, migrate, survey
+from parley.gateway.memory import build_memory_index, memory_db_path
+from parley.gateway.storage.sqlite.database import SCHEMA_VERSION, Database
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
+from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
+from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "state"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -199,7 +199,7 @@ async def test_a_backup_failing_midway_leaves_no_partial_copy(
         if calls == 2:
             raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("gateway.home_upgrade.state.os.fsync", failing_fsync)
+    monkeypatch.setattr("parley.gateway.home_upgrade.state.os.fsync", failing_fsync)
 
     with pytest.raises(StateMigrationError, match="Input/output error"):
         await migrate(loaded)
@@ -219,7 +219,7 @@ async def test_a_kill_after_the_backup_is_finished_by_the_next_fix(
     async def killed(*args: object, **kwargs: object) -> None:
         raise asyncio.CancelledError  # the process dies before memory.db is upgraded
 
-    monkeypatch.setattr("gateway.home_upgrade.state._open_memory", killed)
+    monkeypatch.setattr("parley.gateway.home_upgrade.state._open_memory", killed)
     with pytest.raises(asyncio.CancelledError):
         await migrate(loaded)
     monkeypatch.undo()
@@ -233,7 +233,7 @@ async def test_a_kill_after_the_backup_is_finished_by_the_next_fix(
 
 async def _doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding]:
     """The doctor's findings, the provider and channel probes (network) left out."""
-    import gateway.cli.doctor_checks as doctor
+    import parley.gateway.cli.doctor_checks as doctor
 
     async def no_probe(*args: object) -> Finding:
         return Finding("provider", "ok", "not probed")

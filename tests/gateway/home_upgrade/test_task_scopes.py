@@ -7,8 +7,8 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.memory.tasks import TaskLog, TaskRecord, scope_file_name
-from gateway.home_upgrade.task_scopes import legacy_task_logs, new_scope, rescope_task_logs
+from parley.core.memory.tasks import TaskLog, TaskRecord, scope_file_name
+from parley.gateway.home_upgrade.task_scopes import legacy_task_logs, new_scope, rescope_task_logs
 
 WHEN = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from core.memory.embedders import EmbedderSettings, ResilientEmbedder
-from gateway.app import Gateway
+from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder
+from parley.gateway.app import Gateway
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -71,7 +71,7 @@ def hashing_embedder(monkeypatch: pytest.MonkeyPatch, dimensions: int | None = N
             return resilient(HashingEmbedder())
         return resilient(HashingEmbedder(dimensions=dimensions))
 
-    monkeypatch.setattr("gateway.memory.build_embedder", build)
+    monkeypatch.setattr("parley.gateway.memory.build_embedder", build)
 
 
 def assert_isolated(world: World, elapsed: float) -> None:
@@ -128,10 +128,12 @@ async def test_the_suite_catches_a_broken_audience_rule(
 ) -> None:
     """Every conversation reading as the operator (everything): the suite must say so, in
     tool results, recalled memory and /memory answers alike."""
-    from core.memory.audience import Viewer
+    from parley.core.memory.audience import Viewer
 
     hashing_embedder(monkeypatch)
-    monkeypatch.setattr("gateway.runtime.context.viewer_for", lambda *_: Viewer.for_operator())
+    monkeypatch.setattr(
+        "parley.gateway.runtime.context.viewer_for", lambda *_: Viewer.for_operator()
+    )
     settings = Settings(1905, "summary", "per-channel-peer", "always", 40, erase=False)
     world = await run_world(tmp_path, settings)
     places = {v.where for v in world.checker.violations}

@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from core.context.compaction.summarizer import REQUIRED_HEADINGS, SUMMARY_SYSTEM_PROMPT
-from core.messages import TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.prompt import is_turn_context
-from core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
-from core.tokens import default_counter
-from gateway.app import Gateway
-from gateway.config import LoadedConfig, load_config
+from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS, SUMMARY_SYSTEM_PROMPT
+from parley.core.messages import TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.prompt import is_turn_context
+from parley.core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
+from parley.core.tokens import default_counter
+from parley.gateway.app import Gateway
+from parley.gateway.config import LoadedConfig, load_config
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 
@@ -742,7 +742,7 @@ def find_eraser() -> Callable[..., Any] | None:
     only there. Anywhere else a missing eraser is an error, never a silent skip."""
     if PRE_AUDIENCE:
         return None
-    eraser: Callable[..., Any] = importlib.import_module("gateway.people").erase_person
+    eraser: Callable[..., Any] = importlib.import_module("parley.gateway.people").erase_person
     return eraser
 
 
@@ -791,7 +791,7 @@ class World:
     def _notes_root(self) -> Path:
         if PRE_AUDIENCE:  # before audiences: no private notes
             return self.loaded.home / "memory" / self.loaded.config.agent.id / "notes"
-        module = importlib.import_module("gateway.memory")
+        module = importlib.import_module("parley.gateway.memory")
         return Path(module.notes_dir(self.loaded))
 
     @property

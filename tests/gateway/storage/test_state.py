@@ -11,14 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from channels.base import InboundMessage, SeenMark
-from core.messages import Usage
-from gateway.errors import PairingError, SchemaTooNewError
-from gateway.storage.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
-from gateway.storage.pairing import CODE_TTL, MAX_PENDING_PER_CHANNEL, RENOTIFY_AFTER, format_code
-from gateway.storage.sessions import SessionOrigin
-from gateway.storage.sqlite.database import SCHEMA_VERSION, Database
-from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+from parley.channels.base import InboundMessage, SeenMark
+from parley.core.messages import Usage
+from parley.gateway.errors import PairingError, SchemaTooNewError
+from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
+from parley.gateway.storage.pairing import (
+    CODE_TTL,
+    MAX_PENDING_PER_CHANNEL,
+    RENOTIFY_AFTER,
+    format_code,
+)
+from parley.gateway.storage.sessions import SessionOrigin
+from parley.gateway.storage.sqlite.database import SCHEMA_VERSION, Database
+from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 from tests.gateway.state_backends import StateBackend, state, state_location
 
 __all__ = ["state", "state_location"]  # the shared fixtures

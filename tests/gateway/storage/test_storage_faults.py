@@ -29,14 +29,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from channels.base import InboundNotStored
-from core.memory.sources import AGENT_SCOPE
-from core.transcript import Transcript
-from gateway.app import Gateway
-from gateway.audiences import scope_for_key
-from gateway.config import load_config
-from gateway.runtime.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
-from gateway.storage.sqlite.database import Database
+from parley.channels.base import InboundNotStored
+from parley.core.memory.sources import AGENT_SCOPE
+from parley.core.transcript import Transcript
+from parley.gateway.app import Gateway
+from parley.gateway.audiences import scope_for_key
+from parley.gateway.config import load_config
+from parley.gateway.runtime.user_errors import NOT_RECORDED_TEXT, STORAGE_ERROR_TEXT
+from parley.gateway.storage.sqlite.database import Database
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import QUIET_MEMORY, use_hashing_embedder

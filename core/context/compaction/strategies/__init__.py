@@ -15,25 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.context.compaction.strategies.base import (
+from parley.core.context.compaction.strategies.base import (
     CompactionStrategy,
     CountText,
     CutPlan,
     Fold,
     FoldRequest,
 )
-from core.context.compaction.strategies.hierarchical import HierarchicalStrategy
-from core.context.compaction.strategies.selective import SelectiveStrategy
-from core.context.compaction.strategies.sliding_window import SlidingWindowStrategy
-from core.context.compaction.strategies.summary import (
+from parley.core.context.compaction.strategies.hierarchical import HierarchicalStrategy
+from parley.core.context.compaction.strategies.selective import SelectiveStrategy
+from parley.core.context.compaction.strategies.sliding_window import SlidingWindowStrategy
+from parley.core.context.compaction.strategies.summary import (
     FALLBACK_MODEL,
     PRIMARY,
     NamedSummarizer,
     SummaryChainError,
     SummaryStrategy,
 )
-from core.context.compaction.summarizer import Summarizer
-from core.context.config import CompactionConfig
+from parley.core.context.compaction.summarizer import Summarizer
+from parley.core.context.config import CompactionConfig
 
 STRATEGY_SUMMARY = "summary"
 STRATEGY_SELECTIVE = "selective"

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from core.context.compaction.ledger import Ledger
-from core.messages import Message, Usage
-from core.transcript import Entry
+from parley.core.context.compaction.ledger import Ledger
+from parley.core.messages import Message, Usage
+from parley.core.transcript import Entry
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,23 +22,23 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.context.compaction.strategies.base import (
+from parley.core.context.compaction.strategies.base import (
     Fold,
     FoldRequest,
     KeepsPlannedCut,
     previous_bullets,
 )
-from core.context.compaction.strategies.summary import (
+from parley.core.context.compaction.strategies.summary import (
     REQUIRED_IDENTIFIERS,
     NamedSummarizer,
     SummaryChainError,
     summarize_with_fallback,
 )
-from core.context.history import is_turn_start
-from core.identifiers import find_identifiers
-from core.importance import CONSTRAINT, DECISION, ERROR, text_importance
-from core.messages import Message, TextBlock, ToolResultBlock, Usage
-from core.prompt import SILENT_REPLY
+from parley.core.context.history import is_turn_start
+from parley.core.identifiers import find_identifiers
+from parley.core.importance import CONSTRAINT, DECISION, ERROR, text_importance
+from parley.core.messages import Message, TextBlock, ToolResultBlock, Usage
+from parley.core.prompt import SILENT_REPLY
 
 EARLIER_HEADING = "## Earlier tasks"
 RECENT_HEADING = "## Recent tasks"

@@ -34,15 +34,20 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.context.compaction.strategies.base import (
+from parley.core.context.compaction.strategies.base import (
     CountText,
     Fold,
     FoldRequest,
     KeepsPlannedCut,
     previous_bullets,
 )
-from core.context.compaction.summarizer import group_units, serialize_message
-from core.importance import Scored, least_important_first, message_importance, text_importance
+from parley.core.context.compaction.summarizer import group_units, serialize_message
+from parley.core.importance import (
+    Scored,
+    least_important_first,
+    message_importance,
+    text_importance,
+)
 
 SELECTIVE_HEADER = "Earlier conversation, its most important messages verbatim (oldest first):"
 # Bullets of the previous summary carried forward at most (the budget prunes further).

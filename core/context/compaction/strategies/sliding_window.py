@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.context.compaction.strategies.base import CountEntry, CutPlan, Fold, FoldRequest
-from core.context.history import is_turn_start
-from core.transcript import Entry
+from parley.core.context.compaction.strategies.base import CountEntry, CutPlan, Fold, FoldRequest
+from parley.core.context.history import is_turn_start
+from parley.core.transcript import Entry
 
 SLIDING_WINDOW_NOTE = (
     "Older messages of this conversation were dropped to fit the context window; "

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.context.compaction.strategies.base import Fold, FoldRequest, KeepsPlannedCut
-from core.context.compaction.summarizer import Summarizer, SummaryResult
-from core.errors import SummaryError
-from core.messages import Message
+from parley.core.context.compaction.strategies.base import Fold, FoldRequest, KeepsPlannedCut
+from parley.core.context.compaction.summarizer import Summarizer, SummaryResult
+from parley.core.errors import SummaryError
+from parley.core.messages import Message
 
 log = logging.getLogger("parley.core.compaction")
 

@@ -4,11 +4,11 @@ PostgreSQL (the ``StoreBackend`` of ``core.memory.store_protocol``; SQLite's is
 
 from __future__ import annotations
 
-from core.errors import MemoryIndexError
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.base import LIVE, RETIRED, SHADOW
-from gateway.storage.postgres.memory.store import PgMemoryStore
-from gateway.storage.postgres.memory.vectors import VECTOR_INDEX_LOCK, VectorIndex
+from parley.core.errors import MemoryIndexError
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.memory.base import LIVE, RETIRED, SHADOW
+from parley.gateway.storage.postgres.memory.store import PgMemoryStore
+from parley.gateway.storage.postgres.memory.vectors import VECTOR_INDEX_LOCK, VectorIndex
 
 
 class PgMemoryBackend:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from core.errors import MemoryIndexError
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.info import PgStoreInfo
-from gateway.storage.postgres.memory.vectors import VectorIndex
+from parley.core.errors import MemoryIndexError
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.memory.info import PgStoreInfo
+from parley.gateway.storage.postgres.memory.vectors import VectorIndex
 
 T = TypeVar("T")
 LIVE = "live"

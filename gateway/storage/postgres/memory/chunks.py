@@ -9,10 +9,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.memory.rows import FileRow
-from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.keyword import fold
-from gateway.storage.postgres.memory.vectors import vector_text
+from parley.core.memory.rows import FileRow
+from parley.gateway.storage.postgres.database import Connection
+from parley.gateway.storage.postgres.memory.keyword import fold
+from parley.gateway.storage.postgres.memory.vectors import vector_text
 
 
 class ChunkLike(Protocol):

@@ -9,12 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import MemoryIndexError
-from core.memory.rows import FileRow, NewChunk, blob_vector, vector_blob
-from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.base import StoreBase
-from gateway.storage.postgres.memory.chunks import chunk_params, insert_chunks, upsert_file_row
-from gateway.storage.postgres.memory.vectors import vector_text
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.rows import FileRow, NewChunk, blob_vector, vector_blob
+from parley.gateway.storage.postgres.database import Connection
+from parley.gateway.storage.postgres.memory.base import StoreBase
+from parley.gateway.storage.postgres.memory.chunks import (
+    chunk_params,
+    insert_chunks,
+    upsert_file_row,
+)
+from parley.gateway.storage.postgres.memory.vectors import vector_text
 
 
 class FileMethods(StoreBase):

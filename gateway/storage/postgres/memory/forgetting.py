@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from core.memory.rows import ForgettableChunk, Tombstone
-from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.base import StoreBase
+from parley.core.memory.rows import ForgettableChunk, Tombstone
+from parley.gateway.storage.postgres.database import Connection
+from parley.gateway.storage.postgres.memory.base import StoreBase
 
 
 class ForgettingMethods(StoreBase):

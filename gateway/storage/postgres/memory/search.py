@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from core.memory.rows import ChunkRow
-from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.base import StoreBase
-from gateway.storage.postgres.memory.keyword import (
+from parley.core.memory.rows import ChunkRow
+from parley.gateway.storage.postgres.database import Connection
+from parley.gateway.storage.postgres.memory.base import StoreBase
+from parley.gateway.storage.postgres.memory.keyword import (
     BM25_B,
     BM25_K1,
     CJK_TABLE,
@@ -24,7 +24,7 @@ from gateway.storage.postgres.memory.keyword import (
     match_terms,
     tsquery_term,
 )
-from gateway.storage.postgres.memory.vectors import (
+from parley.gateway.storage.postgres.memory.vectors import (
     MAX_EF_SEARCH,
     MIN_EF_SEARCH,
     rank_exactly,

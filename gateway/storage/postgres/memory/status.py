@@ -7,10 +7,10 @@ from typing import Any
 
 import psycopg
 
-from core.memory.rows import SourceCount, StoreCounts
-from gateway.storage.postgres.database import Connection
-from gateway.storage.postgres.memory.base import StoreBase
-from gateway.storage.postgres.memory.vectors import HNSW_MAX_DIMS, hnsw_index_name
+from parley.core.memory.rows import SourceCount, StoreCounts
+from parley.gateway.storage.postgres.database import Connection
+from parley.gateway.storage.postgres.memory.base import StoreBase
+from parley.gateway.storage.postgres.memory.vectors import HNSW_MAX_DIMS, hnsw_index_name
 
 
 class StatusMethods(StoreBase):

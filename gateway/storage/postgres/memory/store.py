@@ -12,16 +12,16 @@ from typing import Any
 
 import psycopg
 
-from core.errors import MemoryIndexError
-from core.memory.rows import IndexMeta
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.base import LIVE
-from gateway.storage.postgres.memory.files import FileMethods
-from gateway.storage.postgres.memory.forgetting import ForgettingMethods
-from gateway.storage.postgres.memory.info import PgStoreInfo, version_tuple
-from gateway.storage.postgres.memory.search import SearchMethods
-from gateway.storage.postgres.memory.status import StatusMethods
-from gateway.storage.postgres.memory.vectors import (
+from parley.core.errors import MemoryIndexError
+from parley.core.memory.rows import IndexMeta
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.memory.base import LIVE
+from parley.gateway.storage.postgres.memory.files import FileMethods
+from parley.gateway.storage.postgres.memory.forgetting import ForgettingMethods
+from parley.gateway.storage.postgres.memory.info import PgStoreInfo, version_tuple
+from parley.gateway.storage.postgres.memory.search import SearchMethods
+from parley.gateway.storage.postgres.memory.status import StatusMethods
+from parley.gateway.storage.postgres.memory.vectors import (
     HNSW_MAX_DIMS,
     HNSW_SINCE,
     VECTOR_INDEX_LOCK,

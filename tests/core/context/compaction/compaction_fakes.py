@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from core.context.compaction.compactor import Compactor
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT, Summarizer
-from core.context.config import CompactionConfig
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.providers.provider_config import RetryConfig
-from core.tokens import default_counter
-from core.transcript import Transcript
+from parley.core.context.compaction.compactor import Compactor
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT, Summarizer
+from parley.core.context.config import CompactionConfig
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.tokens import default_counter
+from parley.core.transcript import Transcript
 from tests.fakes.scripted_provider import ScriptedProvider
 
 MODEL = "scripted-model"

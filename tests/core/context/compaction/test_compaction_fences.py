@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from core.context.compaction.compactor import TRIGGER_THRESHOLD
-from core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
-from core.fences import RECALL_CLOSE, RECALL_OPEN
-from core.messages import FENCE_RECALLED_MEMORY, Message, TextBlock
-from core.prompt import render_turn_context, turn_context_block
-from core.transcript import Transcript
+from parley.core.context.compaction.compactor import TRIGGER_THRESHOLD
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.fences import RECALL_CLOSE, RECALL_OPEN
+from parley.core.messages import FENCE_RECALLED_MEMORY, Message, TextBlock
+from parley.core.prompt import render_turn_context, turn_context_block
+from parley.core.transcript import Transcript
 from tests.core.context.compaction.compaction_fakes import (
     SummaryProvider,
     make_compactor,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.context.compaction.ledger import (
+from parley.core.context.compaction.ledger import (
     DEFAULT_MAX_ASKS,
     DEFAULT_MAX_IDENTIFIERS,
     MAX_SENTENCE_CHARS,
@@ -15,8 +15,8 @@ from core.context.compaction.ledger import (
     extract_ledger,
     missing_identifiers,
 )
-from core.identifiers import absent_identifiers, find_identifiers
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+from parley.core.identifiers import absent_identifiers, find_identifiers
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 
 
 def call(tool_id: str, name: str, **inputs: object) -> Message:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.context.compaction.stats import CompactionStats, compaction_stats, utilisation
-from core.messages import Message
+from parley.core.context.compaction.stats import CompactionStats, compaction_stats, utilisation
+from parley.core.messages import Message
 from tests.core.context.compaction.compaction_fakes import new_transcript
 
 

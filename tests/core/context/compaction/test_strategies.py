@@ -4,22 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.context.compaction.compactor import TRIGGER_MANUAL, TRIGGER_THRESHOLD, CompactionOutcome
-from core.context.compaction.strategies.hierarchical import (
+from parley.core.context.compaction.compactor import (
+    TRIGGER_MANUAL,
+    TRIGGER_THRESHOLD,
+    CompactionOutcome,
+)
+from parley.core.context.compaction.strategies.hierarchical import (
     ACTIVE_HEADING,
     EARLIER_HEADING,
     RECENT_HEADING,
     active_task,
     split_tasks,
 )
-from core.context.compaction.strategies.selective import SELECTIVE_HEADER
-from core.context.compaction.strategies.sliding_window import SLIDING_WINDOW_NOTE
-from core.context.history import COMPACTION_SUMMARY_PREFIX, build_history
-from core.errors import InvalidRequestError, ServerError
-from core.messages import Message, ToolResultBlock, ToolUseBlock
-from core.providers.base import ProviderRequest, ProviderResponse
-from core.tokens import default_counter
-from core.transcript import Transcript
+from parley.core.context.compaction.strategies.selective import SELECTIVE_HEADER
+from parley.core.context.compaction.strategies.sliding_window import SLIDING_WINDOW_NOTE
+from parley.core.context.history import COMPACTION_SUMMARY_PREFIX, build_history
+from parley.core.errors import InvalidRequestError, ServerError
+from parley.core.messages import Message, ToolResultBlock, ToolUseBlock
+from parley.core.providers.base import ProviderRequest, ProviderResponse
+from parley.core.tokens import default_counter
+from parley.core.transcript import Transcript
 from tests.core.context.compaction.compaction_fakes import (
     CHATTER,
     DECISION,
@@ -364,7 +368,7 @@ async def test_a_broken_strategy_still_compacts(tmp_path: Path, monkeypatch: obj
     def boom(*_: object, **__: object) -> None:
         raise RuntimeError("bug")
 
-    import core.context.compaction.strategies.selective as selective
+    import parley.core.context.compaction.strategies.selective as selective
 
     monkeypatch.setattr(selective, "select", boom)  # type: ignore[attr-defined]
     outcome = await compact(compactor, transcript)

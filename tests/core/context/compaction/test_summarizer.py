@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from core.context.compaction.summarizer import (
+from parley.core.context.compaction.summarizer import (
     MAX_FOCUS_CHARS,
     MIN_CHUNK_RATIO,
     REQUIRED_HEADINGS,
@@ -17,7 +17,7 @@ from core.context.compaction.summarizer import (
     is_oversized_for_summary,
     serialize_message,
 )
-from core.errors import (
+from parley.core.errors import (
     AuthenticationError,
     ContextOverflowError,
     InvalidRequestError,
@@ -25,9 +25,9 @@ from core.errors import (
     ServerError,
     SummaryError,
 )
-from core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
-from core.providers.base import STOP_END, ProviderRequest, ProviderResponse
-from core.providers.provider_config import RetryConfig
+from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.providers.provider_config import RetryConfig
 from tests.fakes.scripted_provider import ScriptedProvider
 
 

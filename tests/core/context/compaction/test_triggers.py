@@ -8,26 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from core.context.compaction.compactor import (
+from parley.core.context.compaction.compactor import (
     TRIGGER_AGE,
     TRIGGER_HISTORY,
     TRIGGER_MESSAGES,
     CompactionOutcome,
 )
-from core.context.compaction.triggers import due_trigger, parse_timestamp
-from core.context.config import CompactionConfig, ContextConfig
-from core.context.engine import ContextEngine, TurnEvents, ViewRequest
-from core.context.history import (
+from parley.core.context.compaction.triggers import due_trigger, parse_timestamp
+from parley.core.context.config import CompactionConfig, ContextConfig
+from parley.core.context.engine import ContextEngine, TurnEvents, ViewRequest
+from parley.core.context.history import (
     COMPACTION_SUMMARY_PREFIX,
     build_history,
     limit_history_messages,
     summary_message,
 )
-from core.context.window import derived_history_messages
-from core.messages import Message, ToolResultBlock, ToolUseBlock
-from core.providers.base import ProviderRequest, ProviderResponse
-from core.providers.provider_config import RetryConfig
-from core.transcript import ENTRY_COMPACTION, Transcript
+from parley.core.context.window import derived_history_messages
+from parley.core.messages import Message, ToolResultBlock, ToolUseBlock
+from parley.core.providers.base import ProviderRequest, ProviderResponse
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.transcript import ENTRY_COMPACTION, Transcript
 from tests.core.context.compaction.compaction_fakes import (
     MODEL,
     SummaryProvider,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.runtime.commands.parsing import ResetCommand, match_reset_trigger
+from parley.gateway.runtime.commands.parsing import ResetCommand, match_reset_trigger
 
 TRIGGERS = ["/new", "/reset"]
 

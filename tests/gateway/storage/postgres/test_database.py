@@ -8,9 +8,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from gateway.errors import SchemaTooNewError, StateError
-from gateway.storage.postgres.database import PgDatabase, redact_url
-from gateway.storage.postgres.schema_migrations import (
+from parley.gateway.errors import SchemaTooNewError, StateError
+from parley.gateway.storage.postgres.database import PgDatabase, redact_url
+from parley.gateway.storage.postgres.schema_migrations import (
     MIGRATIONS,
     SCHEMA_VERSION,
     migrate,

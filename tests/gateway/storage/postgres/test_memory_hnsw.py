@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from core.memory.rows import FileRow, NewChunk
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
-from gateway.storage.postgres.memory.info import PgStoreInfo, version_tuple
-from gateway.storage.postgres.memory.store import PgMemoryStore
+from parley.core.memory.rows import FileRow, NewChunk
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.gateway.storage.postgres.memory.info import PgStoreInfo, version_tuple
+from parley.gateway.storage.postgres.memory.store import PgMemoryStore
 
 T = TypeVar("T")
 DIMS = 32

@@ -11,14 +11,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from core.memory.embedders import EmbedderSettings
-from core.memory.memory_config import MemorySettings
-from core.memory.query import build_fts_query, cjk_index_text
-from core.memory.rows import FileRow, NewChunk
-from gateway.cli.locomo import run_locomo
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
-from gateway.storage.postgres.memory.store import PgMemoryStore
+from parley.core.memory.embedders import EmbedderSettings
+from parley.core.memory.memory_config import MemorySettings
+from parley.core.memory.query import build_fts_query, cjk_index_text
+from parley.core.memory.rows import FileRow, NewChunk
+from parley.gateway.cli.locomo import run_locomo
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.gateway.storage.postgres.memory.store import PgMemoryStore
 from tests.gateway.cli.test_locomo import locomo_data
 
 T = TypeVar("T")

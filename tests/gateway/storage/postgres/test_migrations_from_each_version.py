@@ -15,24 +15,24 @@ from typing import Any
 
 import pytest
 
-from channels.base import InboundMessage
-from core.memory.query import build_fts_query
-from core.memory.rows import FileRow, NewChunk, Tombstone
-from core.messages import Message
-from gateway.storage.inbox import message_to_json
-from gateway.storage.postgres.database import Connection, PgDatabase
-from gateway.storage.postgres.inbox import PgInbox
-from gateway.storage.postgres.memory.backend import PgMemoryBackend
-from gateway.storage.postgres.pairing import PgPairingStore
-from gateway.storage.postgres.schema_migrations import (
+from parley.channels.base import InboundMessage
+from parley.core.memory.query import build_fts_query
+from parley.core.memory.rows import FileRow, NewChunk, Tombstone
+from parley.core.messages import Message
+from parley.gateway.storage.inbox import message_to_json
+from parley.gateway.storage.postgres.database import Connection, PgDatabase
+from parley.gateway.storage.postgres.inbox import PgInbox
+from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
+from parley.gateway.storage.postgres.pairing import PgPairingStore
+from parley.gateway.storage.postgres.schema_migrations import (
     MIGRATIONS,
     SCHEMA_VERSION,
     migrate,
     schema_version,
 )
-from gateway.storage.postgres.session_registry import PgSessionRegistry
-from gateway.storage.postgres.transcripts import PgTranscriptStore
-from gateway.storage.sessions import SessionOrigin
+from parley.gateway.storage.postgres.session_registry import PgSessionRegistry
+from parley.gateway.storage.postgres.transcripts import PgTranscriptStore
+from parley.gateway.storage.sessions import SessionOrigin
 
 ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default", "direct", "alice")
 # The versions that introduced each part (see gateway/pg/migrations.py).

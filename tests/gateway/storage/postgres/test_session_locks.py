@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from gateway.storage.postgres.session_locks import SessionLocks
+from parley.gateway.storage.postgres.session_locks import SessionLocks
 
 LIMIT = 10.0
 

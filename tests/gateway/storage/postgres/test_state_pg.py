@@ -14,18 +14,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from channels.base import InboundMessage
-from gateway.errors import PairingError, StateError
-from gateway.storage.errors import storage_failure
-from gateway.storage.pairing import MAX_PENDING_PER_CHANNEL
-from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.inbox import PgInbox
-from gateway.storage.postgres.pairing import PgPairingStore
-from gateway.storage.postgres.session_registry import PgSessionRegistry
-from gateway.storage.sessions import SessionOrigin
-from gateway.storage.sqlite.inbox import SqliteInbox
-from gateway.storage.sqlite.pairing import SqlitePairingStore
-from gateway.storage.sqlite.session_registry import SqliteSessionRegistry
+from parley.channels.base import InboundMessage
+from parley.gateway.errors import PairingError, StateError
+from parley.gateway.storage.errors import storage_failure
+from parley.gateway.storage.pairing import MAX_PENDING_PER_CHANNEL
+from parley.gateway.storage.postgres.database import PgDatabase
+from parley.gateway.storage.postgres.inbox import PgInbox
+from parley.gateway.storage.postgres.pairing import PgPairingStore
+from parley.gateway.storage.postgres.session_registry import PgSessionRegistry
+from parley.gateway.storage.sessions import SessionOrigin
+from parley.gateway.storage.sqlite.inbox import SqliteInbox
+from parley.gateway.storage.sqlite.pairing import SqlitePairingStore
+from parley.gateway.storage.sqlite.session_registry import SqliteSessionRegistry
 
 ORIGIN = SessionOrigin("agent:main:test:direct:alice", "main", "test", "default", "direct", "alice")
 RACERS = 24  # concurrent callers, split over the two replicas

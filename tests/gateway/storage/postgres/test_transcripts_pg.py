@@ -10,12 +10,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from core.errors import TranscriptError
-from core.messages import Message
-from gateway.errors import StateError
-from gateway.storage.errors import storage_failure
-from gateway.storage.postgres.database import PgDatabase
-from gateway.storage.postgres.transcripts import PgTranscriptStore, TranscriptConflictError
+from parley.core.errors import TranscriptError
+from parley.core.messages import Message
+from parley.gateway.errors import StateError
+from parley.gateway.storage.errors import storage_failure
+from parley.gateway.storage.postgres.database import PgDatabase
+from parley.gateway.storage.postgres.transcripts import PgTranscriptStore, TranscriptConflictError
 
 SID = "0123456789abcdef0123456789abcdef"
 KEY = "agent:main:telegram:direct:42"
