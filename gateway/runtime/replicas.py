@@ -12,7 +12,9 @@ as with SQLite. What changes is the lane's run:
    (``PgInbox.open_for_session``): those another replica answered meanwhile are
    dropped from the batch, and those other replicas received but have not answered
    yet are added, in arrival order, up to the first one still queued in this
-   replica's own lane (its run comes next, as with SQLite). The lock holder
+   replica's own lane after this batch (its run comes next, as with SQLite); one
+   queued here but older than a message of the batch (an adopted orphan, a resend
+   put at the lane's back) is answered now, first. The lock holder
    answers the lot; the other replicas' lanes then find nothing left. Checking the
    status under the lock is what makes each message answered exactly once.
 3. An item whose turn a dead replica had started (its user message is in the
