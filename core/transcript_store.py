@@ -2,8 +2,8 @@
 
 The gateway creates, opens, lists and exports transcripts through a
 ``TranscriptStore``. ``FileTranscriptStore`` is today's ``sessions/<id>.jsonl`` files;
-the PostgreSQL store (``gateway/pg/transcripts.py``) keeps the same lines as rows. Both
-hand out objects with ``Transcript``'s API (``SessionTranscript``), so nothing above
+the PostgreSQL store (``gateway/storage/postgres/transcripts.py``) keeps the same lines
+as rows. Both hand out objects with ``Transcript``'s API (``SessionTranscript``), so nothing above
 them knows which it holds, and an export writes the same bytes from either.
 
 Every method here does blocking I/O: call them from a worker thread

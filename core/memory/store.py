@@ -41,9 +41,9 @@ from parley.core.memory.rows import (
 from parley.core.memory.store_schema import STORE_VERSION as STORE_VERSION
 from parley.core.memory.store_schema import create_tables
 
-# STORE_VERSION is re-exported (``as``): gateway.state_migration reads it from this module
-# with getattr, so it must stay here. The row types come from core.memory.rows; importers
-# that still name them here (gateway/migrate_cli.py) get the same classes.
+# STORE_VERSION is re-exported (``as``): the home upgrade (gateway/home_upgrade/state.py)
+# reads it from this module with getattr, so it must stay here. The row types come from
+# core.memory.rows.
 META_KEY = "index"
 # SQLite's default limit on host parameters is 32766 in new builds, 999 in old ones.
 _IN_BATCH = 500

@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 # Rows (or transcript lines) per target transaction: few round trips of commits, and
 # a kill loses at most one batch, which the next run writes again.
 BATCH = 500
-# Keys per ``= ANY`` lookup while verifying.
-KEY_BATCH = 5000
 
 # state.db's tables: the key that says "this row is there" and its PostgreSQL types.
 TABLES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (

@@ -471,10 +471,9 @@ async def test_telegram_polling_corpus(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 # discord.py parses MESSAGE_CREATE/UPDATE before the adapter sees anything, and an
-# exception in its parser ends ``Client.start``: the adapter neither guards the parsers
-# nor restarts the client, so one malformed event would stop the account for good.
-# Until channels/discord_adapter.py does, such payloads are probed against the parser
-# (a known issue) instead of being sent; set this to True once it is fixed.
+# exception in its parser would end ``Client.start``. The adapter guards the parsers
+# (channels/discord_client.py) and restarts a client that stops
+# (channels/discord_adapter.py), so such payloads are sent over the gateway too.
 DISPATCH_PARSER_FAILURES = True
 
 
@@ -531,7 +530,7 @@ async def test_discord_event_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                     failures.known.append(
                         f"discord/{case['name']}: discord.py's parser raises {problem}; "
                         "sent over the gateway it would stop the client "
-                        "[channels/discord_adapter.py: no parser guard, no restart]"
+                        "[channels/discord_client.py: no parser guard]"
                     )
                     continue
                 await fake.gateway.dispatch(ds.TOKEN, event, payload)
