@@ -1,20 +1,5 @@
-"""The durable inbox: every inbound message is recorded before it is processed.
-
-States: ``received`` (recorded, not yet answered) → ``replied`` (the reply text is
-stored; delivery pending, or tried and to be tried again when ``error`` is set) →
-``delivered``. ``failed`` (delivery refused for good, or not processed because the
-disk refused a write: ``error`` then starts with ``storage:``) and ``rejected`` (busy)
-are final. A platform delivering the same message twice
-hits the unique (channel, account, platform message id) and is answered once.
-After a crash, ``open_items()`` gives back everything recorded but not finished,
-in arrival order, so the gateway can answer it on restart.
-
-Sending: a reply is stored (``mark_replied``) with the items it answers together
-(``reply_for``, a folded turn) and the channel's *send mark* (where the chat's
-message numbering stood before the send), and the platform ids of what went out
-are recorded with the final status in ``sent_messages``. After a crash between a
-send and its record, the mark and those ids let the gateway ask the platform
-whether the reply is already there (``gateway.runtime.send_recovery``).
+"""The durable inbox in state.db: ``SqliteInbox``, the SQLite store behind the ``Inbox``
+protocol. Its states, dedupe and send records are described in ``gateway.storage.inbox``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""DM pairing: a stranger gets a code, an operator approves it.
-
-Under ``dm_policy = "pairing"`` a direct message from someone who is neither in
-``allow_from`` nor approved is not answered by the agent. The sender gets a short
-code instead (once, and again at most every ``RENOTIFY_AFTER`` while it is valid);
-``parley pairing approve CODE`` lets them in for good, ``deny`` silences them.
-
-Approval is per channel and person (any bot account of that channel). Codes use an
-alphabet without look-alikes (no 0/O, 1/I), expire after an hour, and at most
-``MAX_PENDING_PER_CHANNEL`` are open at once, so a flood of strangers cannot fill the
-table or the operator's screen.
+"""DM pairing in state.db: ``SqlitePairingStore``, the SQLite store behind the
+``PairingStore`` protocol (how pairing works: ``gateway.storage.pairing``).
 """
 
 from __future__ import annotations

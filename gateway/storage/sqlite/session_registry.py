@@ -1,8 +1,5 @@
-"""The session registry: one row per session in state.db.
-
-A session key (who/where) has at most one *active* session at a time; a reset
-archives it (the row and its transcript stay, listable and readable) and starts a
-new session id. Rows are deleted only by ``parley people erase`` (``delete``).
+"""The session registry in state.db: ``SqliteSessionRegistry``, the SQLite store behind
+the ``SessionRegistry`` protocol (its rules: ``gateway.storage.sessions``).
 """
 
 from __future__ import annotations
