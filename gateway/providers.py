@@ -36,7 +36,7 @@ def choose_provider(config: ProvidersConfig) -> ProviderChoice:
 def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
     """The provider and, for the local model, a banner to show users."""
     choice = choose_provider(config)
-    timeout = config.retry.timeout_seconds
+    timeout = config.retry.timeout_seconds or 120.0  # FIXME(helper): connect/stall
     if choice.name == "anthropic":
         from parley.core.providers.anthropic import AnthropicProvider
 

@@ -31,10 +31,16 @@ class _Strict(BaseModel):
 
 
 class ModelWindowConfig(_Strict):
-    """One model's window, overriding the built-in table (``[context.models."<id>"]``)."""
+    """One model's window and abilities, overriding what the server says and the built-in
+    table (``[context.models."<id>"]``)."""
 
     context_tokens: int | None = Field(None, ge=1, le=10_000_000, description="usable window")
     context_window: int | None = Field(None, ge=1, le=10_000_000, description="advertised")
+    # None: what the server says (llama.cpp /props), else yes.
+    tools: bool | None = Field(None, description="offer tools to this model")
+    # None: what the provider says (the embedded model cannot), else yes. False: compaction
+    # folds history by a strategy that needs no model call.
+    summaries: bool | None = Field(None, description="the model can write compaction summaries")
 
 
 class PruningConfig(_Strict):

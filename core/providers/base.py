@@ -48,6 +48,27 @@ class ProviderResponse:
         return Message("assistant", self.content)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What a provider learnt about its model from the server or the model file.
+
+    Filled by a provider's optional ``async discover() -> ModelFacts`` (called once at
+    start, never failing: an unreachable or silent server gives an empty ``ModelFacts``)
+    and kept as its ``facts`` attribute. ``None`` means "not said", never "no".
+    """
+
+    context_window: int | None = None
+    # Where the window figure came from, for `parley doctor` and /status:
+    # "llama.cpp /props", "ollama /api/show", "vllm /v1/models", "gguf metadata", ...
+    source: str = ""
+    supports_tools: bool | None = None
+    # The server refuses a request only when the prompt alone exceeds the window and
+    # then stops the reply when prompt + output reach it (llama.cpp, Ollama), instead of
+    # refusing prompt + max_tokens up front (OpenAI, vLLM, Anthropic).
+    prompt_only_window: bool | None = None
+    server: str = ""  # "llama.cpp", "ollama", "vllm", "openai", "embedded"
+
+
 @runtime_checkable
 class Provider(Protocol):
     """A model provider. ``name`` is the provider family, ``model`` the model id in use."""

@@ -226,7 +226,7 @@ class LocalProvider:
         file_name = self.config.model_path.name if self.config.model_path else DEFAULT_MODEL_FILE
         self.model = file_name.removesuffix(".gguf")
         # The window is fixed by n_ctx: the context engine takes it from here.
-        self.context_window = self.config.context_tokens
+        self.context_window = self.config.context_tokens or 8192  # FIXME(helper): GGUF metadata
         self.max_output_tokens = self.config.max_output_tokens
         self._server: Any = None
         self._load_lock = asyncio.Lock()
@@ -253,10 +253,10 @@ class LocalProvider:
             raise ConfigError(f"xllamacpp is not installed. {INSTALL_HINT}") from exc
         params = xllamacpp.CommonParams()
         params.model.path = str(path)
-        params.n_ctx = self.config.context_tokens
+        params.n_ctx = self.context_window
         params.n_parallel = 1
-        params.cpuparams.n_threads = self.config.threads
-        params.cpuparams_batch.n_threads = self.config.threads
+        params.cpuparams.n_threads = self.config.threads or 2
+        params.cpuparams_batch.n_threads = self.config.threads or 2
         params.sampling.temp = self.config.temperature
         params.ctx_shift = False
         params.prefill_assistant = False  # a trailing assistant message is history, not a prefix
@@ -274,7 +274,7 @@ class LocalProvider:
             raise ConfigError(
                 f"cannot load the local model {path}: {exc} (is it a GGUF file?). {INSTALL_HINT}"
             ) from exc
-        log.info("local model loaded: %s (n_ctx=%d)", path, self.config.context_tokens)
+        log.info("local model loaded: %s (n_ctx=%d)", path, self.context_window)
         return server
 
     def _payload(self, request: ProviderRequest) -> dict[str, Any]:
@@ -301,7 +301,7 @@ class LocalProvider:
         usage = stream.usage or Usage()
         stop = _FINISH_REASONS.get(stream.finish_reason or "", STOP_END)
         if stop == STOP_MAX_TOKENS and usage.context_tokens + usage.output_tokens >= (
-            self.config.context_tokens
+            self.context_window
         ):
             stop = STOP_OVERFLOW
         content = (TextBlock(stream.text),) if stream.text else ()

