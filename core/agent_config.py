@@ -4,6 +4,7 @@ bounds of one turn (output tokens, tool iterations, the size of a tool result)."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,3 +25,7 @@ class AgentConfig(_Strict):
     max_output_tokens: int = Field(DEFAULT_MAX_OUTPUT_TOKENS, ge=1, le=128_000)
     max_tool_iterations: int = Field(DEFAULT_MAX_TOOL_ITERATIONS, ge=0, le=64)
     tool_result_max_chars: int = Field(DEFAULT_TOOL_RESULT_MAX_CHARS, ge=1000, le=1_000_000)
+    # How parley drives the model (core/model_profile.py): "small" is a short system
+    # prompt, a compact turn context and compaction without a model call; "auto" picks
+    # it for windows below 16k tokens and for the embedded model.
+    profile: Literal["auto", "standard", "small"] = "auto"
