@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from parley.channels.base import Channel, ChannelError, InboundMessage
 from parley.core.context.compaction.compactor import CompactionOutcome
+from parley.core.context.config import ContextConfig
 from parley.core.context.engine import ContextEngine
 from parley.core.context.flush import FlushTarget
 from parley.core.context.report import ContextReport
@@ -273,7 +274,7 @@ class Gateway:
         tools = default_registry(
             agent.tool_result_max_chars, private_roots=private_roots(self.loaded)
         )
-        offer_tools = getattr(provider, "supports_tools", True)
+        offer_tools = tools_offered(provider, context)
         memory = None
         if config.memory.enabled:
             # On PostgreSQL the index shares the state's pool (None: memory.db).
@@ -473,6 +474,17 @@ class Gateway:
     ) -> tuple[ContextReport, ContextView | None]:
         """What the next request would hold, by part, and how the history was cut."""
         return await self.commands.context_report(record, transcript, chat_type)
+
+
+def tools_offered(provider: Provider, context: ContextConfig) -> bool:
+    """Whether the model gets tool schemas: the operator's word for the model
+    (``[context.models."<id>"] tools``), else what its server said at start (llama.cpp's
+    ``/props``), else yes. A model whose template has no tools would have them dropped
+    silently by its server, and parley would still count them in every estimate."""
+    override = context.models.get(provider.model.strip().lower())
+    if override is not None and override.tools is not None:
+        return override.tools
+    return bool(getattr(provider, "supports_tools", True))
 
 
 def _on_stop(
