@@ -137,6 +137,32 @@ class ChannelCapabilities:
     # it for 5 s, Discord for 10 s); None: it does not expire.
     typing_refresh_seconds: float | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # The adapter shows a reply while it is being written (``LiveDrafts``).
+    live_drafts: bool = False
+
+
+# Why the text a draft showed so far is void: the model call failed and is tried again;
+# a later model call of the turn (after tools) writes the reply instead; or the turn ended
+# with nothing to send (a silent reply), so the draft goes away.
+DraftReset = Literal["retry", "next_call", "withdrawn"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDraft:
+    """A preview of a reply the model is still writing: ephemeral, never stored, never
+    retried. The reply itself still goes out through ``send`` with the same ``key`` as its
+    ``OutboundMessage.idempotency_key``; an adapter replaces the draft with it (the text
+    must not show twice) and ignores a draft for a key it already sent."""
+
+    channel: str
+    account: str
+    chat_id: str
+    key: str  # the idempotency key the final reply will carry
+    text: str  # the whole text so far (not a delta): each draft replaces the last one
+    thread_id: str | None = None
+    reply_to_message_id: str | None = None
+    # Set when what was shown before is void: drop it, then show ``text`` (often "").
+    reset: DraftReset | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +237,14 @@ class Channel(Protocol):
         message numbering stands in that chat before a send (the gateway stores it
         with the reply, before sending), and ``reconcile(message, mark, recorded)``.
         A platform with one (Discord's nonce) uses ``OutboundMessage.idempotency_key``."""
+
+
+@runtime_checkable
+class LiveDrafts(Protocol):
+    """What a channel with ``capabilities.live_drafts`` offers: a reply shown as it is
+    written. Best effort: a draft that fails is logged by the gateway and forgotten."""
+
+    async def draft(self, draft: ReplyDraft) -> None: ...
 
 
 # Does the gateway hold this platform message id as the delivery of some reply?

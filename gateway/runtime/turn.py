@@ -1,18 +1,23 @@
 """One turn: the user's words through ``core``'s runner, and what the gateway records
 of it (metrics, the session's figures, the memory index's hints, task records, the
 registry's counters). A turn a crash interrupted resumes from its transcript.
+
+On a channel that shows replies as they are written (``LiveDrafts``), the model's text
+deltas become throttled drafts (``DraftStream``); the reply itself still goes out through
+the delivery path afterwards, with its exactly-once guarantees, and replaces the draft.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from parley.channels.base import Channel, InboundMessage
+from parley.channels.base import Channel, DraftReset, InboundMessage, LiveDrafts, ReplyDraft
 from parley.core.context.compaction.stats import DEFAULT_STRATEGY
 from parley.core.errors import (
     AuthenticationError,
@@ -24,13 +29,14 @@ from parley.core.errors import (
     ServerError,
 )
 from parley.core.memory.audience import Viewer, visible_scopes
-from parley.core.prompt import render_turn_context
-from parley.core.runner import TurnRequest
+from parley.core.prompt import SILENT_REPLY, render_turn_context
+from parley.core.runner import TurnRequest, TurnResult
 from parley.core.transcript import ENTRY_COMPACTION
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.gateway_view import ProviderHealth
 from parley.gateway.memory import record_turn_task
 from parley.gateway.runtime.context import Runtime, last_entry_id
+from parley.gateway.runtime.delivery import reply_key
 from parley.gateway.runtime.lane_items import LaneItem
 from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.runtime.user_errors import (
@@ -44,6 +50,9 @@ log = logging.getLogger("parley.gateway")
 
 # How long the end of a turn waits for a typing indicator still on its way.
 TYPING_STOP_SECONDS = 5.0
+# Drafts go out at most this often (the first at once): smooth enough to read as
+# streaming, few enough that a long reply costs a channel tens of updates, not thousands.
+DRAFT_INTERVAL_SECONDS = 0.15
 
 # Provider failures that mean it could not be reached (as opposed to a refusal).
 _UNREACHABLE = (
@@ -76,11 +85,14 @@ class Turns:
                 return reply  # answered before the crash, not yet delivered
             resume = done
         attempts = 1
+        drafts = self._drafts(first.message, message, transcript)
 
         def on_retry(attempt: int, exc: ProviderError, delay: float) -> None:
             nonlocal attempts
             attempts = attempt + 1
             log.warning("provider %s; retry %d in %.1fs", type(exc).__name__, attempt, delay)
+            if drafts is not None:  # the failed attempt's text is void
+                drafts.reset("retry")
 
         viewer = rt.viewer(first.route, message)
         turn = TurnRequest(
@@ -104,8 +116,11 @@ class Turns:
         started = time.perf_counter()
         started_at = rt.clock()  # the task record's start (wall clock)
         try:
-            async with self._typing(message):
-                result = await runner.run_turn(transcript, turn, on_retry=on_retry)
+            async with self.working(message):
+                if drafts is None:
+                    result = await runner.run_turn(transcript, turn, on_retry=on_retry)
+                else:
+                    result = await self._run_drafted(transcript, turn, on_retry, drafts)
         except (ProviderError, ContextError) as exc:
             rt.metrics.turn(message.channel, time.perf_counter() - started, ok=False)
             rt.metrics.error(error_kind(exc))
@@ -161,6 +176,48 @@ class Turns:
         )
         return result.reply or EMPTY_REPLY_TEXT
 
+    def _drafts(
+        self, first: InboundMessage, last: InboundMessage, transcript: SessionTranscript
+    ) -> DraftStream | None:
+        """Drafts for a channel that shows them; None (no streaming cost) for the others."""
+        channel = self.rt.channels.get(last.channel)
+        if channel is None or not channel.capabilities.live_drafts:
+            return None
+        if not isinstance(channel, LiveDrafts):
+            return None
+        base = ReplyDraft(
+            channel=last.channel,
+            account=last.account,
+            chat_id=last.chat_id,
+            # Delivery names the reply after the first message it answers: the same key
+            # lets the channel put the reply in the draft's place.
+            key=reply_key(first),
+            text="",
+            thread_id=last.thread_id,
+            reply_to_message_id=last.message_id,
+        )
+        # The runner appends each model call's message (and tool results, compactions)
+        # before the next call: a grown transcript means another call is writing.
+        return DraftStream(channel, base, lambda: transcript.entry_count)
+
+    async def _run_drafted(
+        self,
+        transcript: SessionTranscript,
+        turn: TurnRequest,
+        on_retry: Callable[[int, ProviderError, float], None],
+        drafts: DraftStream,
+    ) -> TurnResult:
+        silent = False
+        try:
+            result = await self.rt.runner.run_turn(
+                transcript, turn, on_text=drafts.on_text, on_retry=on_retry
+            )
+            silent = result.reply.strip() == SILENT_REPLY
+        finally:
+            # Before the reply is handed to delivery: no draft may land after it.
+            await drafts.close(withdraw=silent)
+        return result
+
     async def _memory_scopes(self, viewer: Viewer) -> tuple[str, ...]:
         """What this turn's recall and memory_search may see. An index that cannot list
         its scopes costs a linked person the other ids' memory for this turn, nothing more."""
@@ -185,8 +242,9 @@ class Turns:
             rt.provider_health = ProviderHealth(True, f"last call refused: {error}", now)
 
     @contextlib.asynccontextmanager
-    async def _typing(self, message: InboundMessage) -> AsyncIterator[None]:
-        """Keep the platform's typing indicator on while the agent works."""
+    async def working(self, message: InboundMessage) -> AsyncIterator[None]:
+        """Keep the platform's typing indicator on while the agent works (a turn, or
+        any other long step answering ``message``, such as ``/compact``)."""
         channel = self.rt.channels.get(message.channel)
         done = asyncio.Event()
         task = asyncio.create_task(_keep_typing(channel, message, done)) if channel else None
@@ -215,6 +273,125 @@ async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), refresh)
+
+
+class DraftStream:
+    """One turn's reply shown while it is written.
+
+    The text deltas of the model call that is writing are pushed to the channel as
+    whole-text drafts, at most every ``interval`` seconds (the first at once), one push
+    at a time: the model's stream never waits for the channel, and a slow channel gets
+    fewer, fresher drafts. A retry or a later model call voids what was shown (a reset
+    rides on the next draft). A failing push is logged and forgotten: drafts are
+    previews, the reply goes out through delivery.
+    """
+
+    def __init__(
+        self,
+        channel: LiveDrafts,
+        base: ReplyDraft,
+        calls: Callable[[], int],
+        *,
+        interval: float = DRAFT_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """``calls``: a number that changes when the runner starts another model call."""
+        self._channel = channel
+        self._base = base
+        self._calls = calls
+        self._interval = interval
+        self._clock = clock
+        self._sleep = sleep
+        self._mark: int | None = None
+        self._parts: list[str] = []
+        self._reset: DraftReset | None = None  # the channel shows void text: say so
+        self._shown = False  # the channel shows some text of this reply
+        self._dirty = False
+        self._next_at = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+        self._pushing = False
+        self._closed = False
+
+    async def on_text(self, delta: str) -> None:
+        if self._closed or not delta:
+            return
+        mark = self._calls()
+        if self._mark is None:
+            self._mark = mark
+        elif mark != self._mark:
+            self._mark = mark
+            self.reset("next_call")
+        self._parts.append(delta)
+        self._wake()
+
+    def reset(self, why: DraftReset) -> None:
+        """What was written so far is void; the next draft says so."""
+        if self._closed:
+            return
+        self._parts.clear()
+        if self._shown or self._reset is not None:
+            self._reset = why
+            self._wake()
+
+    async def close(self, *, withdraw: bool = False) -> None:
+        """No draft after this returns. ``withdraw``: no reply will replace the draft
+        (a silent reply), so take it away."""
+        self._closed = True
+        task = self._task
+        if task is not None:
+            if self._pushing:
+                # Let a draft in flight land (before the reply) rather than cut a write
+                # in half; a channel that hangs is not waited for long.
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), TYPING_STOP_SECONDS)
+                except TimeoutError:
+                    task.cancel()
+            else:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if withdraw and (self._shown or self._reset is not None):
+            self._shown, self._reset = False, None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._push(dataclasses.replace(self._base, reset="withdrawn")),
+                    TYPING_STOP_SECONDS,
+                )
+
+    def _wake(self) -> None:
+        self._dirty = True
+        if self._task is None:
+            self._task = asyncio.create_task(self._pump(), name="reply-drafts")
+
+    async def _pump(self) -> None:
+        try:
+            while self._dirty and not self._closed:
+                wait = self._next_at - self._clock()
+                if wait > 0:
+                    await self._sleep(wait)
+                    continue
+                self._dirty = False
+                text = "".join(self._parts)
+                if SILENT_REPLY.startswith(text.strip()):
+                    text = ""  # nothing yet, or a silent reply on its way: show nothing
+                if not text and self._reset is None:
+                    continue
+                draft = dataclasses.replace(self._base, text=text, reset=self._reset)
+                self._reset, self._shown = None, bool(text)
+                self._next_at = self._clock() + self._interval
+                await self._push(draft)
+        finally:
+            self._task = None
+
+    async def _push(self, draft: ReplyDraft) -> None:
+        self._pushing = True
+        try:
+            await self._channel.draft(draft)
+        except Exception as exc:  # a preview: its failure never fails the turn
+            log.debug("draft on %s failed: %s", draft.channel, exc)
+        finally:
+            self._pushing = False
 
 
 def error_kind(exc: Exception) -> str:
