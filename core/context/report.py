@@ -7,6 +7,15 @@ the last turn recalled automatically (part of the history: they ride in its user
 message), and the total against the window. The report is plain data (``ContextReport``) built once,
 then rendered as text or JSON; the counter is passed in (any object with the
 ``ContextCounter`` methods), so this module does not depend on a tokenizer.
+
+The report is also the one source of a session's context figures: ``/status``,
+``/context`` and the admin inspector all print ``figure_lines(report)``, so the same
+session at the same moment shows the same numbers under the same labels everywhere.
+There are two figures because they answer different questions and differ by design:
+the *next request*, estimated by parley's own count of the parts above, and the *last
+call*, the model's own report of what it read (cache included) plus what it wrote.
+The model's tokenizer and chat template are not parley's, and the last call's output
+is now part of the history, so the two never match exactly.
 """
 
 from __future__ import annotations
@@ -18,8 +27,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from parley.core.context.history import is_summary_block
+from parley.core.context.window import WindowInfo
 from parley.core.messages import Message, TextBlock, ToolSpec
 from parley.core.prompt import InjectedFile, SystemPrompt
+from parley.core.providers.base import ModelFacts
+from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 
 MODE_LIST = "list"
 MODE_DETAIL = "detail"
@@ -32,6 +44,12 @@ REPORT_TITLE = "Context breakdown"
 STATUS_OK = "OK"
 STATUS_TRUNCATED = "TRUNCATED"
 STATUS_MISSING = "MISSING"
+
+# The labels every surface prints the figures under (part of the interface: the
+# inspector shows the same lines, and tests compare them across surfaces).
+WINDOW_LABEL = "Context window"
+NEXT_REQUEST_LABEL = "Next request (estimated)"
+LAST_CALL_LABEL = "Last call (reported by the model)"
 
 
 class ContextCounter(Protocol):
@@ -127,6 +145,46 @@ def _as_int(value: object) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class LastCall:
+    """The newest provider call of the live window, as the model reported it."""
+
+    prompt_tokens: int  # everything it read, cache included
+    output_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "tokens": self.tokens,
+        }
+
+
+def last_call(entries: Sequence[Entry]) -> LastCall | None:
+    """The last call's reported usage in ``entries`` (a transcript's live window).
+
+    None when no call reported usage since the latest compaction: an older report
+    describes a view that no longer exists. An assistant entry without usage was not
+    written by a call (an import, say) and is passed over; one whose usage is all zero
+    was a call whose server reported nothing, and the figure is unknown."""
+    for entry in reversed(entries):
+        if entry.type == ENTRY_COMPACTION:
+            return None
+        if entry.type != ENTRY_MESSAGE or entry.message.role != "assistant":
+            continue
+        usage = entry.usage
+        if usage is None:
+            continue
+        if usage.context_tokens <= 0:
+            return None
+        return LastCall(usage.context_tokens, usage.output_tokens)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class ContextReport:
     workspace: str
     file_max_chars: int
@@ -146,8 +204,21 @@ class ContextReport:
     total_tokens: int
     window: int
     share: float  # total_tokens / window (0.0 for a window of 0)
-    session_tokens: int | None  # last provider-reported context size, when known
+    session_tokens: int | None  # last_call's tokens (kept as a key of the JSON form)
     recall: RecallUsage | None = None  # the last turn's automatic recall, if it had one
+    last_call: LastCall | None = None  # the model's report of the last call, when known
+    window_note: str = ""  # the window and where it came from, in plain words
+
+    def figures(self) -> dict[str, Any]:
+        """The figures every surface shows (``figure_lines``), machine-readable."""
+        return {
+            "window_tokens": self.window,
+            "window_source": self.window_note,
+            "next_request_tokens": self.total_tokens,
+            "share": round(self.share, 4),
+            "last_call": self.last_call.to_dict() if self.last_call is not None else None,
+            "lines": figure_lines(self),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable form (``/context json``); keys are part of the interface."""
@@ -196,6 +267,7 @@ class ContextReport:
             "share": round(self.share, 4),
             "session_tokens": self.session_tokens,
             "recall": self.recall.to_dict() if self.recall is not None else None,
+            "figures": self.figures(),
         }
 
 
@@ -209,8 +281,9 @@ def build_context_report(
     workspace: Path,
     file_max_chars: int,
     total_max_chars: int,
-    session_tokens: int | None = None,
+    last_call: LastCall | None = None,
     recall: Mapping[str, Any] | None = None,
+    window_note: str = "",
 ) -> ContextReport:
     """Measure every part of the next request (pure apart from the counter's cache)."""
     system_tokens = counter.text(prompt.text)
@@ -246,8 +319,10 @@ def build_context_report(
         total_tokens=total,
         window=window,
         share=total / window if window > 0 else 0.0,
-        session_tokens=session_tokens,
+        session_tokens=last_call.tokens if last_call is not None else None,
         recall=RecallUsage.from_meta(recall) if recall is not None else None,
+        last_call=last_call,
+        window_note=window_note,
     )
 
 
@@ -326,13 +401,29 @@ def _render_text(report: ContextReport, *, detail: bool) -> list[str]:
             lines.append(f"  compaction summary: ~{report.summary_tokens:,} tok")
     if report.recall is not None:
         lines += _render_recall(report.recall)
-    lines.append(
-        f"Total: ~{report.total_tokens:,} tok of a {report.window:,} token window "
+    lines += figure_lines(report)
+    return lines
+
+
+def figure_lines(report: ContextReport) -> list[str]:
+    """The session's context figures as ``/status``, ``/context`` and the inspector
+    print them: the window and its source, the next request's estimate against it, and
+    the last call as the model reported it."""
+    window = f"{WINDOW_LABEL}: " + (report.window_note or f"{report.window:,} tokens")
+    estimate = (
+        f"{NEXT_REQUEST_LABEL}: ~{report.total_tokens:,} / {report.window:,} tokens "
         f"({report.share:.1%})"
     )
-    if report.session_tokens is not None:
-        lines.append(f"Session tokens (last reported): {report.session_tokens:,}")
-    return lines
+    call = report.last_call
+    if call is not None:
+        reported = (
+            f"{call.tokens:,} tokens ({call.prompt_tokens:,} read + {call.output_tokens:,} written)"
+        )
+    elif report.summary_tokens is not None:
+        reported = "none since the latest compaction"
+    else:
+        reported = "none yet"
+    return [window, estimate, f"{LAST_CALL_LABEL}: {reported}"]
 
 
 def _render_recall(recall: RecallUsage) -> list[str]:
@@ -345,3 +436,77 @@ def _render_recall(recall: RecallUsage) -> list[str]:
     if recall.skipped_present:
         head += f"; {recall.skipped_present} skipped as already in context"
     return [head, *(f"  {h.citation} (~{h.tokens:,} tok)" for h in recall.hits)]
+
+
+# -- where the figures come from, in plain words (/status, /context, `parley doctor`) ----
+
+
+def describe_window(info: WindowInfo, *, model: str, facts: ModelFacts | None = None) -> str:
+    """``"8,192 tokens, from the llama.cpp server (/props)"``: the window and its source.
+
+    When the provider gave the window, ``facts`` (its ``ModelFacts``) or the engine's
+    ``detail`` on ``info`` name the server or file it came from."""
+    tokens = f"{info.tokens:,} tokens"
+    key = f'context.models."{model}"'
+    if info.source == "config":
+        origin = f"from your config ({key})"
+    elif info.source == "provider":
+        detail = getattr(info, "detail", "")
+        source = (facts.source if facts is not None else "") or (
+            detail if isinstance(detail, str) else ""
+        )
+        origin = _provider_origin(source.strip(), facts.server.strip() if facts else "")
+    elif info.source == "table":
+        origin = "from parley's built-in table"
+    else:
+        origin = f"assumed default: set {key}.context_tokens to the model's real window"
+    if info.capped:
+        origin += ", capped by context.agent_max_tokens"
+    return f"{tokens}, {origin}"
+
+
+def _provider_origin(source: str, server: str) -> str:
+    if not source:
+        return "from the model's provider"
+    if server == "embedded" or "gguf" in source.lower():
+        return f"from the model file ({source})"
+    # "llama.cpp /props" → "the llama.cpp server (/props)"
+    name, _, rest = source.partition(" ")
+    if rest and (name.lower() == server.lower() or (not server and rest.startswith("/"))):
+        return f"from the {name} server ({rest.strip()})"
+    return f"from the model server ({source})"
+
+
+def describe_tools(
+    offered: bool, *, count: int, model: str, configured: bool | None, provider: object
+) -> str:
+    """Whether the model is offered tools, and when not, who said so: ``configured`` is
+    the operator's ``context.models."<id>".tools``, else the provider's facts
+    (``supports_tools``) decided."""
+    key = f'context.models."{model}".tools'
+    if offered:
+        how = f", as {key} = true says" if configured is True else ""
+        return f"offered ({count}{how})"
+    if configured is False:
+        return f"withheld: {key} = false"
+    facts = getattr(provider, "facts", None)
+    server = getattr(facts, "server", "") if facts is not None else ""
+    if getattr(facts, "supports_tools", None) is False and server and server != "embedded":
+        return f"withheld: the {server} server says the model cannot use them"
+    if server == "embedded" or getattr(provider, "name", "") == "local":
+        return "withheld: the embedded model cannot use them"
+    return "withheld: the model's provider says it cannot use them"
+
+
+def describe_profile(profile: object) -> str | None:
+    """The model profile in use (``"small"``, ``"standard"``), with why when it says;
+    None when there is none to show."""
+    if profile is None:
+        return None
+    if isinstance(profile, str):
+        return profile or None
+    name = getattr(profile, "name", None)
+    if not isinstance(name, str) or not name:
+        return None
+    reason = getattr(profile, "reason", None)
+    return f"{name} ({reason})" if isinstance(reason, str) and reason else name

@@ -96,7 +96,10 @@ class SessionDetail(SessionSummary):
     )
     window_tokens: int
     context_utilisation: float = Field(
-        description="context_tokens / window_tokens (above 1: the last request overflowed)"
+        description="context_tokens / window_tokens (above 1: the last request overflowed); "
+        "context_tokens is the size recorded last: the model's report after a turn, the "
+        "compactor's estimate after a compaction. The context endpoint's figures are the "
+        "ones /status and /context show"
     )
     compactions: CompactionFigures
 
@@ -147,12 +150,35 @@ class RecallInfo(_Out):
     hits: list[RecalledMemory]
 
 
+class LastCallFigures(_Out):
+    prompt_tokens: int = Field(description="what the model read, cache included")
+    output_tokens: int = Field(description="what it wrote")
+    tokens: int = Field(description="prompt_tokens + output_tokens")
+
+
+class ContextFigures(_Out):
+    """The figures `/status` and `/context` print, from the same report."""
+
+    window_tokens: int
+    window_source: str = Field(description="the window and where it came from, in words")
+    next_request_tokens: int = Field(
+        description="parley's estimate of the next request: system prompt, tools, history"
+    )
+    share: float = Field(description="next_request_tokens / window_tokens")
+    last_call: LastCallFigures | None = Field(
+        description="the last call as the model reported it; null before one, and after "
+        "a compaction until the next"
+    )
+    lines: list[str] = Field(description="the figures as `/status` and `/context` word them")
+
+
 class ContextBreakdown(_Out):
     session_id: str
     status: Literal["active", "archived"]
-    total_tokens: int
+    total_tokens: int = Field(description="figures.next_request_tokens")
     window_tokens: int
     share: float
+    figures: ContextFigures
     sections: list[ContextSection] = Field(description="sums to total_tokens; the bar")
     pruned: PrunedCounts
     report: dict[str, Any] = Field(description="the same object as `/context json`")

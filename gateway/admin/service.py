@@ -173,6 +173,7 @@ class AdminService:
             total_tokens=report.total_tokens,
             window_tokens=report.window,
             share=round(report.share, 4),
+            figures=s.ContextFigures.model_validate(report.figures()),
             sections=context_sections(report),
             pruned=pruned,
             report=report.to_dict(),

@@ -16,13 +16,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.context.config import WINDOW_HARD_MIN_TOKENS
 from parley.core.context.history import COMPACTION_SUMMARY_PREFIX
+from parley.core.context.report import LAST_CALL_LABEL, NEXT_REQUEST_LABEL, WINDOW_LABEL
 from parley.core.errors import OverloadedError
 from parley.core.messages import TextBlock, Usage
-from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse
+from parley.core.providers.base import (
+    STOP_END,
+    ModelFacts,
+    ProviderRequest,
+    ProviderResponse,
+)
 from parley.core.tokens import default_counter
 from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 from parley.gateway.app import Gateway
@@ -63,8 +71,11 @@ class Clock:
 class Model:
     """The scripted provider's responder: fixed summaries, echoed turns, believable usage."""
 
-    def __init__(self, *, cache_read_share: float = 0.0) -> None:
+    def __init__(self, *, cache_read_share: float = 0.0, tokenizer_ratio: float = 1.0) -> None:
         self.cache_read_share = cache_read_share
+        # The model's tokens per parley-counted token: a real model's tokenizer and chat
+        # template are not parley's, so its reports differ from the estimates.
+        self.tokenizer_ratio = tokenizer_ratio
         self.summary_requests: list[ProviderRequest] = []
         self.counter = default_counter()
 
@@ -73,7 +84,8 @@ class Model:
             self.summary_requests.append(request)
             return ProviderResponse((TextBlock(SUMMARY),), STOP_END, Usage(300, 120), MODEL)
         text = echo_text(request)
-        prompt = self.counter.request(request.system, request.messages, request.tools)
+        estimate = self.counter.request(request.system, request.messages, request.tools)
+        prompt = int(estimate * self.tokenizer_ratio)
         cached = int(prompt * self.cache_read_share)
         usage = Usage(prompt - cached, self.counter.text(text), cached)
         return ProviderResponse((TextBlock(text),), STOP_END, usage, MODEL)
@@ -284,7 +296,7 @@ async def test_context_list_detail_json_and_usage_never_call_the_model(
     assert re.search(r"MISSING\s+\| TOOLS\.md", listing)
     assert re.search(r"OK\s+\| AGENTS\.md", listing)
     assert "current_time" in listing and "History: 2 messages" in listing
-    assert f"{WINDOW:,} token window" in listing
+    assert f" / {WINDOW:,} tokens (" in listing
     assert await say(gateway, channel, "/context list") == listing
 
     detail = await say(gateway, channel, "/context detail")
@@ -339,7 +351,7 @@ async def test_status_shows_compactions_and_the_cache_read_share(tmp_path: Path)
     async with gateway:
         await seed(gateway, channel)
         status = await say(gateway, channel, "/status")
-        assert "compactions: 0" in status
+        assert f"Turns: {SEEDED_TURNS} · compactions: 0" in status
         parse_compacted(await say(gateway, channel, "/compact"))
         calls = len(provider.requests)
         status = await say(gateway, channel, "/status")
@@ -360,7 +372,138 @@ async def test_status_shows_compactions_and_the_cache_read_share(tmp_path: Path)
         )
         assert 0.5 < share < 0.75  # turns read 75% from cache; summaries read none
         assert f"Cache: {share:.0%} of prompt tokens read from cache" in status
-        assert f"Context: {record.context_tokens:,} / {WINDOW:,} tokens" in status
+        # The registry holds the compactor's estimate now; no model reported it.
+        assert f"{LAST_CALL_LABEL}: none since the latest compaction" in status
+
+
+# -- one set of figures on every surface ---------------------------------------------------
+
+
+async def inspector_context(gateway: Gateway, session_id: str) -> dict[str, Any]:
+    """What the inspector page reads: the admin API's context endpoint, over HTTP."""
+    assert gateway.http is not None
+    url = gateway.http.url(f"/api/sessions/{session_id}/context")
+    headers = {"Authorization": f"Bearer {gateway.http.token.value}"}
+    async with aiohttp.ClientSession() as client, client.get(url, headers=headers) as response:
+        assert response.status == 200
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+def figure_lines(text: str) -> list[str]:
+    labels = (WINDOW_LABEL, NEXT_REQUEST_LABEL, LAST_CALL_LABEL)
+    return [line for line in text.splitlines() if line.startswith(labels)]
+
+
+async def test_status_context_and_the_inspector_show_the_same_figures(tmp_path: Path) -> None:
+    gateway, channel, provider, _ = open_stack(
+        tmp_path, env=SMALL_WINDOW, model=Model(tokenizer_ratio=1.2)
+    )
+    async with gateway:
+        await seed(gateway, channel, turns=3)
+        record = await active(gateway)
+        calls = len(provider.requests)
+
+        status = await say(gateway, channel, "/status")
+        listing = await say(gateway, channel, "/context")
+        report = json.loads(await say(gateway, channel, "/context json"))
+        inspector = await inspector_context(gateway, record.session_id)
+
+        figures = inspector["figures"]
+        assert len(figures["lines"]) == 3
+        # The same lines, word for word, on all three surfaces, and the same numbers.
+        assert figure_lines(status) == figure_lines(listing) == figures["lines"]
+        assert report["figures"] == figures
+        assert figures["next_request_tokens"] == inspector["total_tokens"] == report["total_tokens"]
+        assert figures["window_tokens"] == inspector["window_tokens"] == WINDOW
+        window, estimate, called = figures["lines"]
+        assert (
+            window
+            == f'{WINDOW_LABEL}: {WINDOW:,} tokens, from your config (context.models."{MODEL}")'
+        )
+        assert estimate.startswith(
+            f"{NEXT_REQUEST_LABEL}: ~{report['total_tokens']:,} / {WINDOW:,} tokens ("
+        )
+        # The last call, as the model reported it: read (cache included) plus written.
+        last = provider.requests[-1]
+        sent = int(default_counter().request(last.system, last.messages, last.tools) * 1.2)
+        reply = default_counter().text(f"echo: {filler(2)}")
+        assert figures["last_call"] == {
+            "prompt_tokens": sent,
+            "output_tokens": reply,
+            "tokens": sent + reply,
+        }
+        assert (
+            called
+            == f"{LAST_CALL_LABEL}: {sent + reply:,} tokens ({sent:,} read + {reply:,} written)"
+        )
+        assert record.context_tokens == sent + reply
+        # Why two labelled figures: they differ (before, /status and the inspector's facts
+        # printed the one, /context and the inspector's bar the other, each as "Context").
+        assert figures["last_call"]["tokens"] > figures["next_request_tokens"] * 1.1
+        assert len(provider.requests) == calls  # none of it reached the model
+
+
+async def test_after_a_compaction_no_surface_calls_an_estimate_reported(small: Stack) -> None:
+    gateway, channel, _, _ = small
+    await seed(gateway, channel)
+    parse_compacted(await say(gateway, channel, "/compact"))
+    record = await active(gateway)
+    status = await say(gateway, channel, "/status")
+    inspector = await inspector_context(gateway, record.session_id)
+    none = f"{LAST_CALL_LABEL}: none since the latest compaction"
+    assert inspector["figures"]["last_call"] is None
+    assert figure_lines(status) == inspector["figures"]["lines"]
+    assert none in status and none in await say(gateway, channel, "/context")
+    # The next turn reports again, on every surface.
+    await say(gateway, channel, "and now?")
+    status = await say(gateway, channel, "/status")
+    inspector = await inspector_context(gateway, record.session_id)
+    assert inspector["figures"]["last_call"]["tokens"] == (await active(gateway)).context_tokens
+    assert figure_lines(status) == inspector["figures"]["lines"]
+
+
+class LlamaServer(ScriptedProvider):
+    """A llama.cpp server that published its window and said its template has no tools."""
+
+    supports_tools = False
+    context_window = 24_576
+
+    def __init__(self) -> None:
+        super().__init__("qwen2.5-3b-instruct")  # not in the built-in table by this name
+        self.facts = ModelFacts(
+            24_576, "llama.cpp /props", supports_tools=False, server="llama.cpp"
+        )
+
+
+async def test_status_says_where_the_window_came_from_and_whether_tools_are_offered(
+    tmp_path: Path,
+) -> None:
+    channel, provider = RecordingChannel(), LlamaServer()
+    gateway = Gateway(make_config(tmp_path), channels=[channel], provider=provider)
+    async with gateway:
+        status = await say(gateway, channel, "/status")  # before any conversation too
+        assert f"{WINDOW_LABEL}: 24,576 tokens, from the llama.cpp server (/props)" in status
+        assert "Tools: withheld: the llama.cpp server says the model cannot use them" in status
+        await say(gateway, channel, "hello")
+        status = await say(gateway, channel, "/status")
+        assert f"{WINDOW_LABEL}: 24,576 tokens, from the llama.cpp server (/props)" in status
+        assert "Tools: withheld" in status and provider.requests[-1].tools == ()
+        assert "Profile:" not in status  # none to show: the runtime has no profile object
+
+
+async def test_status_says_the_window_is_an_assumed_default(tmp_path: Path) -> None:
+    channel, provider = RecordingChannel(), ScriptedProvider("no-such-model")
+    gateway = Gateway(make_config(tmp_path), channels=[channel], provider=provider)
+    async with gateway:
+        status = await say(gateway, channel, "/status")
+    tools = len(gateway.rt.runner.tools.specs())
+    default = gateway.config.context.default_window
+    assert (
+        f"{WINDOW_LABEL}: {default:,} tokens, assumed default: set "
+        'context.models."no-such-model".context_tokens to the model\'s real window'
+    ) in status
+    assert f"Tools: offered ({tools})" in status
 
 
 # -- the guard --------------------------------------------------------------------------
@@ -397,14 +540,17 @@ async def test_compact_after_an_oversized_message_makes_room(tmp_path: Path) -> 
 
 
 async def test_a_window_below_the_minimum_is_refused_before_any_call(tmp_path: Path) -> None:
-    env = {"PARLEY_CONTEXT__MODELS": f'{{ "{MODEL}" = {{ context_tokens = 8000 }} }}'}
+    tiny = WINDOW_HARD_MIN_TOKENS // 2
+    env = {"PARLEY_CONTEXT__MODELS": f'{{ "{MODEL}" = {{ context_tokens = {tiny} }} }}'}
     gateway, channel, provider, _ = open_stack(tmp_path, env=env)
     async with gateway:
         reply = await say(gateway, channel, "hello")
-        assert "too small" in reply and "8,000" in reply
+        assert "too small" in reply and f"{tiny:,}" in reply
         assert "[context.models]" in reply
         assert provider.requests == []
         # /compact refuses the same way, and the info commands still answer.
         assert "too small" in await say(gateway, channel, "/compact")
-        assert "8,000" in await say(gateway, channel, "/status")
+        assert f"{WINDOW_LABEL}: {tiny:,} tokens, from your config" in await say(
+            gateway, channel, "/status"
+        )
         assert provider.requests == []

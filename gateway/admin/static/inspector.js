@@ -308,7 +308,6 @@ function sessionFacts(d) {
     ["Created", timeEl(d.created_at)],
     ["Updated", timeEl(d.updated_at)],
     ["Turns / entries", `${fmtInt(d.turn_count)} / ${fmtInt(d.entry_count)}`],
-    ["Context", `${fmtInt(d.context_tokens)} / ${fmtInt(d.window_tokens)} tokens`],
     ["Tokens in / out", `${fmtInt(t.input)} / ${fmtInt(t.output)}`],
     ["Cache read / write", `${fmtInt(t.cache_read)} / ${fmtInt(t.cache_write)}`],
     ["Cache-read share", fmtPct(d.cache_read_share)],
@@ -481,9 +480,12 @@ async function loadContext(gen) {
     return part;
   }));
 
+  // The figures exactly as /status and /context word them (one report serves all three):
+  // the window and its source, the next request's estimate, the last call's report.
   const share = typeof ctx.share === "number" ? ctx.share : pctOfWindow(ctx.total_tokens) / 100;
+  const lines = (ctx.figures && ctx.figures.lines) || [];
   const total = $("#context-total");
-  total.textContent = `${fmtInt(ctx.total_tokens)} / ${fmtInt(win)} tokens (${fmtPct(share)})`;
+  total.replaceChildren(...lines.map((line) => el("div", { class: "figure", text: line })));
   total.classList.toggle("over", share > 1);
 
   $("#context-legend").replaceChildren(...sections.map((s) =>

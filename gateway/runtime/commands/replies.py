@@ -1,6 +1,10 @@
 """The answers of the commands answered at once (``parsing.parse_info_command``):
 read-only views of the session and this conversation's own memory, and the notes
 ``/remember`` and ``/forget`` change. None of them waits for the session's lane.
+
+``/status``, ``/context`` and the admin inspector take a session's context figures from
+one report (``context_report``, printed by ``core.context.report.figure_lines``), so the
+three agree on the numbers and on what each one means.
 """
 
 from __future__ import annotations
@@ -10,7 +14,16 @@ import contextlib
 from typing import Any
 
 from parley.channels.base import InboundMessage
-from parley.core.context.report import ContextReport, build_context_report, render_context
+from parley.core.context.report import (
+    ContextReport,
+    build_context_report,
+    describe_profile,
+    describe_tools,
+    describe_window,
+    figure_lines,
+    last_call,
+    render_context,
+)
 from parley.core.context.view import ContextView
 from parley.core.errors import CoreError, TranscriptError
 from parley.core.memory.notes import NoteError
@@ -49,26 +62,60 @@ class CommandReplies:
             return await self.memory_text(route, message, info.argument)
         if info.name in ("remember", "forget"):
             return await self.note_text(route, message, info.name, info.argument)
-        return await self.status_text(route.key)
+        return await self.status_text(route.key, route.chat_type)
 
-    async def status_text(self, key: str) -> str:
+    async def status_text(self, key: str, chat_type: str = "direct") -> str:
         rt = self.rt
         record = await rt.registry.get_active(key)
-        # What the session's last turn or compaction in this process left: /status runs
-        # outside the lane and must not read the transcript while a turn writes it.
+        # What the session's last turn or compaction in this process left: the whole
+        # transcript is not re-read outside the lane for compaction counts.
         stats = rt.figures.peek(record.session_id) if record is not None else None
+        report = await self._current_report(record, chat_type)
         return format_status(
             record,
             key=key,
             model=rt.provider.model,
-            window=rt.window_for(record),
+            figures=figure_lines(report),
             now=rt.clock(),
             compactions=stats,
+            tools=self.tools_text(record),
+            profile=describe_profile(
+                getattr(rt, "profile", None) or getattr(rt.runner, "profile", None)
+            ),
         )
+
+    def tools_text(self, record: SessionRecord | None) -> str:
+        """Whether the session's model is offered tools, and who decided."""
+        rt = self.rt
+        runner, model = rt.runner, self.model_for(record)
+        override = rt.config.context.models.get(model.strip().lower())
+        return describe_tools(
+            bool(runner.offer_tools),
+            count=len(runner.tools.specs()),
+            model=model,
+            configured=override.tools if override is not None else None,
+            provider=rt.provider,
+        )
+
+    def model_for(self, record: SessionRecord | None) -> str:
+        """The session's model: its own setting, else the provider's (as ``window_for``)."""
+        model = record.settings.get("model") if record is not None else None
+        return model if isinstance(model, str) and model else self.rt.provider.model
+
+    def window_note(self, record: SessionRecord | None) -> str:
+        """The session's window and where it came from, in plain words."""
+        rt, model = self.rt, self.model_for(record)
+        facts = getattr(rt.provider, "facts", None) if model == rt.provider.model else None
+        return describe_window(rt.engine.window(model), model=model, facts=facts)
 
     async def context_text(self, route: SessionRoute, mode: str) -> str:
         """``/context [list|detail|json]``: what the next request would hold, by part."""
         record = await self.rt.registry.get_active(route.key)
+        report = await self._current_report(record, route.chat_type)
+        return render_context(report, mode or "list")
+
+    async def _current_report(self, record: SessionRecord | None, chat_type: str) -> ContextReport:
+        """The report on the session's live transcript, read outside the lane."""
         transcript = opened = None
         if record is not None:
             transcript = await self.transcripts.cached(record)
@@ -80,11 +127,11 @@ class CommandReplies:
                         self.rt.state.transcripts.open, record.session_id, read_only=True
                     )
         try:
-            report, _ = await self.context_report(record, transcript, route.chat_type)
+            report, _ = await self.context_report(record, transcript, chat_type)
         finally:
             if opened is not None:
                 opened.close()
-        return render_context(report, mode or "list")
+        return report
 
     async def context_report(
         self, record: SessionRecord | None, transcript: SessionTranscript | None, chat_type: str
@@ -96,24 +143,29 @@ class CommandReplies:
         tools = runner.tools.specs() if runner.offer_tools else ()
         history: list[Any] = []
         view = None
-        recall = None
+        recall = called = None
+        window = rt.window_for(record)
         if transcript is not None:
             live = transcript.live_entries()
-            view = engine.inspect_view(live, chat_type, window=rt.window_for(record))
+            view = engine.inspect_view(live, chat_type, window=window)
             history = view.messages
             recall = last_recall(live)  # what the last turn recalled from memory
+            # From the transcript, not the registry's context_tokens: after /compact
+            # that holds the compactor's estimate, which no model reported.
+            called = last_call(live)
         report = await asyncio.to_thread(
             build_context_report,
             prompt=prompt,
             tools=tools,
             history=history,
             counter=engine.counter,
-            window=rt.window_for(record),
+            window=window,
             workspace=rt.loaded.workspace,
             file_max_chars=rt.config.context.file_max_chars,
             total_max_chars=rt.config.context.total_max_chars,
-            session_tokens=record.context_tokens if record else None,
+            last_call=called,
             recall=recall,
+            window_note=self.window_note(record),
         )
         return report, view
 

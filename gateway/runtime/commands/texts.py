@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from parley.core.context.compaction.stats import CompactionStats
@@ -22,8 +23,9 @@ HELP_TEXT = """Commands:
               decisions, open asks and exact identifiers); focus: what to keep above all
 /context [list|detail|json]
               what the model is sent, part by part, in characters and tokens
-/status       this session: key and id, model, context used / window, compactions,
-              cache-read share, last update
+/status       this session: key and id, model, the context window and where
+              its size came from, the next request's estimate and the last
+              call's reported size, compactions, tools, cache-read share
 /memory status
               the long-term memory index: embedder, files and chunks, dirty files
 /memory search <query>
@@ -46,17 +48,29 @@ def format_status(
     *,
     key: str,
     model: str,
-    window: int,
+    figures: Sequence[str],
     now: datetime,
     compactions: CompactionStats | None = None,
+    tools: str | None = None,
+    profile: str | None = None,
 ) -> str:
+    """``/status``. ``figures``: the context figures exactly as ``/context`` and the
+    inspector print them (``core.context.report.figure_lines``)."""
+    about_model = []
+    if tools is not None:
+        about_model.append(f"Tools: {tools}")
+    if profile is not None:
+        about_model.append(f"Profile: {profile}")
     if record is None:
-        return (
-            f"Session: {key}\nNo conversation yet: the next message starts one.\n"
-            f"Model: {model} · window {window:,} tokens"
+        return "\n".join(
+            [
+                f"Session: {key}",
+                "No conversation yet: the next message starts one.",
+                f"Model: {model}",
+                *figures,
+                *about_model,
+            ]
         )
-    used = record.context_tokens
-    share = f" ({used / window:.0%})" if window else ""
     usage = record.usage
     prompt_tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
     cache_share = (
@@ -68,7 +82,9 @@ def format_status(
         f"Session: {record.key}",
         f"Id: {record.session_id} (started {_ago(record.created_at, now)})",
         f"Model: {record.model or model}",
-        f"Context: {used:,} / {window:,} tokens{share} · compactions: {record.compaction_count}",
+        *figures,
+        f"Turns: {record.turn_count} · compactions: {record.compaction_count}",
+        *about_model,
         f"Cache: {cache_share}",
         f"Usage so far: {usage.input_tokens:,} in, {usage.output_tokens:,} out, "
         f"{usage.cache_read_tokens:,} cache read, {usage.cache_write_tokens:,} cache write "
@@ -76,7 +92,7 @@ def format_status(
         f"Last update: {_ago(record.updated_at, now)}",
     ]
     if compactions is not None and compactions.count:
-        lines.insert(4, _compaction_line(compactions))
+        lines.insert(4 + len(figures), _compaction_line(compactions))
     if record.delivery_error:
         lines.append(f"Last delivery error: {record.delivery_error}")
     return "\n".join(lines)

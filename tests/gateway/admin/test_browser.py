@@ -40,7 +40,13 @@ CHROMIUM_ARGS = [
 AUDIENCE_RE = re.compile(r"^(person .+|conversation .+|agent-wide)$")
 TIMEOUT_MS = 15_000
 EXPECTED_NOISE = ("Failed to load resource", "WebSocket connection to")
-TOTAL_RE = re.compile(r"^[\d,]+ / [\d,]+ tokens \(\d+%\)$")
+# The figures as /status and /context word them: the window and its source, the next
+# request's estimate, the last call as the model reported it.
+FIGURES_RE = [
+    re.compile(r"^Context window: [\d,]+ tokens, .+$"),
+    re.compile(r"^Next request \(estimated\): ~[\d,]+ / [\d,]+ tokens \(\d+\.\d%\)$"),
+    re.compile(r"^Last call \(reported by the model\): .+$"),
+]
 
 
 class Tab:
@@ -74,6 +80,14 @@ async def tab() -> AsyncIterator[Tab]:
             assert tab.problems == []
         finally:
             await browser.close()
+
+
+async def say(server: Any, text: str) -> str:
+    """A message from the seeded session's own chat; the reply's text."""
+    channel = server.channel
+    before = len(channel.sent)
+    await server.gateway.handle_inbound(channel.inbound(text, sender="alice"))
+    return str((await channel.wait_sent(before + 1))[before].text)
 
 
 async def enter_token(page: Any, token: str) -> None:
@@ -130,7 +144,14 @@ async def test_inspector_shows_a_session(admin_server: Any, tab: Tab, tmp_path: 
         assert kind in {"system", "file", "tools", "summary", "history"}
         assert tokens >= 0
         assert width.endswith("%")
-    await expect(page.locator("#context-total")).to_have_text(TOTAL_RE, timeout=TIMEOUT_MS)
+    figures = page.locator("#context-total .figure")
+    await expect(figures).to_have_text(FIGURES_RE, timeout=TIMEOUT_MS)
+    # Word for word what /status says in the session's own chat (one report serves both).
+    status = await say(server, "/status")
+    labels = ("Context window:", "Next request (estimated):", "Last call (reported")
+    assert await figures.all_text_contents() == [
+        line for line in status.splitlines() if line.startswith(labels)
+    ]
     await expect(page.locator("#context-legend li")).to_have_count(len(widths))
     await expect(page.locator("#compactions .compaction-item").first).to_be_visible()
 
