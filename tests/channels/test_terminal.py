@@ -1,15 +1,21 @@
-"""The terminal channel: one reader for the whole run, whatever a message does."""
+"""The terminal channel: one reader for the whole run, whatever a message does; replies
+that stream printed once; line editing and history through prompt_toolkit's pipe input."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
 
-from parley.channels.base import InboundMessage, InboundNotStored
+from parley.channels.base import InboundMessage, InboundNotStored, OutboundMessage, ReplyDraft
 from parley.channels.config import TerminalConfig
 from parley.channels.terminal import TerminalChannel
+from parley.channels.terminal_screen import RETRY_NOTE, ReplyScreen
 
 
 async def test_a_failing_message_does_not_end_the_reader() -> None:
@@ -55,3 +61,181 @@ async def test_end_of_input_is_reported(lines: str) -> None:
         await asyncio.wait_for(closed.wait(), timeout=10)
     finally:
         await channel.stop()
+
+
+# -- replies that stream -----------------------------------------------------------------
+
+
+def draft(text: str, key: str = "k1", reset: str | None = None) -> ReplyDraft:
+    return ReplyDraft("terminal", "default", "local", key, text, reset=reset)  # type: ignore[arg-type]
+
+
+def final(text: str, key: str | None = "k1") -> OutboundMessage:
+    return OutboundMessage("terminal", "default", "local", text, idempotency_key=key)
+
+
+async def plain_channel() -> tuple[TerminalChannel, io.StringIO]:
+    stdout = io.StringIO()
+    channel = TerminalChannel(TerminalConfig(), stdin=io.StringIO(""), stdout=stdout)
+    return channel, stdout
+
+
+async def test_a_streamed_reply_is_printed_once() -> None:
+    channel, stdout = await plain_channel()
+    assert channel.capabilities.live_drafts
+    for text in ("Hel", "Hello wor", "Hello world\nSecond", "Hello world\nSecond line\n\n"):
+        await channel.draft(draft(text))
+    await channel.send(final("Hello world\nSecond line"))
+    # The reply goes on from its draft: every word once, the usual layout.
+    assert stdout.getvalue() == "parley> Hello world\n        Second line\n\n"
+    await channel.draft(draft("Hello world\nSecond line and more"))  # late: ignored
+    assert stdout.getvalue().count("Second line") == 1
+
+
+async def test_a_retry_says_so_and_the_reply_follows() -> None:
+    channel, stdout = await plain_channel()
+    await channel.draft(draft("The answer"))
+    await channel.draft(draft("Sorry,", reset="retry"))
+    await channel.send(final("Sorry, it is 42."))
+    assert stdout.getvalue() == (
+        f"parley> The answer\n        {RETRY_NOTE}\nparley> Sorry, it is 42.\n"
+    )
+
+
+async def test_a_reply_that_is_not_its_draft_is_printed_whole() -> None:
+    channel, stdout = await plain_channel()
+    await channel.draft(draft("Half a tho"))
+    await channel.send(final("The model could not be reached. Try again."))
+    assert stdout.getvalue() == (
+        "parley> Half a tho\nparley> The model could not be reached. Try again.\n"
+    )
+
+
+async def test_a_command_answered_mid_stream_does_not_double_the_draft() -> None:
+    channel, stdout = await plain_channel()
+    await channel.draft(draft("Once upon"))
+    await channel.send(final("Commands: /help", key="other"))
+    await channel.draft(draft("Once upon a time"))
+    await channel.send(final("Once upon a time."))
+    assert stdout.getvalue() == ("parley> Once upon\nparley> Commands: /help\nparley>  a time.\n")
+
+
+async def test_a_withdrawn_draft_ends_its_line() -> None:
+    channel, stdout = await plain_channel()
+    await channel.typing("local")
+    await channel.draft(draft("Thinking"))
+    await channel.draft(draft("", reset="withdrawn"))
+    await channel.send(final("next", key="k2"))
+    assert stdout.getvalue() == "parley> Thinking\nparley> next\n"
+
+
+def test_held_lines_show_whole_lines_only() -> None:
+    """With line editing the line being written stays in the prompt until it is whole."""
+    screen = ReplyScreen(hold_partial=True)
+    assert screen.draft(draft("One two")) == ""
+    assert screen.live == "parley> One two"
+    assert screen.draft(draft("One two\nThree")) == "parley> One two\n"
+    assert screen.live == "        Three"
+    # Text written before a tool call is kept as a line; the next call's text follows.
+    assert screen.draft(draft("Final", reset="next_call")) == "        Three\n"
+    assert screen.live == "parley> Final"
+    assert screen.reply("Final answer.", "k1") == "parley> Final answer.\n"
+    assert screen.live == "" and not screen.drafting
+    assert screen.draft(draft("Final answer. More")) == ""  # its reply is out
+
+
+def test_held_lines_drop_void_text_on_retry() -> None:
+    screen = ReplyScreen(hold_partial=True)
+    screen.draft(draft("never printed"))
+    assert screen.draft(draft("", reset="retry")) == ""  # only the prompt showed it
+    assert screen.live == ""
+    assert screen.reply("Fresh.", "k1") == "parley> Fresh.\n"
+
+
+# -- line editing --------------------------------------------------------------------------
+
+
+class Typist:
+    """A terminal with line editing driven through prompt_toolkit's pipe input."""
+
+    def __init__(self, history: Path | None) -> None:
+        self.seen: list[str] = []
+        self.closed = asyncio.Event()
+        self.stdout = io.StringIO()
+        self._pipe = create_pipe_input()
+        self.keys = self._pipe.__enter__()
+        self.channel = TerminalChannel(
+            TerminalConfig(),
+            stdout=self.stdout,
+            on_close=self.closed.set,
+            history_path=history,
+            line_editing=True,
+            terminal_input=self.keys,
+            terminal_output=DummyOutput(),
+        )
+
+    async def handler(self, message: InboundMessage) -> None:
+        self.seen.append(message.text)
+
+    async def lines(self, count: int) -> list[str]:
+        await until(lambda: len(self.seen) >= count)
+        return self.seen
+
+    async def close(self) -> None:
+        await self.channel.stop()
+        self._pipe.__exit__(None, None, None)
+
+
+async def until(condition: Callable[[], bool], limit_s: float = 10.0) -> None:
+    """Wait for ``condition``, which prompt_toolkit's own tasks and threads make true
+    (they signal nothing a test could await): checked every few ms, up to a deadline."""
+    async with asyncio.timeout(limit_s):
+        while not condition():  # noqa: ASYNC110 - no event exists to wait on
+            await asyncio.sleep(0.005)
+
+
+async def test_line_editing_keeps_history_across_runs(tmp_path: Path) -> None:
+    history = tmp_path / "terminal_history"
+    first = Typist(history)
+    await first.channel.start(first.handler)
+    first.keys.send_text("helo\x7flo there\r")  # a typo fixed with backspace
+    assert await first.lines(1) == ["hello there"]
+    first.keys.send_text("\x04")  # Ctrl-D: end of input
+    await asyncio.wait_for(first.closed.wait(), 10)
+    await first.close()
+    assert history.stat().st_mode & 0o777 == 0o600
+    assert "+hello there" in history.read_text()
+
+    second = Typist(history)
+    await second.channel.start(second.handler)
+    editor = second.channel._editor
+    assert editor is not None
+    # History loads on a thread while the prompt is up: wait until Up can reach it.
+    buffer = editor._session.default_buffer
+    await until(lambda: "hello there" in buffer._working_lines)
+    second.keys.send_text("\x1b[A\r")  # Up, Enter: the line from the last run again
+    assert await second.lines(1) == ["hello there"]
+    second.keys.send_text("typed\x03")  # Ctrl-C clears a line being typed ...
+    second.keys.send_text("\x03")  # ... and on an empty line ends input
+    await asyncio.wait_for(second.closed.wait(), 10)
+    assert second.seen == ["hello there"]
+    await second.close()
+
+
+async def test_line_editing_shows_the_line_being_written_and_working() -> None:
+    typist = Typist(None)
+    channel = typist.channel
+    await channel.start(typist.handler)
+    try:
+        assert channel._status() == []
+        await channel.typing("local")
+        assert "parley is working" in str(channel._status())
+        await channel.draft(draft("First line\nsecond"))
+        assert channel._status() == [("", "        second\n")]
+        await channel.send(final("First line\nsecond line"))
+        assert channel._status() == []  # the reply is out: nothing in progress
+        await until(lambda: "second line" in typist.stdout.getvalue())
+        assert typist.stdout.getvalue().count("First line") == 1
+        assert typist.stdout.getvalue().endswith("parley> First line\n        second line\n")
+    finally:
+        await typist.close()
