@@ -478,15 +478,17 @@ def _provider_origin(source: str, server: str) -> str:
 
 
 def describe_tools(
-    offered: bool, *, count: int, model: str, configured: bool | None, provider: object
+    offered: bool, *, count: int | None, model: str, configured: bool | None, provider: object
 ) -> str:
-    """Whether the model is offered tools, and when not, who said so: ``configured`` is
-    the operator's ``context.models."<id>".tools``, else the provider's facts
-    (``supports_tools``) decided."""
+    """Whether the model is offered tools (``count`` of them, when known), and when not,
+    who said so: ``configured`` is the operator's ``context.models."<id>".tools``, else
+    the provider's facts (``supports_tools``) decided."""
     key = f'context.models."{model}".tools'
     if offered:
-        how = f", as {key} = true says" if configured is True else ""
-        return f"offered ({count}{how})"
+        why = [str(count)] if count is not None else []
+        if configured is True:
+            why.append(f"as {key} = true says")
+        return "offered" + (f" ({', '.join(why)})" if why else "")
     if configured is False:
         return f"withheld: {key} = false"
     facts = getattr(provider, "facts", None)

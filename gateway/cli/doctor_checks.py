@@ -16,6 +16,13 @@ that still sit where everyone can reach them; ``--fix`` moves them
 
 The ``file modes`` check lists what under the home is open to group or others (every
 message is in there); ``--fix`` narrows it to owner-only (gateway/file_modes.py).
+
+The ``model`` check says what the gateway would decide about the model at start: its
+context window and where that figure came from (the server, when it publishes one:
+llama.cpp's ``/props``, Ollama, vLLM, the embedded model's file; else parley's table;
+else the config or the default), whether it is offered tools, and the profile. It asks
+the server as the gateway's start does, through the provider's optional ``discover()``,
+and words it as ``/status`` does (``core.context.report``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import TYPE_CHECKING, Literal
 import aiohttp
 
 from parley.core.errors import TranscriptError
+from parley.core.providers.base import ModelFacts
 from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
 from parley.gateway.admin.auth import check_setup
 from parley.gateway.config import LoadedConfig
@@ -38,7 +46,7 @@ from parley.gateway.errors import AdminServerError, GatewayError, StateError
 from parley.gateway.file_modes import find_wide_modes, narrow_modes
 from parley.gateway.home_upgrade.audiences import audience_check
 from parley.gateway.home_upgrade.state import StateMigrationError, Survey, migrate, survey
-from parley.gateway.providers import choose_provider
+from parley.gateway.providers import build_provider, choose_provider
 from parley.gateway.storage.sqlite.database import Database
 
 if TYPE_CHECKING:
@@ -86,7 +94,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
                 findings.append(Finding("memory", skipped, why))
             else:
                 findings.append(await _check_memory(loaded, db))
-            findings.append(await _check_provider(loaded))
+            findings += await _check_provider_and_model(loaded)
             findings += await _check_channels(loaded)
             if db is None:
                 findings.append(Finding("pairing", skipped, why))
@@ -104,7 +112,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
             findings.append(Finding("memory", "warning", "not checked: see migration"))
         else:
             findings.append(await _check_memory(loaded))
-        findings.append(await _check_provider(loaded))
+        findings += await _check_provider_and_model(loaded)
         findings += await _check_channels(loaded)
         if state_blocked:
             findings.append(Finding("pairing", "warning", "not checked: see migration"))
@@ -366,6 +374,72 @@ async def _check_provider(loaded: LoadedConfig) -> Finding:
     if status in (401, 403):
         return Finding("provider", "error", f"{choice.name}: {base} refused the API key ({status})")
     return Finding("provider", "ok", f"{choice.name} reachable at {base} (HTTP {status})")
+
+
+async def _check_provider_and_model(loaded: LoadedConfig) -> list[Finding]:
+    provider = await _check_provider(loaded)
+    # An unreachable server would only make the model check wait out its probes again.
+    return [provider, await _check_model(loaded, ask=provider.severity == "ok")]
+
+
+async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
+    """The model's window and its source, tools and profile, as the gateway would find
+    them at start; ``ask``: put the provider's questions to its server (``discover``)."""
+    from parley.core.context.engine import ContextEngine
+    from parley.core.context.report import describe_tools, describe_window
+    from parley.core.errors import WindowTooSmallError
+    from parley.gateway.app import tools_offered
+
+    config = loaded.config
+    try:
+        provider, _ = build_provider(config.providers)
+    except Exception as exc:  # a provider that cannot even be built: the finding says so
+        return Finding("model", "error", f"cannot set up the provider: {exc}")
+    try:
+        facts = await _discover(provider) if ask else None
+        model = provider.model
+        engine = ContextEngine(
+            config=config.context,
+            provider=provider,
+            retry=config.providers.retry,
+            max_output=config.agent.max_output_tokens,
+        )
+        info = engine.window(model)
+        override = config.context.models.get(model.strip().lower())
+        tools = describe_tools(
+            tools_offered(provider, config.context),
+            count=None,  # the registry is the gateway's (memory adds tools at start)
+            model=model,
+            configured=override.tools if override is not None else None,
+            provider=provider,
+        )
+        window = describe_window(info, model=model, facts=facts or getattr(provider, "facts", None))
+        profile = config.agent.profile
+        profile += " (chosen at start)" if profile == "auto" else ""
+        detail = f"{model}: window {window}; tools {tools}; profile {profile}"
+        if not ask:
+            detail += " (the server was not asked: see provider)"
+        try:
+            engine.check(model)
+        except WindowTooSmallError as exc:
+            return Finding("model", "error", f"{detail}. {exc}")
+        return Finding("model", "warning" if info.source == "default" else "ok", detail)
+    finally:
+        await provider.aclose()
+
+
+async def _discover(provider: object) -> ModelFacts | None:
+    """The provider's ``discover()`` when it has one. It never fails by contract; a
+    bound and a guard here keep a provider that breaks it from failing the doctor."""
+    discover = getattr(provider, "discover", None)
+    if not callable(discover):
+        return None
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_SECONDS * 2):
+            facts = await discover()
+    except Exception:  # the finding then shows what is known without the server
+        return None
+    return facts if isinstance(facts, ModelFacts) else None
 
 
 async def _probe(url: str, headers: dict[str, str]) -> tuple[int, object]:

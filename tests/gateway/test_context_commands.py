@@ -470,7 +470,7 @@ class LlamaServer(ScriptedProvider):
     context_window = 24_576
 
     def __init__(self) -> None:
-        super().__init__("qwen2.5-3b-instruct")  # not in the built-in table by this name
+        super().__init__("qwen2.5-3b-instruct")  # the table says 32,768: the server wins
         self.facts = ModelFacts(
             24_576, "llama.cpp /props", supports_tools=False, server="llama.cpp"
         )
