@@ -414,7 +414,7 @@ async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
             provider=provider,
         )
         window = describe_window(info, model=model, facts=facts or getattr(provider, "facts", None))
-        profile = config.agent.profile
+        profile: str = config.agent.profile
         profile += " (chosen at start)" if profile == "auto" else ""
         detail = f"{model}: window {window}; tools {tools}; profile {profile}"
         if not ask:
