@@ -69,8 +69,21 @@ class ServerError(ProviderError):
     retryable = True
 
 
+# What a context error is about, so a person is told what can help: the history
+# (/compact or /new can), the newest message alone (shorter parts can, nothing else),
+# or the system prompt and tools alone (only the operator can).
+CAUSE_HISTORY = "history"
+CAUSE_MESSAGE = "message"
+CAUSE_SYSTEM = "system"
+
+
 class ContextOverflowError(ProviderError):
-    """The request did not fit; ``observed_tokens``/``limit`` come from the error text if given."""
+    """The request did not fit; ``observed_tokens``/``limit`` come from the error text if given.
+
+    ``prompt_only``: the numbers count the prompt alone (a server that refuses only a
+    prompt longer than its window, or a reply stopped because the window filled);
+    None: not known (the provider's ``facts.prompt_only_window`` says). ``cause`` is set
+    when the turn is given up (``CAUSE_*``)."""
 
     def __init__(
         self,
@@ -80,10 +93,14 @@ class ContextOverflowError(ProviderError):
         status: int | None = None,
         observed_tokens: int | None = None,
         limit: int | None = None,
+        prompt_only: bool | None = None,
+        cause: str | None = None,
     ) -> None:
         super().__init__(message, provider=provider, status=status)
         self.observed_tokens = observed_tokens
         self.limit = limit
+        self.prompt_only = prompt_only
+        self.cause = cause
 
 
 class AuthenticationError(ProviderError):
@@ -113,7 +130,18 @@ class WindowTooSmallError(ContextError):
 
 
 class ContextBudgetError(ContextError):
-    pass
+    """``cause``: what does not fit (``CAUSE_HISTORY``, ``CAUSE_MESSAGE``, ``CAUSE_SYSTEM``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        used: int | None = None,
+        limit: int | None = None,
+        cause: str = CAUSE_HISTORY,
+    ) -> None:
+        super().__init__(message, used=used, limit=limit)
+        self.cause = cause
 
 
 class CompactionError(ContextError):

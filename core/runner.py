@@ -14,7 +14,14 @@ message (never in the system prompt) and what it injected is recorded in the ent
 ``meta["recall"]``. A failing memory index costs the turn its recall, nothing more.
 
 A context overflow reported by the provider is recovered by the engine (flush,
-compact, shrink) and retried, at most ``compaction.max_attempts`` times. Provider and
+compact, shrink) and retried, at most ``compaction.max_attempts`` times. So is a reply
+that stopped because the window filled (``STOP_OVERFLOW``, a llama.cpp server counting
+only the prompt): the turn's ``on_retry`` hook is called first (a UI drops the streamed
+text), the cut-off reply is recorded as a ``discarded_reply`` custom entry, which the
+view never resends, and the retry's reply is the answer. When recovery cannot make the
+request smaller, the cut-off reply is kept as the answer. Each request asks for at most
+the window's output reserve (``core.context.budget``), and the recall block is capped
+to the window's share. Provider and
 context errors propagate typed after a ``turn_error`` entry is written, so the session
 is never stuck and the next turn starts from a consistent transcript.
 """
@@ -24,16 +31,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from parley.core.agent_config import AgentConfig
+from parley.core.context.budget import recall_tokens
 from parley.core.context.config import ContextConfig
 from parley.core.context.engine import ContextEngine, PreparedView, TurnEvents, ViewRequest
-from parley.core.errors import ContextError, ContextOverflowError, CoreError, ProviderError
+from parley.core.context.history import is_turn_start
+from parley.core.errors import (
+    CAUSE_HISTORY,
+    CAUSE_MESSAGE,
+    ContextError,
+    ContextOverflowError,
+    CoreError,
+    ProviderError,
+)
 from parley.core.memory.audience import Viewer
 from parley.core.memory.recall import (
     RECALL_META_KEY,
@@ -44,7 +60,13 @@ from parley.core.memory.recall import (
 )
 from parley.core.messages import Message, TextBlock, ToolResultBlock, Usage
 from parley.core.prompt import SystemPromptBuilder, turn_context_block
-from parley.core.providers.base import STOP_OVERFLOW, Provider, ProviderRequest, TextCallback
+from parley.core.providers.base import (
+    STOP_OVERFLOW,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    TextCallback,
+)
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.providers.retry import call_with_retry
 from parley.core.tools.tool_registry import ToolContext, ToolRegistry
@@ -94,6 +116,39 @@ class TurnRequest:
 
 
 RetryHook = Callable[[int, ProviderError, float], None]
+# A reply the window cut off, recorded (not as a message) when a retry replaces it.
+DISCARDED_REPLY_TYPE = "discarded_reply"
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A reply that stopped because the window filled, and the request that got it."""
+
+    view: PreparedView
+    request: ProviderRequest
+    response: ProviderResponse
+    error: ContextOverflowError  # what the stop stands for (stopped_overflow)
+
+
+def stopped_overflow(response: ProviderResponse, provider: str) -> ContextOverflowError:
+    """The overflow a reply stopped by a full window stands for. Its numbers are the
+    prompt's (what the server read) and the window it filled (prompt plus what was
+    written before it stopped), so recovery learns a smaller window than configured."""
+    prompt = response.usage.context_tokens
+    return ContextOverflowError(
+        "the reply stopped because the model's context window filled up",
+        provider=provider,
+        observed_tokens=prompt or None,
+        limit=(prompt + response.usage.output_tokens) if prompt else None,
+        prompt_only=True,
+    )
+
+
+def _cause(messages: Sequence[Message]) -> str:
+    """What a request that never fits is made of: the newest turn alone (shorter parts
+    help, /compact and /new cannot) or history besides it."""
+    starts = [i for i, m in enumerate(messages) if is_turn_start(m)]
+    return CAUSE_MESSAGE if starts[-1:] == [0] or not starts else CAUSE_HISTORY
 
 
 class Runner:
@@ -151,7 +206,7 @@ class Runner:
                 # Built once for the turn: recall needs its system prompt (what is already
                 # in view), and every provider call of the turn sends it.
                 view_request = await self.view_request(turn.session_key, turn.model, turn.chat_type)
-                recall = await self._recall(transcript, turn, view_request.system)
+                recall = await self._recall(transcript, turn, view_request)
             # The recall block goes first: the engine protects the newest user words and
             # the turn context at the tail when it must shed text, and recalled notes are
             # the cheapest thing to lose. Either way it is in the volatile newest message.
@@ -181,41 +236,66 @@ class Runner:
         reply_parts: list[str] = []
         limit_reached = False
         view: PreparedView | None = None
+        # A reply the window cut off, held while recovery makes room for a retry; kept
+        # as the answer when recovery cannot make the request any smaller.
+        held: _Held | None = None
         while True:
             try:
                 view = await self.engine.prepare(transcript, view_request, events)
+            except ContextError as exc:
+                if held is None:
+                    self.engine.end_overflow_pressure(turn.session_key)
+                    await self._record_error(transcript, exc)
+                    raise
+                view = held.view  # no room for a retry: the held reply is kept below
+            if held is not None and view.messages == held.view.messages:
+                # Recovery changed nothing: the same request would stop the same way.
+                view, request, response, held = held.view, held.request, held.response, None
+            else:
+                if held is not None:
+                    # Retrying: a UI that showed the cut-off reply's streamed text drops it.
+                    if on_retry is not None:
+                        on_retry(overflows, held.error, 0.0)
+                    await self._record_discarded(transcript, held.response)
+                    held = None
                 request = ProviderRequest(
                     model=model,
                     system=system,
                     messages=view.messages,
                     tools=specs,
-                    max_tokens=self.agent.max_output_tokens,
+                    # The reply's reserve of the window (a quarter at most): a server
+                    # that counts max_tokens against its window refuses more than fits.
+                    max_tokens=min(self.agent.max_output_tokens, view.budget.output),
                 )
-                response = await call_with_retry(
-                    self.provider, request, self.retry, on_text, on_retry=on_retry
-                )
-            except ContextOverflowError as exc:
-                overflows += 1
-                if view is None or overflows > self.engine.config.compaction.max_attempts:
-                    self.engine.end_overflow_pressure(turn.session_key)
+                try:
+                    response = await call_with_retry(
+                        self.provider, request, self.retry, on_text, on_retry=on_retry
+                    )
+                except ContextOverflowError as exc:
+                    overflows += 1
+                    if overflows > self.engine.config.compaction.max_attempts:
+                        exc.cause = exc.cause or _cause(view.messages)
+                        self.engine.end_overflow_pressure(turn.session_key)
+                        await self._record_error(transcript, exc)
+                        raise
+                    await self._recover(transcript, view_request, view, exc, events)
+                    continue
+                except ProviderError as exc:
                     await self._record_error(transcript, exc)
                     raise
-                try:
-                    await self.engine.recover_overflow(transcript, view_request, view, exc, events)
-                except ContextError as failed:
-                    self.engine.end_overflow_pressure(turn.session_key)
-                    await self._record_error(transcript, failed)
-                    raise
-                continue
-            except ContextError as exc:
-                self.engine.end_overflow_pressure(turn.session_key)
-                await self._record_error(transcript, exc)
-                raise
-            except ProviderError as exc:
-                await self._record_error(transcript, exc)
-                raise
-            calls += 1
-            total = total + response.usage
+                calls += 1
+                total = total + response.usage
+                if (
+                    response.stop_reason == STOP_OVERFLOW
+                    and overflows < self.engine.config.compaction.max_attempts
+                ):
+                    # The window filled mid-answer: a cut-off reply is no answer. Make
+                    # room (compact, shrink) and ask again.
+                    overflows += 1
+                    stopped = stopped_overflow(response, self.provider.name)
+                    held = _Held(view, request, response, stopped)
+                    await self._recover(transcript, view_request, view, stopped, events)
+                    continue
             last_usage = response.usage
             stop_reason = response.stop_reason
             self.engine.record_call(
@@ -234,13 +314,18 @@ class Runner:
             if response.message.text:
                 reply_parts.append(response.message.text)
             if stop_reason == STOP_OVERFLOW:
-                # The window filled up mid-answer: keep what was said, run no half-formed
-                # tool call. With nothing said, the user is told (with /new as a way out).
+                # The window filled up mid-answer and recovery could not make room: keep
+                # what was said, run no half-formed tool call. With nothing said, the
+                # user is told.
                 if not reply_parts:
-                    raise ContextOverflowError(
+                    empty = ContextOverflowError(
                         "the model's context window filled up before it could answer",
                         provider=self.provider.name,
+                        prompt_only=True,
+                        cause=_cause(view.messages),
                     )
+                    await self._record_error(transcript, empty)
+                    raise empty
                 break
             uses = response.message.tool_uses
             if not uses or limit_reached:
@@ -294,17 +379,23 @@ class Runner:
         )
 
     async def _recall(
-        self, transcript: SessionTranscript, turn: TurnRequest, system: str
+        self, transcript: SessionTranscript, turn: TurnRequest, request: ViewRequest
     ) -> Recall | None:
-        """Recall for this turn's message; None when it found nothing to add or failed."""
+        """Recall for this turn's message; None when it found nothing to add or failed.
+        The block is capped to the window's share (``core.context.budget``): 1,500
+        tokens of notes would be most of a 2,048-token window."""
         assert self.recaller is not None
         try:
             live = transcript.live_entries()
+            window = self.engine.session_budget(request).window
             return await self.recaller.recall(
                 turn.user_text,
                 scopes=turn.memory_scopes,
                 previous=previous_user_text(live),
-                live=await asyncio.to_thread(LiveContext.from_entries, live, also=(system,)),
+                live=await asyncio.to_thread(
+                    LiveContext.from_entries, live, also=(request.system,)
+                ),
+                max_tokens=recall_tokens(window, self.recaller.budget_tokens),
             )
         except Exception as exc:
             # Recall is a help, not a step the turn depends on: a broken index, a slow
@@ -323,6 +414,39 @@ class Runner:
         specs = self.tools.specs() if self.offer_tools else ()
         return ViewRequest(
             session_key, system, tuple(specs), model or self.provider.model, chat_type
+        )
+
+    async def _recover(
+        self,
+        transcript: SessionTranscript,
+        request: ViewRequest,
+        view: PreparedView,
+        exc: ContextOverflowError,
+        events: TurnEvents,
+    ) -> None:
+        """The engine's overflow recovery; a failure there fails the turn, recorded."""
+        try:
+            await self.engine.recover_overflow(transcript, request, view, exc, events)
+        except ContextError as failed:
+            self.engine.end_overflow_pressure(request.session_key)
+            await self._record_error(transcript, failed)
+            raise
+
+    async def _record_discarded(
+        self, transcript: SessionTranscript, response: ProviderResponse
+    ) -> None:
+        """Keep a cut-off reply in the transcript as a custom entry: the record says what
+        the model wrote and what it cost, and the view, which never shows custom
+        entries, does not send it again."""
+        await asyncio.to_thread(
+            transcript.append_custom,
+            DISCARDED_REPLY_TYPE,
+            {
+                "text": response.message.text,
+                "stop_reason": response.stop_reason,
+                "usage": response.usage.to_dict(),
+                "model": response.model,
+            },
         )
 
     async def _record_error(self, transcript: SessionTranscript, exc: CoreError) -> None:

@@ -11,8 +11,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_CONTEXT_WINDOW = 200_000
-WINDOW_HARD_MIN_TOKENS = 16_000
-WINDOW_WARN_BELOW_TOKENS = 32_000
+# The smallest window that works: a 2,048-token llama.cpp server holds the system prompt
+# (about 300-450 tokens, 750 with tools), a 512-token reply and a few turns of history
+# (core.context.budget scales every figure down to it). Below 16,000 a warning says
+# to expect frequent compaction.
+WINDOW_HARD_MIN_TOKENS = 2_048
+WINDOW_WARN_BELOW_TOKENS = 16_000
 DEFAULT_RESERVE_TOKENS = 16_384
 DEFAULT_RESERVE_FLOOR_TOKENS = 20_000
 DEFAULT_SAFETY_MARGIN = 1.2

@@ -10,31 +10,34 @@
    recorded as a custom entry, which keeps the pruned view sticky;
 3. accounting: the session's ``ContextAccountant`` gives the context size (the last
    call's reported input plus a calibrated, margined estimate of what came after);
-4. the guard, against ONE threshold (``window − reserve − max_output``) shared by all
+4. the guard, against ONE threshold (``window − reserve − output``) shared by all
    three steps: the memory flush when within ``soft_threshold_tokens`` of it (once per
    compaction cycle), a compaction when past it, and a deterministic trim of the view
-   (``core.context.trim``) when the request would still not fit the window. A request
-   whose estimate exceeds
-   the window is never sent; when nothing can make it fit, ``ContextBudgetError`` says
-   how many tokens were needed and how many fit.
+   (``core.context.trim``) when the request would still not fit the window less the
+   reply's reserve. A request whose estimate exceeds that is never sent; when nothing
+   can make it fit, ``ContextBudgetError`` says how many tokens were needed, how many
+   fit, and whether the history, the newest message or the system prompt is too big.
 
-Beyond the token threshold, ``prepare`` compacts when ``compaction.max_messages``
-messages were written since the last compaction or ``compaction.max_age_seconds``
-passed (``core.context.compaction.triggers``), only at the start of a user turn. The
-view's message limit is ``history_messages``, derived from the window when neither it
-nor a turn limit is configured (``core.context.window.derived_history_messages``); it
-hides old messages from the model, and the next compaction folds them from the
-transcript.
-While a compaction runs the session is ``compacting``; ``idle`` waits it out.
+Every size comes from ``core.context.budget`` (``ContextBudget``, one per window).
 
-``recover_overflow`` is the reactive path when the provider still says "too long":
-calibrate from the numbers in the error, flush if this cycle has not, compact, and
-shrink the trim budget, so each of the runner's bounded attempts sends less.
+Beyond the token threshold, ``prepare`` compacts at the start of a user turn when
+``compaction.max_messages`` were written or ``max_age_seconds`` passed since the last
+compaction, or the view's message limit (``history_messages``, else derived from the
+window) hides messages (``core.context.compaction.triggers``). While a compaction runs
+the session is ``compacting``; ``idle`` waits it out.
+
+``recover_overflow`` is the reactive path when the provider still says "too long", or
+a reply stopped because the window filled: calibrate from the numbers in the error
+(prompt-only ones from a llama.cpp-like server), flush if this cycle has not, compact,
+and shrink the trim budget, so each of the runner's bounded attempts sends less.
+
+A model that cannot write summaries (``context.models.<id>.summaries = false``, or the
+provider's ``supports_summaries``) compacts with a strategy that needs no model call
+(``NO_MODEL_STRATEGY``) and gets no memory flush: its notes would be copies or loops.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -42,38 +45,46 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
+from parley.core.context.budget import (
+    ContextBudget,
+    context_budget,
+    plausible_count,
+    shrunk_scale,
+)
 from parley.core.context.compaction.compactor import (
     TRIGGER_MANUAL,
     TRIGGER_OVERFLOW,
     TRIGGER_THRESHOLD,
     CompactionOutcome,
-    Compactor,
+    build_compactor,
 )
 from parley.core.context.compaction.gate import CompactionGate
-from parley.core.context.compaction.summarizer import Summarizer
+from parley.core.context.compaction.strategies import strategy_without_model
 from parley.core.context.compaction.triggers import due_trigger
 from parley.core.context.config import ContextConfig
 from parley.core.context.flush import (
+    FLUSH_PROMPT,
     FlushOutcome,
     FlushTarget,
     MemoryFlusher,
     flush_due,
     flushed_this_cycle,
 )
-from parley.core.context.pruning import PRUNE_CUSTOM_TYPE, PruneDecision, decide
 from parley.core.context.session_state import SessionState, SessionStates
 from parley.core.context.trim import fit_view
 from parley.core.context.view import (
     ContextView,
     build_view,
     inspect_view,
-    last_call_at,
     max_messages,
+    record_prune,
 )
 from parley.core.context.window import (
     WindowInfo,
+    can_summarise,
     check_window,
-    compaction_threshold,
+    prompt_only_window,
+    provider_window,
     resolve_window,
 )
 from parley.core.errors import ContextBudgetError, ContextOverflowError
@@ -92,9 +103,6 @@ from parley.core.transcript_store import SessionTranscript
 
 log = logging.getLogger("parley.core.context")
 
-# After an overflow the trim budget shrinks at least this much per attempt.
-OVERFLOW_SHRINK = 0.85
-
 
 @dataclass(frozen=True, slots=True)
 class PreparedView:
@@ -103,6 +111,7 @@ class PreparedView:
     view_key: str
     window: int
     threshold: int
+    budget: ContextBudget  # the figures this view was planned with (output: max_tokens)
 
 
 @dataclass(slots=True)
@@ -145,6 +154,7 @@ class ContextEngine:
     ) -> None:
         self.config = config
         self.provider = provider
+        self.summary_provider = summary_provider or provider
         self.max_output = max_output
         self.counter = counter or default_counter()
         self.calibration = calibration or Calibration()
@@ -159,32 +169,11 @@ class ContextEngine:
             )
         )
         self._warned: set[str] = set()  # models already warned about a small window
-        compaction = config.compaction
-        # summary_retries counts retries: the first attempt comes on top, and each
-        # retry waits call_with_retry's exponential backoff (with jitter).
-        summary_retry = retry.model_copy(
-            update={"max_attempts": min(10, compaction.summary_retries + 1)}
-        )
-
-        def summarizer_for(model: str | None) -> Summarizer:
-            return Summarizer(
-                summary_provider or provider,
-                model=model,
-                counter=self.counter,
-                retry=summary_retry,
-                max_output_tokens=compaction.summary_max_tokens,
-                custom_instructions=compaction.custom_instructions,
-            )
-
-        self.compactor = Compactor(
-            summarizer=summarizer_for(compaction.model),
-            fallback_summarizer=(
-                summarizer_for(compaction.fallback_model) if compaction.fallback_model else None
-            ),
-            count=self.counter.entry,
-            count_message=self.counter.message,
-            count_text=self.counter.text,
-            config=compaction,
+        self.compactor = build_compactor(
+            config.compaction,
+            provider=self.summary_provider,
+            counter=self.counter,
+            retry=retry,
             checkpoints_dir=checkpoints_dir,
         )
         self.gate = CompactionGate()
@@ -200,20 +189,43 @@ class ContextEngine:
     # -- window -------------------------------------------------------------------------
 
     def window(self, model: str) -> WindowInfo:
-        return resolve_window(
-            model, self.config, provider_window=getattr(self.provider, "context_window", None)
-        )
+        own, source = provider_window(self.provider)
+        return resolve_window(model, self.config, provider_window=own, provider_source=source)
+
+    @property
+    def prompt_only(self) -> bool:
+        """Whether the provider's server counts only the prompt against its window."""
+        return prompt_only_window(self.provider)
+
+    def budget(self, window: int) -> ContextBudget:
+        """Every figure the engine plans with for ``window`` (``core.context.budget``)."""
+        return context_budget(window, self.config, self.max_output, prompt_only=self.prompt_only)
 
     def threshold(self, window: int) -> int:
-        return compaction_threshold(window, self.config.compaction, self.max_output)
+        return self.budget(window).threshold
 
-    def _limits(self, request: ViewRequest) -> tuple[SessionState, int, int]:
-        """The session's state, its window (the provider's reported one when smaller than
-        configured) and the threshold: one resolution for every path."""
+    def summaries(self, model: str) -> bool:
+        """Whether compaction may ask a model for summaries (and the flush for notes)."""
+        name = self.config.compaction.model or model
+        return can_summarise(self.config, self.summary_provider, name)
+
+    def _strategy(self, model: str) -> str | None:
+        """The compaction strategy to use instead of the configured one, if any."""
+        if self.summaries(model):
+            return None
+        return strategy_without_model(self.config.compaction.strategy)
+
+    def _limits(self, request: ViewRequest) -> tuple[SessionState, ContextBudget]:
+        """The session's state and the figures of its window (the provider's reported
+        one when smaller than configured): one resolution for every path."""
         info = self.check(request.model)
         state = self._state(request.session_key, request.model)
         window = min(info.tokens, state.window_cap or info.tokens)
-        return state, window, self.threshold(window)
+        return state, self.budget(window)
+
+    def session_budget(self, request: ViewRequest) -> ContextBudget:
+        """The figures of the session's window now (refused below the minimum)."""
+        return self._limits(request)[1]
 
     def check(self, model: str) -> WindowInfo:
         """Refuse a run on a window below the hard minimum, before any provider call."""
@@ -277,52 +289,21 @@ class ContextEngine:
         """``view`` plus the counts of what pruning and the history limits left out."""
         return inspect_view(self.config, entries, chat_type, window)
 
-    async def _prune(
-        self,
-        transcript: SessionTranscript,
-        messages: list[Message],
-        decisions: Sequence[PruneDecision],
-        window: int,
-        events: TurnEvents,
-    ) -> bool:
-        settings = self.config.pruning
-        if settings.mode == "off":
-            return False
-        decision = decide(
-            messages,
-            now=self.now(),
-            last_call_at=last_call_at(transcript.live_entries()),
-            window_tokens=window,
-            settings=settings,
-            already=decisions,
-        )
-        if decision is None:
-            return False
-        await asyncio.to_thread(transcript.append_custom, PRUNE_CUSTOM_TYPE, decision.to_dict())
-        events.prunes += 1
-        log.info(
-            "pruned session=%s reason=%s soft=%d hard=%d ratio %.2f→%.2f",
-            transcript.header.key,
-            decision.reason,
-            len(decision.soft),
-            len(decision.hard),
-            decision.ratio_before,
-            decision.ratio_after,
-        )
-        return True
-
     # -- prepare ------------------------------------------------------------------------
 
     async def prepare(
         self, transcript: SessionTranscript, request: ViewRequest, events: TurnEvents
     ) -> PreparedView:
-        state, window, threshold = self._limits(request)
-        limit = window - self.max_output
+        state, budget = self._limits(request)
+        window, threshold = budget.window, budget.threshold
 
         messages, key, decisions = build_view(
             self.config, transcript.live_entries(), request.chat_type, window
         )
-        if await self._prune(transcript, messages, decisions, window, events):
+        if await record_prune(
+            transcript, messages, decisions, self.config, window=window, now=self.now()
+        ):
+            events.prunes += 1
             messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
         size = self._measure(state, request, messages, key)
 
@@ -333,19 +314,13 @@ class ContextEngine:
             live_bytes=transcript.cycle_bytes,
             config=self.config.flush,
         ):
-            await self._flush(transcript, request, messages, limit, TRIGGER_THRESHOLD, events)
+            await self._flush(transcript, request, messages, budget, TRIGGER_THRESHOLD, events)
 
+        outcome: CompactionOutcome | None = None
         if size.tokens > threshold and self._may_compact(state, transcript):
             outcome = await self._compact(
-                transcript, request, window, threshold, size.tokens, TRIGGER_THRESHOLD, events
+                transcript, request, budget, size.tokens, TRIGGER_THRESHOLD, events
             )
-            if outcome.compacted:
-                messages, key = self.view(
-                    transcript.live_entries(), request.chat_type, window=window
-                )
-                size = self._measure(state, request, messages, key)
-            else:
-                state.compaction_blocked_at = _last_entry_id(transcript)
         elif self._may_compact(state, transcript) and (
             trigger := due_trigger(
                 transcript.live_entries(),
@@ -355,19 +330,19 @@ class ContextEngine:
             )
         ):
             outcome = await self._compact_due(
-                transcript, request, messages, window, threshold, size.tokens, trigger, events
+                transcript, request, messages, budget, size.tokens, trigger, events
             )
-            if outcome.compacted:
-                messages, key = self.view(
-                    transcript.live_entries(), request.chat_type, window=window
-                )
-                size = self._measure(state, request, messages, key)
-            else:
-                state.compaction_blocked_at = _last_entry_id(transcript)
+        if outcome is not None and outcome.compacted:
+            messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
+            size = self._measure(state, request, messages, key)
+        elif outcome is not None:
+            state.compaction_blocked_at = _last_entry_id(transcript)
 
-        budget = int(limit * state.budget_scale)
-        if size.tokens > budget:
-            messages, trimmed = self._fit(state, request, messages, budget)
+        # Positive whatever happened before: the limit leaves three quarters of the
+        # window at least, and an overflow shrinks it to MIN_BUDGET_SCALE of that at most.
+        trim_budget = max(1, int(budget.limit * state.budget_scale))
+        if size.tokens > trim_budget:
+            messages, trimmed = self._fit(state, request, messages, trim_budget)
             events.trims += trimmed
             key = f"{key}|trim:{trimmed}"
             size = self._measure(state, request, messages, key)
@@ -375,9 +350,9 @@ class ContextEngine:
                 "session %s: view trimmed by %d item(s) to fit %d tokens",
                 request.session_key,
                 trimmed,
-                budget,
+                trim_budget,
             )
-        return PreparedView(tuple(messages), size, key, window, threshold)
+        return PreparedView(tuple(messages), size, key, window, threshold, budget)
 
     def _measure(
         self, state: SessionState, request: ViewRequest, messages: Sequence[Message], key: str
@@ -421,18 +396,24 @@ class ContextEngine:
         transcript: SessionTranscript,
         request: ViewRequest,
         messages: Sequence[Message],
-        budget: int,
+        budget: ContextBudget,
         trigger: str,
         events: TurnEvents,
+        *,
+        view_tokens: int | None = None,
     ) -> None:
-        """The memory flush over the view trimmed to ``budget``. A view that cannot be
-        made to fit gets no flush: the compaction that follows must still run. Without
-        a flush target (no private notes) there is nowhere to write: no flush."""
-        if self.flusher.target is None:
+        """The memory flush over the view trimmed to fit beside the flush prompt and its
+        answer (``view_tokens``: a tighter cap). A view that cannot be made to fit gets no
+        flush: the compaction that follows must still run. Without a flush target (no
+        private notes) there is nowhere to write, and a model that cannot summarise
+        would write copies or loops: no flush."""
+        if self.flusher.target is None or not self.summaries(request.model):
             return
         state = self._state(request.session_key, request.model)
+        room = budget.window - budget.flush_output - self.counter.text(FLUSH_PROMPT) - 16
+        fit_to = min(room, view_tokens) if view_tokens is not None else room
         try:
-            fitted, _ = self._fit(state, request, messages, budget)
+            fitted, _ = self._fit(state, request, messages, max(1, fit_to))
         except ContextBudgetError:
             log.warning("session %s: no memory flush, the view does not fit", request.session_key)
             return
@@ -442,7 +423,7 @@ class ContextEngine:
             tools=request.tools,
             messages=fitted,
             model=request.model,
-            max_output=min(self.max_output, 2048),
+            max_output=budget.flush_output,
             trigger=trigger,
         )
         events.flushes.append(outcome)
@@ -452,8 +433,7 @@ class ContextEngine:
         self,
         transcript: SessionTranscript,
         request: ViewRequest,
-        window: int,
-        threshold: int,
+        budget: ContextBudget,
         tokens_before: int,
         trigger: str,
         events: TurnEvents,
@@ -464,11 +444,13 @@ class ContextEngine:
             outcome = await self.compactor.compact(
                 transcript,
                 trigger=trigger,
-                window=window,
-                threshold=threshold,
+                window=budget.window,
+                threshold=budget.threshold,
                 base_tokens=base,
                 tokens_before=tokens_before,
                 focus=focus,
+                budget=budget,
+                strategy=self._strategy(request.model),
             )
         events.compactions.append(outcome)
         events.usage = events.usage + outcome.usage
@@ -483,8 +465,7 @@ class ContextEngine:
         transcript: SessionTranscript,
         request: ViewRequest,
         messages: Sequence[Message],
-        window: int,
-        threshold: int,
+        budget: ContextBudget,
         view_tokens: int,
         trigger: str,
         events: TurnEvents,
@@ -493,11 +474,13 @@ class ContextEngine:
         since the session may be far below the flush's own token trigger."""
         async with self.gate.hold(request.session_key):
             entries = transcript.live_entries()
-            if isinstance(self.compactor.plan(entries, threshold=threshold, trigger=trigger), str):
+            plan = self.compactor.plan(
+                entries, threshold=budget.threshold, trigger=trigger, budget=budget
+            )
+            if isinstance(plan, str):
                 return CompactionOutcome("skipped", trigger, "nothing to fold")
             if self.config.flush.enabled and not flushed_this_cycle(entries):
-                limit = window - self.max_output
-                await self._flush(transcript, request, messages, limit, trigger, events)
+                await self._flush(transcript, request, messages, budget, trigger, events)
             # The view may be cut by the history limit; the fold covers the whole live
             # window, and the figures recorded should say so.
             base = self.counter.text(request.system) + self.counter.tools(request.tools)
@@ -505,7 +488,7 @@ class ContextEngine:
                 self.counter.entry(e) for e in transcript.live_entries() if e.type == ENTRY_MESSAGE
             )
             return await self._compact(
-                transcript, request, window, threshold, max(view_tokens, live), trigger, events
+                transcript, request, budget, max(view_tokens, live), trigger, events
             )
 
     async def compact_now(
@@ -513,20 +496,24 @@ class ContextEngine:
     ) -> tuple[CompactionOutcome, TurnEvents]:
         """``/compact [focus]``: flush first (once per cycle), then compact regardless of size."""
         events = TurnEvents()
-        state, window, threshold = self._limits(request)
-        messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
+        state, budget = self._limits(request)
+        messages, key = self.view(
+            transcript.live_entries(), request.chat_type, window=budget.window
+        )
         size = self._measure(state, request, messages, key)
         skip = self.compactor.plan(
-            transcript.live_entries(), threshold=threshold, trigger=TRIGGER_MANUAL
+            transcript.live_entries(),
+            threshold=budget.threshold,
+            trigger=TRIGGER_MANUAL,
+            budget=budget,
         )
         if isinstance(skip, str):  # known without a model call: no flush for nothing
             return CompactionOutcome("skipped", TRIGGER_MANUAL, skip), events
         async with self.gate.hold(request.session_key):
             if self.config.flush.enabled and not flushed_this_cycle(transcript.live_entries()):
-                limit = window - self.max_output
-                await self._flush(transcript, request, messages, limit, TRIGGER_MANUAL, events)
+                await self._flush(transcript, request, messages, budget, TRIGGER_MANUAL, events)
             outcome = await self._compact(
-                transcript, request, window, threshold, size.tokens, TRIGGER_MANUAL, events, focus
+                transcript, request, budget, size.tokens, TRIGGER_MANUAL, events, focus
             )
         return outcome, events
 
@@ -538,10 +525,15 @@ class ContextEngine:
         exc: ContextOverflowError,
         events: TurnEvents,
     ) -> None:
-        """The provider refused the request as too long: make the next attempt smaller."""
+        """The provider refused the request as too long, or its reply stopped because
+        the window filled: make the next attempt smaller."""
         state = self._state(request.session_key, request.model)
+        prompt_only = exc.prompt_only if exc.prompt_only is not None else self.prompt_only
         estimated = self.counter.request(request.system, view.messages, request.tools)
-        if exc.observed_tokens:
+        # A count far from the estimate describes some other request (a reply's usage
+        # of one token): its numbers are not believed.
+        trusted = not exc.observed_tokens or plausible_count(exc.observed_tokens, estimated)
+        if exc.observed_tokens and trusted:
             # The error's count is the truth about this request: calibrate on it.
             self.calibration.observe(
                 self.provider.name,
@@ -550,38 +542,39 @@ class ContextEngine:
                 reported=exc.observed_tokens,
             )
         window = view.window
-        if exc.limit and exc.limit < window:
+        if exc.limit and trusted and exc.limit < window:
             # The provider's window is smaller than configured: believe the provider.
             state.window_cap = window = exc.limit
-        threshold = self.threshold(window)
+        budget = self.budget(window)
         entries = transcript.live_entries()
         if self.config.flush.enabled and not flushed_this_cycle(entries):
-            half = int(window * 0.5)
-            await self._flush(transcript, request, view.messages, half, TRIGGER_OVERFLOW, events)
-        limit = window
+            await self._flush(
+                transcript,
+                request,
+                view.messages,
+                budget,
+                TRIGGER_OVERFLOW,
+                events,
+                view_tokens=window // 2,
+            )
         observed = exc.observed_tokens or math.ceil(view.size.tokens * 1.25)
         compacted = False
         if self.config.compaction.enabled:
             outcome = await self._compact(
-                transcript,
-                request,
-                window,
-                threshold,
-                observed,
-                TRIGGER_OVERFLOW,
-                events,
+                transcript, request, budget, observed, TRIGGER_OVERFLOW, events
             )
             compacted = outcome.compacted
         state.accountant.reset()
         if not compacted:
-            scale = min(OVERFLOW_SHRINK, (limit - self.max_output) / max(observed, 1))
-            state.budget_scale = max(0.05, state.budget_scale * scale)
+            limit = exc.limit if exc.limit and trusted else window
+            state.budget_scale = shrunk_scale(state.budget_scale, budget, observed, limit)
         log.warning(
-            "context overflow in session %s (%s / %s tokens): %s",
+            "context overflow in session %s (%s / %s tokens%s): %s",
             request.session_key,
             exc.observed_tokens,
             exc.limit,
-            "compacted" if compacted else f"trimming to {state.budget_scale:.2f} of the window",
+            ", prompt only" if prompt_only else "",
+            "compacted" if compacted else f"trimming to {state.budget_scale:.2f} of the limit",
         )
 
     # -- deterministic trim -------------------------------------------------------------

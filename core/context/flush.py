@@ -16,17 +16,24 @@ system prompt and history so the provider's prompt cache pays for most of it.
 The outcome is recorded as a ``memory_flush`` custom entry; that entry is also what
 "already flushed in this cycle" means: one after the latest compaction. The flush turn
 itself is not part of the conversation, so its messages are not in the transcript.
+
+A small model loops ("- the user likes tea" forty times): a note where repeated
+``REPEAT_NGRAM``-word runs cover more than half the words (``repetition_share``) is
+de-looped (repeated lines dropped) and written only when what is left is no loop any
+more; otherwise nothing is written and the outcome says why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Literal
 
+from parley.core.context.budget import flush_soft_tokens
 from parley.core.context.config import FlushConfig
 from parley.core.errors import ProviderError
 from parley.core.memory.audience import Audience
@@ -60,6 +67,49 @@ FLUSH_PROMPT = (
 )
 
 FlushStatus = Literal["written", "nothing", "failed"]
+# Runs of this many words that recur make a note a loop; five words are longer than
+# the stock phrases a real note repeats ("- The user prefers"), and any period a
+# looping model falls into repeats all of its five-word runs.
+REPEAT_NGRAM = 5
+MAX_REPEAT_SHARE = 0.5
+REPETITIVE_REASON = "the note was mostly repetition (a looping model); nothing written"
+_WORD = re.compile(r"\w+")
+
+
+def repetition_share(text: str, n: int = REPEAT_NGRAM) -> float:
+    """The share of ``text``'s words inside a run of ``n`` words that occurs more than
+    once (0.0 for a text too short to tell)."""
+    words = [w.casefold() for w in _WORD.findall(text)]
+    if len(words) < 2 * n:
+        return 0.0
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    seen: dict[tuple[str, ...], int] = {}
+    for gram in grams:
+        seen[gram] = seen.get(gram, 0) + 1
+    covered = [False] * len(words)
+    for start, gram in enumerate(grams):
+        if seen[gram] > 1:
+            covered[start : start + n] = [True] * n
+    return sum(covered) / len(words)
+
+
+def deloop(text: str) -> str | None:
+    """``text`` when it is no loop; else its lines without repeats, when that is no loop
+    any more; else None (nothing worth writing)."""
+    if repetition_share(text) <= MAX_REPEAT_SHARE:
+        return text
+    lines: list[str] = []
+    seen: set[str] = set()
+    for line in text.splitlines():
+        key = " ".join(_WORD.findall(line.casefold()))
+        if key and key in seen:
+            continue
+        seen.add(key)
+        lines.append(line)
+    kept = "\n".join(lines).strip()
+    if not kept or repetition_share(kept) > MAX_REPEAT_SHARE:
+        return None
+    return kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +159,7 @@ def flush_due(
 ) -> bool:
     if not config.enabled or not _may_flush(entries):
         return False
-    # On a small window the soft zone would cover most of the threshold (a flush right
-    # after every compaction): it never takes more than a quarter of it.
-    soft = min(config.soft_threshold_tokens, threshold // 4)
+    soft = flush_soft_tokens(config, threshold)
     near = tokens >= threshold - soft
     big = config.force_transcript_bytes > 0 and live_bytes >= config.force_transcript_bytes
     return near or big
@@ -179,10 +227,29 @@ class MemoryFlusher:
             outcome = FlushOutcome("failed", trigger, reason=f"{type(exc).__name__}: {exc.message}")
         else:
             text = response.message.text.strip()
-            if not text or text == SILENT_REPLY:
+            note = deloop(text[:MAX_NOTE_CHARS]) if text and text != SILENT_REPLY else ""
+            if note is None:
+                log.warning(
+                    "memory flush session=%s: the note was mostly repetition (%d chars); "
+                    "nothing written",
+                    transcript.header.key,
+                    len(text),
+                )
+                outcome = FlushOutcome(
+                    "nothing", trigger, reason=REPETITIVE_REASON, usage=response.usage
+                )
+            elif not note:
                 outcome = FlushOutcome("nothing", trigger, usage=response.usage)
             else:
-                text = text[:MAX_NOTE_CHARS]
+                if note != text[:MAX_NOTE_CHARS]:
+                    log.warning(
+                        "memory flush session=%s: repeated lines dropped from a looping "
+                        "note (%d → %d chars)",
+                        transcript.header.key,
+                        len(text),
+                        len(note),
+                    )
+                text = note
                 try:
                     relative = await asyncio.to_thread(
                         target.notes.append_flush, audience, when, text

@@ -20,7 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from parley.core.context.history import is_summary_block, is_turn_start, repair_history
-from parley.core.errors import ContextBudgetError
+from parley.core.errors import (
+    CAUSE_HISTORY,
+    CAUSE_MESSAGE,
+    CAUSE_SYSTEM,
+    ContextBudgetError,
+)
 from parley.core.messages import Message, TextBlock, ToolResultBlock
 from parley.core.prompt import is_recall_block, is_turn_context
 
@@ -77,13 +82,32 @@ def fit_view(
         trimmed += dropped
     needed = total(fitted)
     if needed > budget:
+        cause = _cause(fitted, budget, total)
         raise ContextBudgetError(
             f"the request needs about {needed:,} tokens but only {budget:,} fit the "
-            f"model's window even after trimming the history",
+            f"model's window {_CAUSE_TEXT[cause]}",
             used=needed,
             limit=budget,
+            cause=cause,
         )
     return fitted, trimmed
+
+
+_CAUSE_TEXT = {
+    CAUSE_HISTORY: "even after trimming the history",
+    CAUSE_MESSAGE: "with the newest message alone",
+    CAUSE_SYSTEM: "with the system prompt and tools alone",
+}
+
+
+def _cause(fitted: Sequence[Message], budget: int, total: RequestTotal) -> str:
+    """What keeps a trimmed view over ``budget``: the system prompt and tools alone, the
+    newest turn alone, or what is left of the history (a summary) with it."""
+    if total([]) > budget:
+        return CAUSE_SYSTEM
+    if total(fitted[_last_turn_start(fitted) :]) > budget:
+        return CAUSE_MESSAGE
+    return CAUSE_HISTORY
 
 
 def _drop_merged_text(

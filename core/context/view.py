@@ -14,21 +14,27 @@ the counts of what pruning and the history limits left out.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from parley.core.context.budget import derived_history_messages, scaled_pruning
 from parley.core.context.config import ContextConfig
 from parley.core.context.history import build_history, is_turn_start
 from parley.core.context.pruning import (
     PRUNE_CUSTOM_TYPE,
     PruneDecision,
     apply_decisions,
+    decide,
     recorded_decisions,
 )
-from parley.core.context.window import derived_history_messages
 from parley.core.messages import Message
 from parley.core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
+from parley.core.transcript_store import SessionTranscript
+
+log = logging.getLogger("parley.core.pruning")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +95,13 @@ def build_view(
     config: ContextConfig, entries: Sequence[Entry], chat_type: str, window: int | None = None
 ) -> tuple[list[Message], str, list[PruneDecision]]:
     """The view of ``entries``, its key, and the recorded prunes it applied. ``window``
-    sizes the derived message limit (default: ``default_window``)."""
-    limit = max_messages(config, chat_type, window or config.default_window)
+    sizes the derived message limit and the pruning figures (default: ``default_window``)."""
+    window = window or config.default_window
+    limit = max_messages(config, chat_type, window)
     messages = build_history(entries, max_turns=max_turns(config, chat_type), max_messages=limit)
     decisions = recorded_decisions(entries)
     if decisions:
-        messages = apply_decisions(messages, decisions, config.pruning)
+        messages = apply_decisions(messages, decisions, scaled_pruning(config.pruning, window))
     # The key names what makes this view differ from a plain continuation of the
     # previous one: a compaction, a prune, or (with a turn limit) a new first message.
     key = (
@@ -123,3 +130,39 @@ def inspect_view(
     trimmed = {i for d in decisions for i in d.soft}
     cleared = {i for d in decisions for i in d.hard}
     return ContextView(messages, len(trimmed - cleared), len(cleared), dropped)
+
+
+async def record_prune(
+    transcript: SessionTranscript,
+    messages: list[Message],
+    decisions: Sequence[PruneDecision],
+    config: ContextConfig,
+    *,
+    window: int,
+    now: datetime,
+) -> PruneDecision | None:
+    """Decide the next prune of ``messages`` (``core.context.pruning.decide``, with the
+    window's scaled figures) and record it in the transcript; None when none is due."""
+    if config.pruning.mode == "off":
+        return None
+    decision = decide(
+        messages,
+        now=now,
+        last_call_at=last_call_at(transcript.live_entries()),
+        window_tokens=window,
+        settings=scaled_pruning(config.pruning, window),
+        already=decisions,
+    )
+    if decision is None:
+        return None
+    await asyncio.to_thread(transcript.append_custom, PRUNE_CUSTOM_TYPE, decision.to_dict())
+    log.info(
+        "pruned session=%s reason=%s soft=%d hard=%d ratio %.2f→%.2f",
+        transcript.header.key,
+        decision.reason,
+        len(decision.soft),
+        len(decision.hard),
+        decision.ratio_before,
+        decision.ratio_after,
+    )
+    return decision

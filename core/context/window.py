@@ -21,14 +21,38 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from parley.core.context.config import CompactionConfig, ContextConfig
+from parley.core.context.budget import (
+    HISTORY_MESSAGE_BANDS,
+    HISTORY_MESSAGES_ABOVE_BANDS,
+    compaction_threshold,
+    derived_history_messages,
+    effective_reserve,
+)
+from parley.core.context.config import ContextConfig
 from parley.core.errors import WindowTooSmallError
 
 log = logging.getLogger("parley.core.window")
 
 CLAUDE_1M_SUFFIX = "[1m]"
 CLAUDE_1M_WINDOW = 1_000_000
-SMALL_WINDOW_PROMPT_TOKENS = 8_000  # a small window keeps at least min(this, window/2)
+
+# The sizes planned from the window live in core.context.budget; these names stay
+# importable from here, where they were first defined.
+__all__ = [
+    "HISTORY_MESSAGES_ABOVE_BANDS",
+    "HISTORY_MESSAGE_BANDS",
+    "KNOWN_CONTEXT_WINDOWS",
+    "WindowInfo",
+    "can_summarise",
+    "check_window",
+    "compaction_threshold",
+    "derived_history_messages",
+    "effective_reserve",
+    "known_window",
+    "prompt_only_window",
+    "provider_window",
+    "resolve_window",
+]
 
 KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = MappingProxyType(
     {
@@ -78,6 +102,8 @@ class WindowInfo:
     tokens: int
     source: WindowSource
     capped: bool  # True when agent_max_tokens lowered the window
+    # Where the provider's figure came from ("llama.cpp /props"), for messages.
+    detail: str = ""
 
 
 def _table_lookup(model_id: str) -> int | None:
@@ -111,11 +137,16 @@ def known_window(model: str) -> int | None:
 
 
 def resolve_window(
-    model: str, config: ContextConfig, *, provider_window: int | None = None
+    model: str,
+    config: ContextConfig,
+    *,
+    provider_window: int | None = None,
+    provider_source: str = "",
 ) -> WindowInfo:
     """The usable window: config → provider → table → default, then the agent cap."""
     tokens: int
     source: WindowSource
+    detail = ""
     override = config.models.get(model.strip().lower())
     configured = None
     if override is not None:
@@ -128,20 +159,45 @@ def resolve_window(
     if configured is not None:
         tokens, source = configured, "config"
     elif provider_window is not None and provider_window > 0:
-        tokens, source = provider_window, "provider"
+        tokens, source, detail = provider_window, "provider", provider_source
     elif table is not None:
         tokens, source = table, "table"
     else:
         tokens, source = config.default_window, "default"
     cap = config.agent_max_tokens
     if cap is not None and cap < tokens:
-        return WindowInfo(cap, source, True)
-    return WindowInfo(tokens, source, False)
+        return WindowInfo(cap, source, True, detail)
+    return WindowInfo(tokens, source, False, detail)
+
+
+def provider_window(provider: object) -> tuple[int | None, str]:
+    """The window a provider knows for its own model (its ``context_window``, else what
+    its server said in ``facts``) and where that came from ("llama.cpp /props")."""
+    facts = getattr(provider, "facts", None)
+    own = getattr(provider, "context_window", None) or getattr(facts, "context_window", None)
+    return (own if isinstance(own, int) else None), str(getattr(facts, "source", "") or "")
+
+
+def prompt_only_window(provider: object) -> bool:
+    """Whether the provider's server counts only the prompt against its window (and
+    stops a reply that fills it) rather than the prompt plus max_tokens."""
+    return bool(getattr(getattr(provider, "facts", None), "prompt_only_window", False))
+
+
+def can_summarise(config: ContextConfig, provider: object, model: str) -> bool:
+    """Whether ``model`` may be asked for compaction summaries: ``context.models.<id>
+    .summaries`` when set, else the provider's ``supports_summaries`` (a 135M model
+    copies the dialogue back instead of summarising it)."""
+    override = config.models.get(model.strip().lower())
+    if override is not None and override.summaries is not None:
+        return override.summaries
+    return bool(getattr(provider, "supports_summaries", True))
 
 
 def check_window(info: WindowInfo, *, min_tokens: int, warn_below: int) -> None:
     """Block a window too small to hold a prompt; warn about a merely small one."""
-    origin = f"from {info.source}" + (", capped by agent_max_tokens" if info.capped else "")
+    origin = f"from {info.source}" + (f" ({info.detail})" if info.detail else "")
+    origin += ", capped by agent_max_tokens" if info.capped else ""
     if info.tokens < min_tokens:
         raise WindowTooSmallError(
             f"context window of {info.tokens:,} tokens ({origin}) is below the minimum of "
@@ -153,44 +209,8 @@ def check_window(info: WindowInfo, *, min_tokens: int, warn_below: int) -> None:
     if info.tokens < warn_below:
         log.warning(
             "small context window: %s tokens (%s), below the recommended %s; "
-            "expect frequent compaction",
+            "expect frequent compaction and short replies",
             f"{info.tokens:,}",
             origin,
             f"{warn_below:,}",
         )
-
-
-def effective_reserve(window: int, compaction: CompactionConfig) -> int:
-    """Tokens kept free below the window: the configured reserve raised to the floor, but
-    never so much that a small window loses its prompt budget of min(8000, window/2)."""
-    reserve = max(compaction.reserve_tokens, compaction.reserve_tokens_floor)
-    cap = window - min(SMALL_WINDOW_PROMPT_TOKENS, window // 2)
-    return max(0, min(reserve, cap))
-
-
-def compaction_threshold(window: int, compaction: CompactionConfig, max_output: int) -> int:
-    """Context size at which compaction triggers; never below a quarter of the window, so a
-    large ``max_output`` cannot make every turn compact."""
-    threshold = window - effective_reserve(window, compaction) - max(0, max_output)
-    return max(threshold, window // 4)
-
-
-# (window below, messages kept): the view's message limit when none is configured.
-HISTORY_MESSAGE_BANDS: tuple[tuple[int, int], ...] = (
-    (16_000, 20),
-    (64_000, 50),
-    (128_000, 100),
-)
-HISTORY_MESSAGES_ABOVE_BANDS = 200
-
-
-def derived_history_messages(window: int) -> int:
-    """How many messages the view keeps when no history limit is configured: a small
-    window fills with a few dozen messages long before the threshold would fold them,
-    and each message the model rereads on every call costs latency on a small model."""
-    for below, messages in HISTORY_MESSAGE_BANDS:
-        if window < below:
-            return messages
-    if window <= 128_000:
-        return HISTORY_MESSAGE_BANDS[-1][1]
-    return HISTORY_MESSAGES_ABOVE_BANDS

@@ -331,8 +331,10 @@ class Recaller:
         scopes: Sequence[str],
         previous: str = "",
         live: LiveContext = EMPTY_LIVE_CONTEXT,
+        max_tokens: int | None = None,
     ) -> Recall | None:
         """Search and render; None when this turn gets no recall (mode, rules, no scopes).
+        ``max_tokens`` caps the block below ``budget_tokens`` (a small model's window).
 
         Raises what the search raises, and ``TimeoutError`` past ``timeout_seconds``: the
         caller decides that a failed recall must not fail the turn.
@@ -345,7 +347,7 @@ class Recaller:
         async with asyncio.timeout(self.timeout_seconds):
             hits = await self.search(query, scopes=list(scopes))
         fresh = [h for h in hits if not live.holds(h)]
-        chosen, text, tokens = self.render(fresh)
+        chosen, text, tokens = self.render(fresh, max_tokens)
         return Recall(
             mode=mode,
             reason=reason,
@@ -356,8 +358,12 @@ class Recaller:
             skipped_present=len(hits) - len(fresh),
         )
 
-    def render(self, hits: Sequence[RecallHit]) -> tuple[tuple[RecalledHit, ...], str, int]:
-        """The block for ``hits`` (best first) within the budget: (kept, text, tokens)."""
+    def render(
+        self, hits: Sequence[RecallHit], max_tokens: int | None = None
+    ) -> tuple[tuple[RecalledHit, ...], str, int]:
+        """The block for ``hits`` (best first) within the budget (and ``max_tokens``):
+        (kept, text, tokens)."""
+        budget = self.budget_tokens if max_tokens is None else min(self.budget_tokens, max_tokens)
         lines: list[str] = []
         kept: list[RecalledHit] = []
         tokens = 0
@@ -365,8 +371,8 @@ class Recaller:
             line = f"{_head(hit)}{neutralise(hit.snippet.strip())}"
             candidate = self.counter.text(_block([*lines, line]))
             cut = False
-            if candidate > self.budget_tokens:
-                line = self._cut(lines, hit)
+            if candidate > budget:
+                line = self._cut(lines, hit, budget)
                 if not line:
                     break
                 candidate = self.counter.text(_block([*lines, line]))
@@ -390,16 +396,17 @@ class Recaller:
             return (), "", 0
         return tuple(kept), _block(lines), tokens
 
-    def _cut(self, lines: list[str], hit: RecallHit) -> str:
-        """``hit``'s line shortened so the block fits ("" when too little room is left)."""
+    def _cut(self, lines: list[str], hit: RecallHit, budget: int) -> str:
+        """``hit``'s line shortened so the block fits ``budget`` ("" when too little room
+        is left)."""
         head = _head(hit)
-        room = self.budget_tokens - self.counter.text(_block([*lines, head + CUT_MARK.strip()]))
+        room = budget - self.counter.text(_block([*lines, head + CUT_MARK.strip()]))
         snippet = neutralise(hit.snippet.strip())
         # Token counts of joined text differ from the sum of the parts by a token or two
         # at the seams: shrink until the whole block really fits.
         while room >= MIN_CUT_TOKENS:
             line = head + self.counter.prefix(snippet, room).rstrip() + CUT_MARK
-            if self.counter.text(_block([*lines, line])) <= self.budget_tokens:
+            if self.counter.text(_block([*lines, line])) <= budget:
                 return line
             room -= 2
         return ""

@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 
 from parley.core.errors import (
+    CAUSE_HISTORY,
+    CAUSE_MESSAGE,
+    CAUSE_SYSTEM,
     AuthenticationError,
     ContextError,
     ContextOverflowError,
@@ -55,9 +58,15 @@ def describe_provider_error(exc: ProviderError, attempts: int) -> str:
     tried = f" after {attempts} attempts" if attempts > 1 else ""
     kept = "Your message is saved in the conversation"
     if isinstance(exc, ContextOverflowError):
-        numbers = ""
-        if exc.observed_tokens and exc.limit:
-            numbers = f" ({exc.observed_tokens:,} / {exc.limit:,} tokens)"
+        numbers = _token_numbers(exc.observed_tokens, exc.limit)
+        if exc.cause == CAUSE_MESSAGE:
+            # Nothing but the newest message is left to send: compacting or starting
+            # afresh cannot make it smaller.
+            return (
+                f"Your message is too long for the model's context window{numbers}, even "
+                f"with the rest of the conversation left out{tried}. {kept}, but I cannot "
+                "answer it as it is: please send it in shorter parts."
+            )
         return (
             f"This conversation no longer fits the model's context window{numbers}, even "
             f"after compacting{tried}. {kept}. Send /compact to summarise it harder, or /new "
@@ -101,19 +110,40 @@ def describe_provider_error(exc: ProviderError, attempts: int) -> str:
     return f"The model provider returned an error: {exc.message[:300]}. {kept}."
 
 
+def _token_numbers(used: int | None, limit: int | None) -> str:
+    """ " (used / limit tokens)" when both are figures a person can make sense of: no
+    zero or negative budget, and a need above what fits (else only the limit)."""
+    if limit is None or limit <= 0:
+        return ""
+    if used is not None and used > limit:
+        return f" ({used:,} / {limit:,} tokens)"
+    return f" ({limit:,} tokens)"
+
+
 def describe_context_error(exc: ContextError) -> str:
-    """The context engine could not make a request fit, or the model's window is too small."""
-    numbers = ""
-    # A budget at or below zero (a window smaller than the output reserve) is no number
-    # to show a person.
-    if exc.used is not None and exc.limit is not None and exc.limit > 0:
-        numbers = f" ({exc.used:,} / {exc.limit:,} tokens)"
-    elif exc.limit is not None and exc.limit > 0:
-        numbers = f" ({exc.limit:,} tokens)"
+    """The context engine could not make a request fit, or the model's window is too small.
+
+    Each text advises only what can help: /compact and /new when the history is what
+    does not fit, shorter parts when the newest message alone does not, the operator
+    when even the system prompt and tools do not."""
+    numbers = _token_numbers(exc.used, exc.limit)
     if isinstance(exc, WindowTooSmallError):
         return (
             f"The configured model's context window is too small to run{numbers}. The operator "
             "should pick a larger model or fix [context.models] in the config."
+        )
+    cause = getattr(exc, "cause", CAUSE_HISTORY)
+    if cause == CAUSE_MESSAGE:
+        return (
+            f"This message is too long for the model's context window{numbers}, even with "
+            "the rest of the conversation left out. It is saved in the conversation, but I "
+            "cannot answer it as it is: please send it in shorter parts."
+        )
+    if cause == CAUSE_SYSTEM:
+        return (
+            f"The model's context window is too small even for my instructions and tools"
+            f"{numbers}, so I cannot answer. Your message is saved in the conversation. The "
+            "operator should pick a model with a larger window (or offer fewer tools)."
         )
     return (
         f"This message does not fit the model's context window{numbers}: {exc.message}. "

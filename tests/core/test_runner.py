@@ -1,18 +1,28 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from parley.core.agent_config import AgentConfig
-from parley.core.errors import ContextOverflowError, RateLimitError
-from parley.core.messages import TextBlock, ToolUseBlock, Usage
+from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
+from parley.core.context.config import ContextConfig
+from parley.core.context.engine import ContextEngine
+from parley.core.errors import CAUSE_MESSAGE, ContextOverflowError, ProviderError, RateLimitError
+from parley.core.messages import Message, TextBlock, ToolUseBlock, Usage
 from parley.core.prompt import SystemPromptBuilder
-from parley.core.providers.base import STOP_END, STOP_OVERFLOW, STOP_TOOL_USE, ProviderResponse
+from parley.core.providers.base import (
+    STOP_END,
+    STOP_OVERFLOW,
+    STOP_TOOL_USE,
+    ProviderRequest,
+    ProviderResponse,
+)
 from parley.core.providers.provider_config import RetryConfig
-from parley.core.runner import TOOL_LIMIT_NOTE, Runner, TurnRequest
+from parley.core.runner import DISCARDED_REPLY_TYPE, TOOL_LIMIT_NOTE, Runner, TurnRequest
 from parley.core.tools.builtin import default_registry
-from parley.core.transcript import Transcript
+from parley.core.transcript import ENTRY_COMPACTION, Transcript
 from tests.fakes.scripted_provider import ScriptedProvider
 
 
@@ -89,11 +99,147 @@ async def test_resume_does_not_repeat_the_user_message(
     assert len(users) == 1
 
 
-async def test_overflow_stop_keeps_text_or_raises(tmp_path: Path, transcript: Transcript) -> None:
-    provider = ScriptedProvider()
-    provider.push(ProviderResponse((TextBlock("partial"),), STOP_OVERFLOW, Usage(1, 1)))
+def stopped(text: str, prompt: int, written: int) -> ProviderResponse:
+    """A reply cut off because prompt plus output reached the window (llama.cpp)."""
+    blocks = (TextBlock(text),) if text else ()
+    return ProviderResponse(blocks, STOP_OVERFLOW, Usage(prompt, written))
+
+
+def summarising(provider: ScriptedProvider) -> ScriptedProvider:
+    """Summary calls get a short summary (as a real model asked for one would write)."""
+
+    def answer(request: ProviderRequest) -> ProviderResponse | None:
+        if request.system == SUMMARY_SYSTEM_PROMPT:
+            return ProviderResponse((TextBlock("## Decisions\n- none"),), STOP_END, Usage(9, 9))
+        return None
+
+    provider.responder = answer
+    return provider
+
+
+def seed(transcript: Transcript, turns: int) -> None:
+    for n in range(turns):
+        transcript.append_message(Message.user(f"question {n}: " + "words " * 150))
+        transcript.append_message(Message.assistant(f"answer {n}: " + "more " * 150))
+
+
+async def test_a_reply_the_window_cut_off_is_compacted_and_retried(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    seed(transcript, 8)
+    provider = summarising(ScriptedProvider())
+    provider.push(stopped("half an answ", 2_000, 48))
+    retries: list[tuple[int, ProviderError, float]] = []
     runner = make_runner(tmp_path, provider)
-    assert (await runner.run_turn(transcript, TurnRequest("k", "a"))).reply == "partial"
-    provider.push(ProviderResponse((), STOP_OVERFLOW, Usage(1, 0)))
-    with pytest.raises(ContextOverflowError):
-        await runner.run_turn(transcript, TurnRequest("k", "b"))
+    result = await runner.run_turn(
+        transcript,
+        TurnRequest("k", "the newest question"),
+        on_retry=lambda attempt, exc, delay: retries.append((attempt, exc, delay)),
+    )
+    # The retry's reply is the answer, and the UI was told to drop the streamed text.
+    assert result.reply == "echo: the newest question"
+    assert result.model_calls == 2  # the summary call is the engine's, not the turn's
+    assert len(retries) == 1
+    attempt, error, delay = retries[0]
+    assert (attempt, delay) == (1, 0.0)
+    assert isinstance(error, ContextOverflowError) and error.prompt_only is True
+    assert (error.observed_tokens, error.limit) == (2_000, 2_048)
+    # Recovery compacted the history; the retry did not resend the cut-off reply.
+    entries = list(transcript.entries())
+    compaction = [e for e in entries if e.type == ENTRY_COMPACTION]
+    assert [c.payload["trigger"] for c in compaction] == ["overflow"]
+    main = [r for r in provider.requests if r.system != SUMMARY_SYSTEM_PROMPT]
+    assert "half an answ" not in json.dumps([m.to_dict() for m in main[1].messages])
+    assert len(main[1].messages) < len(main[0].messages)
+    # The window learnt from the stop (2,000 read + 48 written): a quarter of it at most
+    # is asked for the retry's reply.
+    assert main[1].max_tokens == 512
+    # The transcript keeps the cut-off reply as a record, never as an assistant message.
+    assistants = [e.message.text for e in entries if e.type == "message"]
+    assert "half an answ" not in assistants
+    discarded = [e for e in entries if e.payload.get("custom_type") == DISCARDED_REPLY_TYPE]
+    assert [d.payload["data"]["text"] for d in discarded] == ["half an answ"]
+    # The cut-off call is counted in the turn's usage.
+    assert result.usage.input_tokens == 2_000 + 10 + result.events.usage.input_tokens
+
+
+async def test_a_cut_off_reply_is_kept_when_recovery_cannot_make_room(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    provider = ScriptedProvider()
+    provider.push(stopped("partial", 300, 40))
+    retries: list[int] = []
+    runner = make_runner(tmp_path, provider)
+    result = await runner.run_turn(
+        transcript,
+        TurnRequest("k", "a"),
+        on_retry=lambda attempt, exc, delay: retries.append(attempt),
+    )
+    # One message, nothing to fold, nothing to trim: the same request would stop the
+    # same way, so what was said is the answer and no retry is announced.
+    assert result.reply == "partial"
+    assert len(provider.requests) == 1 and retries == []
+    assert [e.message.text for e in transcript.entries() if e.type == "message"][-1] == "partial"
+
+
+async def test_a_cut_off_reply_with_nothing_said_is_an_overflow_of_the_message(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    provider = ScriptedProvider()
+    provider.push(stopped("", 300, 0))
+    with pytest.raises(ContextOverflowError) as caught:
+        await make_runner(tmp_path, provider).run_turn(transcript, TurnRequest("k", "b"))
+    # Only the newest message was sent: /compact or /new cannot help, and the error says so.
+    assert caught.value.cause == CAUSE_MESSAGE
+    errors = [e for e in transcript.entries() if e.payload.get("custom_type") == "turn_error"]
+    assert [e.payload["data"]["kind"] for e in errors] == ["ContextOverflowError"]
+
+
+async def test_a_stop_on_every_retry_is_bounded_and_keeps_the_last_reply(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    seed(transcript, 12)
+    provider = ScriptedProvider()
+    main: list[ProviderRequest] = []
+
+    def answer(request: ProviderRequest) -> ProviderResponse:
+        if request.system == SUMMARY_SYSTEM_PROMPT:
+            return ProviderResponse((TextBlock("## Decisions\n- none"),), STOP_END, Usage(9, 9))
+        main.append(request)
+        return stopped(f"cut {len(main)}", 1_900, 100)
+
+    provider.responder = answer
+    runner = make_runner(tmp_path, provider)
+    result = await runner.run_turn(transcript, TurnRequest("k", "go"))
+    # Each stop is recovered and retried at most compaction.max_attempts times; the
+    # last cut-off reply is kept as the answer, the ones before recorded as discarded.
+    attempts = runner.engine.config.compaction.max_attempts
+    assert 2 <= len(main) <= attempts + 1
+    assert result.reply == f"cut {len(main)}"
+    assert result.stop_reason == STOP_OVERFLOW
+    discarded = [
+        e for e in transcript.entries() if e.payload.get("custom_type") == DISCARDED_REPLY_TYPE
+    ]
+    assert len(discarded) == len(main) - 1
+
+
+async def test_requests_ask_for_at_most_a_quarter_of_a_small_window(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    provider = ScriptedProvider("smol")
+    config = ContextConfig.model_validate({"models": {"smol": {"context_tokens": 2_048}}})
+    tools = default_registry(10_000)
+    runner = Runner(
+        provider=provider,
+        tools=tools,
+        prompt=SystemPromptBuilder(tmp_path, agent_name="T", tools=tools.specs()),
+        agent=AgentConfig(max_output_tokens=4_096),
+        retry=RetryConfig(max_attempts=1),
+        workspace=tmp_path,
+        engine=ContextEngine(
+            config=config, provider=provider, retry=RetryConfig(max_attempts=1), max_output=4_096
+        ),
+    )
+    await runner.run_turn(transcript, TurnRequest("k", "hi"))
+    # 4,096 would not even fit the window: a server counting max_tokens would refuse.
+    assert provider.requests[0].max_tokens == 512

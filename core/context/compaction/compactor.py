@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from parley.core.context.budget import ContextBudget
 from parley.core.context.compaction.ledger import Ledger, extract_ledger
 from parley.core.context.compaction.strategies import (
     STRATEGY_SLIDING_WINDOW,
@@ -51,6 +52,9 @@ from parley.core.context.history import is_turn_start, summary_message
 from parley.core.errors import SummaryError, TranscriptError
 from parley.core.messages import Message, TextBlock, Usage
 from parley.core.prompt import SILENT_REPLY, is_volatile
+from parley.core.providers.base import Provider
+from parley.core.providers.provider_config import RetryConfig
+from parley.core.tokens import TokenCounter
 from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 from parley.core.transcript_store import SessionTranscript, write_jsonl_file
 
@@ -186,9 +190,16 @@ def _without_turn_context(message: Message) -> Message:
     return message if len(blocks) == len(message.content) else Message("user", blocks)
 
 
-def compose_summary(summary: str, ledger: Ledger) -> str:
-    """What the model sees: the summary, then the ledger verbatim."""
-    ledger_text = ledger.render()
+def compose_summary(
+    summary: str,
+    ledger: Ledger,
+    *,
+    max_ledger_tokens: int | None = None,
+    count_text: Callable[[str], int] | None = None,
+) -> str:
+    """What the model sees: the summary, then the ledger verbatim (within
+    ``max_ledger_tokens`` when given: a small window cannot hold 400 identifiers)."""
+    ledger_text = ledger.render(max_ledger_tokens, count_text)
     return f"{summary.strip()}\n\n{ledger_text}" if ledger_text else summary.strip()
 
 
@@ -236,9 +247,17 @@ class Compactor:
         self.config = config
         self.checkpoints_dir = checkpoints_dir
 
-    def plan(self, entries: Sequence[Entry], *, threshold: int, trigger: str) -> CutPlan | str:
+    def plan(
+        self,
+        entries: Sequence[Entry],
+        *,
+        threshold: int,
+        trigger: str,
+        budget: ContextBudget | None = None,
+    ) -> CutPlan | str:
         """What a compaction would fold now, or the reason it would be skipped (no model
-        call is made to find out: the flush before a compaction asks this first)."""
+        call is made to find out: the flush before a compaction asks this first).
+        ``budget``: the window's scaled keep figures (default: the configured ones)."""
         newest = next(
             (e for e in reversed(entries) if e.type in (ENTRY_MESSAGE, ENTRY_COMPACTION)), None
         )
@@ -249,8 +268,12 @@ class Compactor:
         plan = plan_cut(
             entries,
             count=self.count,
-            keep_recent_tokens=self.config.keep_recent_tokens,
-            keep_recent_turns=self.config.keep_recent_turns,
+            keep_recent_tokens=(
+                budget.keep_recent_tokens if budget else self.config.keep_recent_tokens
+            ),
+            keep_recent_turns=(
+                budget.keep_recent_turns if budget else self.config.keep_recent_turns
+            ),
             max_keep_tokens=max_keep,
         )
         if plan is None and trigger == TRIGGER_MANUAL:
@@ -282,13 +305,14 @@ class Compactor:
         threshold: int,
         window: int,
         focus: str,
+        strategy_name: str | None = None,
     ) -> tuple[CompactionStrategy, CutPlan, Fold, Ledger, list[str]] | list[str]:
         """The first strategy that folds: it, its cut, its fold, the merged ledger and
         the failures before it; or only the failures when none could."""
         previous_summary, previous_ledger = previous_state(entries)
         messages = [e for e in entries if e.type == ENTRY_MESSAGE]
         failures: list[str] = []
-        for strategy in self.strategies():
+        for strategy in self.strategies(strategy_name):
             cut = strategy.cut(
                 messages, plan, count=self.count, max_keep_tokens=_max_keep(threshold)
             )
@@ -330,19 +354,35 @@ class Compactor:
         base_tokens: int,
         tokens_before: int,
         focus: str = "",
+        budget: ContextBudget | None = None,
+        strategy: str | None = None,
     ) -> CompactionOutcome:
+        """Fold the live window. ``budget``: the window's scaled figures (keep, ledger);
+        ``strategy``: instead of the configured one (a model that cannot summarise)."""
         entries = transcript.live_entries()
-        plan = self.plan(entries, threshold=threshold, trigger=trigger)
+        plan = self.plan(entries, threshold=threshold, trigger=trigger, budget=budget)
         if isinstance(plan, str):
             return CompactionOutcome("skipped", trigger, plan)
-        folded = await self._fold(entries, plan, threshold=threshold, window=window, focus=focus)
+        folded = await self._fold(
+            entries,
+            plan,
+            threshold=threshold,
+            window=window,
+            focus=focus,
+            strategy_name=strategy,
+        )
         if isinstance(folded, list):
             log.warning("compaction (%s) failed: %s; history kept", trigger, "; ".join(folded))
             return CompactionOutcome(
                 "failed", trigger, f"every strategy failed ({'; '.join(folded)})"
             )
-        strategy, cut, fold, ledger, failures = folded
-        text = compose_summary(fold.text, ledger)
+        made_by, cut, fold, ledger, failures = folded
+        text = compose_summary(
+            fold.text,
+            ledger,
+            max_ledger_tokens=budget.ledger_tokens if budget else None,
+            count_text=self.count_text,
+        )
         tokens_after = (
             base_tokens
             + self.count_message(summary_message(text))
@@ -354,22 +394,25 @@ class Compactor:
                 trigger,
                 f"a summary would not make it smaller ({tokens_before:,} → {tokens_after:,})",
                 usage=fold.usage,
-                strategy=strategy.name,
+                strategy=made_by.name,
             )
         details: dict[str, Any] = {
-            "strategy": strategy.name,
+            "strategy": made_by.name,
             "summary_only": fold.text,
             "ledger": ledger.to_dict(),
             "summarized_messages": len(cut.summarize),
             **fold.details,
         }
-        if strategy.name == STRATEGY_SLIDING_WINDOW and failures:
+        if made_by.name == STRATEGY_SLIDING_WINDOW and failures:
             details["produced_by"] = STRATEGY_SLIDING_WINDOW
         fallbacks = [*failures, *fold.details.get("fallbacks", ())]
         if fallbacks:
             details["fallbacks"] = fallbacks
-        if strategy.name != self.config.strategy:
-            details["requested_strategy"] = self.config.strategy
+        if strategy is not None and strategy != self.config.strategy:
+            # The configured strategy needs a model summary this model cannot write.
+            details["configured_strategy"] = self.config.strategy
+        if made_by.name != (strategy or self.config.strategy):
+            details["requested_strategy"] = strategy or self.config.strategy
         if focus:
             details["focus"] = focus[:4000]
         if self.checkpoints_dir is not None and self.config.checkpoints_kept > 0:
@@ -395,13 +438,13 @@ class Compactor:
                 "failed",
                 trigger,
                 f"the transcript could not be written: {exc}",
-                strategy=strategy.name,
+                strategy=made_by.name,
             )
         log.info(
             "compacted session %s (%s, %s): %d messages folded, %d → %d tokens",
             transcript.header.key,
             trigger,
-            strategy.name,
+            made_by.name,
             len(cut.summarize),
             tokens_before,
             tokens_after,
@@ -413,7 +456,7 @@ class Compactor:
             tokens_after=tokens_after,
             entry=entry,
             usage=fold.usage,
-            strategy=strategy.name,
+            strategy=made_by.name,
         )
 
     def _checkpoint(self, transcript: SessionTranscript, trigger: str) -> Path:
@@ -428,3 +471,40 @@ class Compactor:
         for old in copies[: max(0, len(copies) - self.config.checkpoints_kept)]:
             old.unlink(missing_ok=True)
         return target
+
+
+def build_compactor(
+    config: CompactionConfig,
+    *,
+    provider: Provider,
+    counter: TokenCounter,
+    retry: RetryConfig,
+    checkpoints_dir: Path | None,
+) -> Compactor:
+    """The compactor of ``config``: its summariser (``compaction.model`` or the session's
+    own), the fallback model's when set, counting with ``counter``."""
+    # summary_retries counts retries: the first attempt comes on top, and each retry
+    # waits call_with_retry's exponential backoff (with jitter).
+    summary_retry = retry.model_copy(update={"max_attempts": min(10, config.summary_retries + 1)})
+
+    def summarizer_for(model: str | None) -> Summarizer:
+        return Summarizer(
+            provider,
+            model=model,
+            counter=counter,
+            retry=summary_retry,
+            max_output_tokens=config.summary_max_tokens,
+            custom_instructions=config.custom_instructions,
+        )
+
+    return Compactor(
+        summarizer=summarizer_for(config.model),
+        fallback_summarizer=(
+            summarizer_for(config.fallback_model) if config.fallback_model else None
+        ),
+        count=counter.entry,
+        count_message=counter.message,
+        count_text=counter.text,
+        config=config,
+        checkpoints_dir=checkpoints_dir,
+    )

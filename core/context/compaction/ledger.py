@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,10 @@ MAX_SENTENCE_CHARS = 300
 SHORT_TOOL_RESULT_CHARS = 500
 
 LEDGER_HEADING = "## Ledger (kept verbatim across compactions)"
+# Rendering within a token budget takes items from these sections in turn.
+_RENDER_PRIORITY = ("remember", "identifiers", "asks", "decisions")
+LEFT_OUT_NOTE_TOKENS = 16
+CountText = Callable[[str], int]
 _SECTION_TITLES = (
     ("identifiers", "### Exact identifiers"),
     ("asks", "### Open asks"),
@@ -150,17 +154,54 @@ class Ledger:
     def is_empty(self) -> bool:
         return not (self.identifiers or self.asks or self.remember or self.decisions)
 
-    def render(self) -> str:
-        """The prompt block; "" when empty. Same ledger, same bytes (cache-stable)."""
+    def render(self, max_tokens: int | None = None, count: CountText | None = None) -> str:
+        """The prompt block; "" when empty. Same ledger, same bytes (cache-stable).
+
+        With ``max_tokens`` (and ``count``), the block stays within that many tokens:
+        items are taken in turns from each section (remember, identifiers, asks,
+        decisions), the user's "remember ..." first, the first-seen identifiers and the
+        newest sentences first, until the next one would not fit; a last line says how
+        many were left out. The ledger itself keeps them all for the next compaction."""
         if self.is_empty():
             return ""
+        shown = self._within(max_tokens, count) if max_tokens is not None and count else None
         lines = [LEDGER_HEADING]
+        left_out = 0
         for field_name, title in _SECTION_TITLES:
             items: tuple[str, ...] = getattr(self, field_name)
+            if shown is not None:
+                kept = [item for n, item in enumerate(items) if (field_name, n) in shown]
+                left_out += len(items) - len(kept)
+                items = tuple(kept)
             if items:
                 lines.append(title)
                 lines.extend(f"- {item}" for item in items)
+        if left_out:
+            lines.append(f"({left_out} more ledger item(s) left out to fit the context window)")
         return "\n".join(lines)
+
+    def _within(self, max_tokens: int, count: CountText) -> set[tuple[str, int]]:
+        """Which (section, index) items fit ``max_tokens`` (see ``render``)."""
+        queues: list[list[tuple[str, int, str]]] = []
+        for field_name in _RENDER_PRIORITY:
+            items: tuple[str, ...] = getattr(self, field_name)
+            newest_first = field_name != "identifiers"
+            order = reversed(range(len(items))) if newest_first else range(len(items))
+            queues.append([(field_name, n, items[n]) for n in order])
+        fixed = LEDGER_HEADING + "\n" + "\n".join(t for _, t in _SECTION_TITLES)
+        budget = max_tokens - count(fixed) - LEFT_OUT_NOTE_TOKENS
+        chosen: set[tuple[str, int]] = set()
+        while any(queues) and budget > 0:
+            for queue in queues:
+                if not queue:
+                    continue
+                field_name, index, item = queue.pop(0)
+                cost = count(f"- {item}") + 1
+                if cost > budget:
+                    continue  # a shorter item further on may still fit
+                budget -= cost
+                chosen.add((field_name, index))
+        return chosen
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from parley.core.context.budget import summary_tokens
 from parley.core.errors import (
     AuthenticationError,
     ContextOverflowError,
@@ -67,9 +68,6 @@ OVERSIZED_WINDOW_SHARE = 0.5
 TOOL_TEXT_MAX_CHARS = 2_000
 MAX_FOCUS_CHARS = 4_000
 DEFAULT_MAX_OUTPUT_TOKENS = 4_096
-# Small windows: the output limit never takes more than this share of the window.
-MAX_OUTPUT_WINDOW_SHARE = 0.25
-MIN_OUTPUT_TOKENS = 256
 MIN_CHUNK_TOKENS = 256
 # The fallback leaves out messages above this share of a chunk's budget.
 FALLBACK_LARGE_SHARE = 0.5
@@ -369,10 +367,9 @@ class _Run:
         self.tally = tally
         self.window = window
         self.focus = focus
-        self.max_tokens = max(
-            MIN_OUTPUT_TOKENS,
-            min(owner._max_output_tokens, int(window * MAX_OUTPUT_WINDOW_SHARE)),
-        )
+        # The summary rides on every later call: its share of the window is the
+        # budget's (core.context.budget), the configured limit at large windows.
+        self.max_tokens = summary_tokens(window, owner._max_output_tokens)
 
     # --- preparation -------------------------------------------------------------------
 

@@ -115,12 +115,12 @@ class Router:
 
 
 def small_window(**compaction: object) -> ContextConfig:
-    # 20,000 tokens: reserve capped to 12,000 for a small window; threshold 7,000.
+    # 10,000 tokens: a 1,000-token reply and a reserve of 15% (1,500); threshold 7,500.
     # history_messages=-1: these tests are about the token guard over the whole live
     # window, not the view's derived message limit (compaction/test_triggers.py).
     return ContextConfig.model_validate(
         {
-            "models": {MODEL: {"context_tokens": 20_000}},
+            "models": {MODEL: {"context_tokens": 10_000}},
             "history_messages": -1,
             "compaction": compaction,
         }
@@ -225,7 +225,7 @@ async def test_threshold_flushes_then_compacts_and_keeps_identifiers(
     assert len(list((tmp_path / "checkpoints" / "sid").glob("*.jsonl"))) == 1
     # The request sent fits the window with its output.
     counter = default_counter()
-    assert counter.request(sent.system, sent.messages, sent.tools) <= 20_000 - 1_000
+    assert counter.request(sent.system, sent.messages, sent.tools) <= 10_000 - 1_000
 
 
 async def test_flush_runs_once_per_cycle_and_accepts_no_reply(
@@ -308,7 +308,7 @@ async def test_summariser_that_always_fails_falls_back_to_the_sliding_window(
     sent = router.main_requests[-1]
     for identifier in IDS:
         assert identifier in sent.messages[0].text
-    assert default_counter().request(sent.system, sent.messages, sent.tools) <= 19_000
+    assert default_counter().request(sent.system, sent.messages, sent.tools) <= 9_000
     assert sent.messages[-1].text.startswith("still there 1?")
     # A non-retryable error is not retried, and the compaction is not repeated.
     assert router.calls["summary"] == 1
@@ -425,12 +425,12 @@ async def test_window_below_the_minimum_is_refused_before_any_call(
     tmp_path: Path, transcript: Transcript
 ) -> None:
     router = Router()
-    config = ContextConfig.model_validate({"models": {MODEL: {"context_tokens": 8_000}}})
+    config = ContextConfig.model_validate({"models": {MODEL: {"context_tokens": 2_000}}})
     runner, provider = make(tmp_path, router, config)
     with pytest.raises(WindowTooSmallError) as caught:
         await runner.run_turn(transcript, TurnRequest("k", "hi"))
     assert provider.requests == []
-    assert caught.value.limit == 8_000 and "16,000" in caught.value.message
+    assert caught.value.limit == 2_000 and "2,048" in caught.value.message
 
 
 def tool_turn(transcript: Transcript, n: int, size: int) -> None:
@@ -464,9 +464,13 @@ async def test_pruning_after_the_ttl_is_recorded_and_sticky(
     second = await engine.prepare(transcript, request, events)
     assert events.prunes == 1  # nothing new to decide: the same view, byte for byte
     assert [m.to_dict() for m in second.messages] == [m.to_dict() for m in first.messages]
-    # The newest three assistant turns keep their results whole.
-    newest = [m for m in second.messages if m.role == "tool_result"][-2:]
-    assert all(len(b.content) > 20_000 for m in newest for b in m.content)
+    # The current tool loop (results after the oldest of the newest three assistant
+    # messages) keeps its result whole; the older ones were soft-trimmed to a head and
+    # a tail within the window's share (2% of 160,000 characters).
+    results = [b for m in second.messages if m.role == "tool_result" for b in m.content]
+    assert len(results) == 6
+    assert len(results[-1].content) > 20_000
+    assert all(len(b.content) <= 3_200 for b in results[:-1])
 
 
 async def test_manual_compact_with_focus_reaches_the_summariser(
@@ -496,7 +500,7 @@ async def test_a_message_that_never_fit_does_not_block_the_next_one(
 ) -> None:
     router = Router()
     runner, _ = make(tmp_path, router, small_window(enabled=False))
-    huge = "lorem ipsum dolor " * 20_000  # far beyond the 20,000-token window
+    huge = "lorem ipsum dolor " * 20_000  # far beyond the 10,000-token window
     with pytest.raises(ContextBudgetError) as caught:
         await runner.run_turn(transcript, TurnRequest("k", huge))
     assert caught.value.used is not None and caught.value.limit is not None

@@ -177,16 +177,14 @@ def test_reserve_floor_applies() -> None:
     assert effective_reserve(200_000, no_floor) == 16_384
 
 
-def test_reserve_capped_for_small_windows() -> None:
+def test_reserve_scales_with_small_windows() -> None:
     defaults = CompactionConfig()
-    # 16k window: keep min(8000, 8000) for the prompt -> reserve at most 8,000.
-    assert effective_reserve(16_000, defaults) == 8_000
-    # 10k window: keep min(8000, 5000) = 5000 -> reserve at most 5,000.
-    assert effective_reserve(10_000, defaults) == 5_000
-    # 32k window: keep 8000 -> reserve cap 24,000, so the 20,000 floor stands.
-    assert effective_reserve(32_000, defaults) == 20_000
-    # 25k window: cap 17,000 beats the 20,000 floor.
-    assert effective_reserve(25_000, defaults) == 17_000
+    # 15% of the window below 133,334 tokens; the configured 20,000 above.
+    assert effective_reserve(16_000, defaults) == 2_400
+    assert effective_reserve(8_192, defaults) == 1_228
+    assert effective_reserve(2_048, defaults) == 307
+    assert effective_reserve(128_000, defaults) == 19_200
+    assert effective_reserve(1_000_000, defaults) == 20_000
     assert effective_reserve(0, defaults) == 0
 
 
@@ -198,7 +196,15 @@ def test_threshold_200k_defaults() -> None:
 
 def test_threshold_never_below_quarter_window() -> None:
     defaults = CompactionConfig()
-    assert compaction_threshold(16_000, defaults, 8_000) == 4_000
-    assert compaction_threshold(200_000, defaults, 190_000) == 50_000
+    # The output reserve is at most a quarter of the window: 16,000 - 2,400 - 4,000.
+    assert compaction_threshold(16_000, defaults, 8_000) == 9_600
+    assert compaction_threshold(200_000, defaults, 190_000) == 130_000
     # A negative max_output is treated as 0, never raising the threshold above window - reserve.
     assert compaction_threshold(200_000, defaults, -5) == 180_000
+
+
+@pytest.mark.parametrize("window", [2_048, 4_096, 8_192, 16_000])
+def test_threshold_is_positive_and_below_the_window_at_small_windows(window: int) -> None:
+    # The case: max_output 4,096 above a 2,048-token window.
+    threshold = compaction_threshold(window, CompactionConfig(), 4_096)
+    assert window // 4 <= threshold < window

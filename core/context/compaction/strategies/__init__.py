@@ -39,9 +39,14 @@ STRATEGY_SUMMARY = "summary"
 STRATEGY_SELECTIVE = "selective"
 STRATEGY_HIERARCHICAL = "hierarchical"
 STRATEGY_SLIDING_WINDOW = "sliding-window"
+# How a model that cannot write summaries compacts: the folded part's important
+# messages verbatim, chosen by code; the ledger keeps the identifiers either way.
+NO_MODEL_STRATEGY = STRATEGY_SELECTIVE
+_NEEDS_MODEL = frozenset({STRATEGY_SUMMARY, STRATEGY_HIERARCHICAL})
 
 __all__ = [
     "FALLBACK_MODEL",
+    "NO_MODEL_STRATEGY",
     "PRIMARY",
     "STRATEGY_HIERARCHICAL",
     "STRATEGY_SELECTIVE",
@@ -58,8 +63,15 @@ __all__ = [
     "SummaryChainError",
     "SummaryStrategy",
     "build_strategy",
+    "strategy_without_model",
     "summarizer_chain",
 ]
+
+
+def strategy_without_model(configured: str) -> str | None:
+    """The strategy to use instead of ``configured`` when no model can summarise
+    (None: ``configured`` needs no model call)."""
+    return NO_MODEL_STRATEGY if configured in _NEEDS_MODEL else None
 
 
 def summarizer_chain(

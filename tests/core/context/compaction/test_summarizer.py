@@ -93,7 +93,14 @@ async def test_model_override_and_output_limit_fit_small_windows() -> None:
     await make(provider, model="cheap-model", max_output_tokens=4096).summarize(SHORT, window=8_000)
     (request,) = provider.requests
     assert request.model == "cheap-model"
-    assert request.max_tokens == 2_000
+    # The summary rides on every later call: a tenth of an 8,000-token window.
+    assert request.max_tokens == 800
+    # A 2,048-token window still gets a usable summary (the 256-token floor), and a
+    # large one the configured limit.
+    for window, expected in ((2_048, 256), (200_000, 4_096)):
+        provider.push(reply("ok"))
+        await make(provider, max_output_tokens=4096).summarize(SHORT, window=window)
+        assert provider.requests[-1].max_tokens == expected
 
 
 async def test_a_previous_summary_is_folded_in_on_a_single_pass() -> None:
