@@ -36,7 +36,9 @@ def choose_provider(config: ProvidersConfig) -> ProviderChoice:
 def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
     """The provider and, for the local model, a banner to show users."""
     choice = choose_provider(config)
-    timeout = config.retry.timeout_seconds or 120.0  # FIXME(helper): connect/stall
+    # Streams are bounded by silence (connect, stall); a whole call only when
+    # ``timeout_seconds`` is configured.
+    retry = config.retry
     if choice.name == "anthropic":
         from parley.core.providers.anthropic import AnthropicProvider
 
@@ -46,7 +48,9 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
                 model=config.anthropic.model,
                 api_key=key.get_secret_value() if key else "",
                 base_url=config.anthropic.base_url,
-                timeout=timeout,
+                timeout=retry.timeout_seconds,
+                connect_timeout=retry.connect_timeout_seconds,
+                stall_timeout=retry.stall_timeout_seconds,
             ),
             None,
         )
@@ -59,7 +63,9 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
                 model=config.openai.model,
                 api_key=key.get_secret_value() if key else LOCAL_SERVER_DUMMY_KEY,
                 base_url=config.openai.base_url,
-                timeout=timeout,
+                timeout=retry.timeout_seconds,
+                connect_timeout=retry.connect_timeout_seconds,
+                stall_timeout=retry.stall_timeout_seconds,
             ),
             None,
         )

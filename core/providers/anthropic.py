@@ -65,6 +65,7 @@ from parley.core.providers.base import (
 from parley.core.providers.retry import classify_status_error
 from parley.core.providers.streaming import (
     StreamingProvider,
+    StreamTimeouts,
     drive_stream,
     error_body,
     parse_json_object,
@@ -275,13 +276,13 @@ class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
     name = PROVIDER_NAME
 
     def _open_client(
-        self, api_key: str, base_url: str | None, timeout: float
+        self, api_key: str, base_url: str | None, timeouts: StreamTimeouts
     ) -> anthropic.AsyncAnthropic:
         return anthropic.AsyncAnthropic(
             api_key=api_key,
             base_url=base_url,
             max_retries=0,
-            timeout=timeout,
+            timeout=timeouts.for_http(),
             open_telemetry=False,
         )
 
@@ -298,6 +299,7 @@ class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
             on_text,
             provider=PROVIDER_NAME,
             unit="event",
+            timeouts=self.timeouts,
         )
         if not state.started:
             raise MalformedResponseError("the answer was not a message stream", provider=self.name)

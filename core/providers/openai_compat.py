@@ -19,11 +19,27 @@ Streaming: text deltas go to ``on_text``; tool calls are put back together by th
 rather than failing the turn, so the runner can tell the model its call was
 unreadable. Usage: ``prompt_tokens`` minus cached (``cached_tokens``) and cache
 writes is ``input``; servers that send no usage give zeros.
+
+The window's edge: llama.cpp and Ollama accept any prompt that fits and stop the reply
+with ``finish_reason: "length"`` when prompt + output fill the window, exactly as when
+the reply reaches ``max_tokens``. Such a reply is ``STOP_OVERFLOW`` (the runner compacts
+and asks again), not ``STOP_MAX_TOKENS``, when the usage shows it: prompt + output reach
+the known window, or the output stopped short of the request's ``max_tokens`` (only the
+window stops it there). A server whose own output cap is below the request's (llama.cpp's
+``--n-predict``) is misread as overflow by the second rule; without usage, nothing can be
+told and ``length`` stays ``STOP_MAX_TOKENS``.
+
+What the server says of its model: ``start()`` (awaited by the gateway) asks the server
+once (``core.providers.discovery``) and keeps the answer as ``facts``; ``context_window``
+and ``supports_tools`` read it. Tool schemas are not sent to a server that said its
+model's template has no tool support.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,19 +65,31 @@ from parley.core.messages import (
 from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
+    STOP_OVERFLOW,
     STOP_REFUSAL,
     STOP_TOOL_USE,
+    ModelFacts,
     ProviderRequest,
     ProviderResponse,
     TextCallback,
 )
+from parley.core.providers.discovery import (
+    DEFAULT_DISCOVERY_TIMEOUT_SECONDS,
+    discover_openai_compat,
+    is_openai_itself,
+)
 from parley.core.providers.retry import classify_status_error
 from parley.core.providers.streaming import (
+    DEFAULT_CONNECT_TIMEOUT_SECONDS,
+    DEFAULT_STALL_TIMEOUT_SECONDS,
     StreamingProvider,
+    StreamTimeouts,
     drive_stream,
     error_body,
     parse_json_object,
 )
+
+log = logging.getLogger("parley.core.providers.openai_compat")
 
 PROVIDER_NAME = "openai"
 IMAGE_PLACEHOLDER = "[image]"
@@ -166,6 +194,10 @@ class _Assembler:
     calls: dict[int, _CallState] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
+    # The raw figures, None until a usage object says them: the window's edge is judged
+    # on them (``prompt_tokens`` counts cached tokens too).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
     def take_usage(self, raw: Any) -> None:
         prompt = getattr(raw, "prompt_tokens", None) or 0
@@ -173,12 +205,22 @@ class _Assembler:
         details = getattr(raw, "prompt_tokens_details", None)
         cached = getattr(details, "cached_tokens", None) or 0
         written = getattr(details, "cache_write_tokens", None) or 0
+        self.prompt_tokens, self.completion_tokens = int(prompt), int(output)
         self.usage = Usage(
             input_tokens=max(0, int(prompt) - int(cached) - int(written)),
             output_tokens=int(output),
             cache_read_tokens=int(cached),
             cache_write_tokens=int(written),
         )
+
+    def stopped_by_window(self, max_tokens: int, window: int | None) -> bool:
+        """Whether a ``length`` finish was the window's, not ``max_tokens``'s."""
+        if self.completion_tokens is None or self.prompt_tokens is None:
+            return False  # no usage: nothing to tell them apart by
+        if window is not None and self.prompt_tokens + self.completion_tokens >= window:
+            return True
+        # Short of its own cap, only the window can have stopped it.
+        return self.completion_tokens < max_tokens
 
     def response(self) -> ProviderResponse:
         content: list[Block] = []
@@ -226,10 +268,6 @@ def translate_error(exc: BaseException) -> ProviderError:
     )
 
 
-def _is_openai_itself(base_url: str | None) -> bool:
-    return base_url is None or "api.openai.com" in base_url
-
-
 def _call_slot(state: _Assembler, call: Any) -> _CallState:
     """The call a tool-call delta belongs to: by ``index``, or, for servers that send
     none, the latest call unless the delta brings a new id."""
@@ -244,20 +282,100 @@ def _call_slot(state: _Assembler, call: Any) -> _CallState:
 
 
 class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
-    """``Provider`` for OpenAI and OpenAI-compatible chat completions servers."""
+    """``Provider`` for OpenAI and OpenAI-compatible chat completions servers.
+
+    ``discovery_timeout`` bounds ``start()``'s questions to the server.
+    """
 
     name = PROVIDER_NAME
 
+    def __init__(
+        self,
+        model: str,
+        api_key: str,
+        base_url: str | None = None,
+        timeout: float | None = None,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT_SECONDS,
+        discovery_timeout: float = DEFAULT_DISCOVERY_TIMEOUT_SECONDS,
+    ) -> None:
+        super().__init__(
+            model,
+            api_key,
+            base_url,
+            timeout,
+            connect_timeout=connect_timeout,
+            stall_timeout=stall_timeout,
+        )
+        self._api_key = api_key
+        self.discovery_timeout = discovery_timeout
+        self.facts = ModelFacts()
+        self._started = False
+
+    @property
+    def context_window(self) -> int | None:
+        """The window the server said it runs the model with; ``None`` when unknown."""
+        return self.facts.context_window
+
+    @property
+    def supports_tools(self) -> bool:
+        """False only when the server said the model's template cannot take tools."""
+        return self.facts.supports_tools is not False
+
+    async def discover(self) -> ModelFacts:
+        """Ask the server about the model (bounded, never raising for what the server
+        does) and keep the answer as ``facts``."""
+        self.facts = await discover_openai_compat(
+            self.base_url, self.model, api_key=self._api_key, seconds=self.discovery_timeout
+        )
+        return self.facts
+
+    async def start(self) -> None:
+        """Discover once. Never fails and never hangs: a server that says nothing in
+        time leaves the facts empty (the configured figures apply)."""
+        if self._started:
+            return
+        self._started = True
+        try:
+            # A margin over the probes' own bound, for a session that is slow to close.
+            async with asyncio.timeout(self.discovery_timeout + 1.0):
+                facts = await self.discover()
+        except Exception as exc:  # nothing a probe does may stop the gateway starting
+            self.facts = ModelFacts()
+            log.info(
+                "could not ask %s about %s: %s: %s",
+                self.base_url,
+                self.model,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        if facts.context_window is None and facts.supports_tools is None:
+            log.info(
+                "%s said nothing of %s's window; the configured one applies",
+                self.base_url or "the server",
+                self.model,
+            )
+            return
+        log.info(
+            "%s: window %s tokens (%s), tools %s",
+            self.model,
+            facts.context_window if facts.context_window is not None else "unknown",
+            facts.source or "not said",
+            {True: "supported", False: "not supported", None: "not said"}[facts.supports_tools],
+        )
+
     def _open_client(
-        self, api_key: str, base_url: str | None, timeout: float
+        self, api_key: str, base_url: str | None, timeouts: StreamTimeouts
     ) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeouts.for_http()
         )
 
     @property
     def _max_tokens_key(self) -> str:
-        return "max_completion_tokens" if _is_openai_itself(self.base_url) else "max_tokens"
+        return "max_completion_tokens" if is_openai_itself(self.base_url) else "max_tokens"
 
     def build_params(self, request: ProviderRequest) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -266,7 +384,9 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             self._max_tokens_key: request.max_tokens,
             "stream_options": {"include_usage": True},
         }
-        if request.tools:
+        # A template without tool support would render the schemas as noise, or the
+        # server would refuse them; the gateway already offers none in that case.
+        if request.tools and self.facts.supports_tools is not False:
             params["tools"] = to_wire_tools(request.tools)
         if request.temperature is not None:
             params["temperature"] = request.temperature
@@ -285,6 +405,7 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             on_text,
             provider=PROVIDER_NAME,
             unit="chunk",
+            timeouts=self.timeouts,
         )
         if state.chunks == 0:
             raise MalformedResponseError(
@@ -294,7 +415,15 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             raise ProviderConnectionError(
                 "the stream ended before a finish_reason", provider=self.name
             )
-        return state.response()
+        response = state.response()
+        if response.stop_reason == STOP_MAX_TOKENS and state.stopped_by_window(
+            request.max_tokens, self.facts.context_window
+        ):
+            # The text is kept (valid and paid for); the runner decides what to do.
+            response = ProviderResponse(
+                response.content, STOP_OVERFLOW, response.usage, response.model
+            )
+        return response
 
     @staticmethod
     def _apply(state: _Assembler, chunk: Any) -> str:

@@ -5,9 +5,18 @@ server sends a long ``retry-after``, and they cannot tell the caller that text
 already streamed from a failed attempt is void. ``call_with_retry`` does both.
 
 Streamed text and retries: ``on_text`` receives the deltas of every attempt as they
-arrive. When an attempt fails after streaming some text and another attempt
-follows, ``on_retry(attempt, error, delay)`` is called first, so a caller that shows
-partial text can discard it; the next attempt streams its reply from the start.
+arrive, and the next attempt streams its reply from the start. So a retry after partial
+output never silently doubles a reply:
+
+- with an ``on_retry(attempt, error, delay)`` hook, the hook is called before every
+  retry, and a caller that streams text **must discard what the failed attempt
+  streamed** when it is called (it is told which attempt failed);
+- without one, an attempt that already passed text to ``on_text`` is not retried: its
+  error is raised, since nobody could take the shown text back.
+
+Timeouts: streams are bounded by silence (the providers' connect and stall timeouts,
+see ``core.providers.streaming``), so a long, healthy reply is never cut.
+``policy.timeout_seconds``, when set, also caps each whole attempt (unset: no cap).
 
 ``classify_status_error`` lives here because it decides what is retryable: both
 providers map their SDK errors through it, so a 429 or a mid-stream
@@ -37,6 +46,7 @@ from parley.core.errors import (
 from parley.core.providers.base import Provider, ProviderRequest, ProviderResponse, TextCallback
 from parley.core.providers.overflow import match_overflow
 from parley.core.providers.provider_config import RetryConfig
+from parley.core.providers.streaming import within_deadline
 
 log = logging.getLogger("parley.core.providers.retry")
 
@@ -127,6 +137,19 @@ def classify_status_error(
     return ServerError(message, provider=provider, status=status, retry_after=retry_after)
 
 
+class _Relay:
+    """``on_text`` for one attempt, noting whether any text went through."""
+
+    def __init__(self, on_text: TextCallback) -> None:
+        self.on_text = on_text
+        self.streamed = False
+
+    async def __call__(self, text: str) -> None:
+        if text:
+            self.streamed = True
+        await self.on_text(text)
+
+
 def backoff_delay(attempt: int, policy: RetryConfig, rand: Callable[[], float]) -> float:
     """Exponential backoff for the wait after failed attempt ``attempt`` (1-based).
 
@@ -149,28 +172,39 @@ async def call_with_retry(
 ) -> ProviderResponse:
     """Call ``provider.complete`` with bounded retries of retryable errors.
 
-    At most ``policy.max_attempts`` attempts in all; each is bounded by
-    ``policy.timeout_seconds``. A server's ``retry_after`` is honoured when it is at
-    most ``policy.max_retry_after_seconds``; a longer one is not waited out: the
-    error is raised at once so the user hears about it now. After the last attempt
-    the last typed error is raised.
+    At most ``policy.max_attempts`` attempts in all; each is capped by
+    ``policy.timeout_seconds`` only when it is set (the provider bounds silence). A
+    server's ``retry_after`` is honoured when it is at most
+    ``policy.max_retry_after_seconds``; a longer one is not waited out: the error is
+    raised at once so the user hears about it now. After the last attempt the last
+    typed error is raised.
+
+    ``on_retry`` is called before each retry; a caller that shows ``on_text``'s deltas
+    must discard those of the failed attempt there. Without ``on_retry``, a failed
+    attempt that had passed text to ``on_text`` is raised, not retried.
     """
+    name = getattr(provider, "name", "")
     attempt = 0
     while True:
         attempt += 1
+        relay = _Relay(on_text) if on_text is not None else None
         try:
-            async with asyncio.timeout(policy.timeout_seconds):  # FIXME(helper): stall timeout
-                return await provider.complete(request, on_text)
-        except TimeoutError as exc:
-            error: ProviderError = ProviderTimeoutError(
-                f"no complete answer within {policy.timeout_seconds:g} s",
-                provider=getattr(provider, "name", ""),
+            return await within_deadline(
+                provider.complete(request, relay), policy.timeout_seconds, name
             )
-            error.__cause__ = exc
         except ProviderError as exc:
             error = exc
 
         if not error.retryable or attempt >= policy.max_attempts:
+            raise error
+        if relay is not None and relay.streamed and on_retry is None:
+            log.warning(
+                "attempt %d failed after streaming part of its reply (%s: %s); not retried, "
+                "since the caller cannot discard the text it was given",
+                attempt,
+                type(error).__name__,
+                error.message,
+            )
             raise error
         if error.retry_after is not None:
             if error.retry_after > policy.max_retry_after_seconds:

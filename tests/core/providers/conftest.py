@@ -1,4 +1,5 @@
-"""Fixtures for the provider tests: a clean environment, the fakes, providers on them."""
+"""Fixtures for the provider tests: a clean environment, the fakes, providers on them,
+and a real llama.cpp server (``tests.llama_server``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,18 @@ from parley.core.providers.anthropic import AnthropicProvider
 from parley.core.providers.openai_compat import OpenAICompatProvider
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.openai_api import FakeOpenAI
+from tests.llama_server import LlamaServer
 
 TEST_ANTHROPIC_MODEL = "claude-test-model"  # not in the SDK's deprecation table
 TEST_OPENAI_MODEL = "gpt-test-model"
 TEST_KEY = "sk-test"
-# Short enough that a hung stream fails fast, long enough for a loaded 2-core machine.
-TEST_TIMEOUT_SECONDS = 2.0
+# The stall timeout: short enough that a hung stream fails fast, long enough for a
+# loaded 2-core machine.
+TEST_STALL_SECONDS = 2.0
+
+# The shared real server's window: small enough to overflow cheaply, big enough for a
+# few short exchanges.
+LLAMA_N_CTX = 2048
 
 _PROXY_VARS = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"})
 
@@ -53,7 +60,7 @@ async def anthropic_provider(anthropic_fake: FakeAnthropic) -> AsyncIterator[Ant
         TEST_ANTHROPIC_MODEL,
         TEST_KEY,
         base_url=anthropic_fake.base_url,
-        timeout=TEST_TIMEOUT_SECONDS,
+        stall_timeout=TEST_STALL_SECONDS,
     )
     yield provider
     await provider.aclose()
@@ -62,7 +69,15 @@ async def anthropic_provider(anthropic_fake: FakeAnthropic) -> AsyncIterator[Ant
 @pytest.fixture
 async def openai_provider(openai_fake: FakeOpenAI) -> AsyncIterator[OpenAICompatProvider]:
     provider = OpenAICompatProvider(
-        TEST_OPENAI_MODEL, TEST_KEY, base_url=openai_fake.base_url, timeout=TEST_TIMEOUT_SECONDS
+        TEST_OPENAI_MODEL, TEST_KEY, base_url=openai_fake.base_url, stall_timeout=TEST_STALL_SECONDS
     )
     yield provider
     await provider.aclose()
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[LlamaServer]:
+    """One real llama.cpp server (SmolLM2-135M) for the whole session; tests that stop
+    a server start their own."""
+    with LlamaServer(n_ctx=LLAMA_N_CTX) as server:
+        yield server

@@ -29,8 +29,10 @@ from parley.core.messages import (
 from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
+    STOP_OVERFLOW,
     STOP_REFUSAL,
     STOP_TOOL_USE,
+    ModelFacts,
     Provider,
     ProviderRequest,
 )
@@ -327,15 +329,60 @@ async def test_stream_cut_before_finish_is_a_connection_error(
     assert sink.deltas == ["Hel"]
 
 
+CUT_REPLY = "x" * 40  # the fake counts 4 characters a token: 10 output tokens
+
+
 @pytest.mark.parametrize(
     ("finish", "expected"), [("length", STOP_MAX_TOKENS), ("content_filter", STOP_REFUSAL)]
 )
 async def test_finish_reasons(
     openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider, finish: str, expected: str
 ) -> None:
-    openai_fake.enqueue(Reply("cut", stop_reason=finish))
-    response = await openai_provider.complete(request())
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason=finish))
+    response = await openai_provider.complete(request(max_tokens=10))
     assert response.stop_reason == expected
+
+
+# -- the window's edge: "length" that the window, not max_tokens, caused ----------------------
+
+
+async def test_length_short_of_max_tokens_is_overflow(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+    response = await openai_provider.complete(request(max_tokens=500))
+    assert response.stop_reason == STOP_OVERFLOW
+    assert response.message.text == CUT_REPLY  # kept: valid, and paid for
+    assert response.usage.output_tokens == 10
+
+
+async def test_length_at_the_known_window_is_overflow_even_at_max_tokens(
+    openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
+) -> None:
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+    first = await openai_provider.complete(request(max_tokens=10))
+    assert first.stop_reason == STOP_MAX_TOKENS  # window unknown: max_tokens explains it
+    window = first.usage.context_tokens + first.usage.output_tokens
+    openai_provider.facts = ModelFacts(context_window=window, server="llama.cpp")
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+    second = await openai_provider.complete(request(max_tokens=10))
+    assert second.stop_reason == STOP_OVERFLOW
+    # Below the window, the same reply is the cap's.
+    openai_provider.facts = ModelFacts(context_window=window + 1, server="llama.cpp")
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+    third = await openai_provider.complete(request(max_tokens=10))
+    assert third.stop_reason == STOP_MAX_TOKENS
+
+
+async def test_length_without_usage_stays_max_tokens() -> None:
+    async with FakeOpenAI(api_key=TEST_KEY, report_usage=False) as fake:
+        provider = OpenAICompatProvider(TEST_OPENAI_MODEL, TEST_KEY, base_url=fake.base_url)
+        try:
+            fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+            response = await provider.complete(request(max_tokens=500))
+        finally:
+            await provider.aclose()
+    assert response.stop_reason == STOP_MAX_TOKENS  # nothing to tell the two apart by
 
 
 # -- usage ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
@@ -45,11 +46,23 @@ POLICY = RetryConfig(
     max_attempts=4, base_delay_seconds=0.5, max_delay_seconds=1.5, max_retry_after_seconds=10
 )
 
-Outcome = ProviderError | ProviderResponse | Callable[[], object]
+
+@dataclass(frozen=True)
+class Streams:
+    """An attempt that passes ``deltas`` to on_text (``gap`` seconds apart), then ends
+    with ``then`` (raised, or returned)."""
+
+    deltas: tuple[str, ...]
+    then: ProviderError | ProviderResponse
+    gap: float = 0.0
+
+
+Outcome = ProviderError | ProviderResponse | Streams | Callable[[], object]
 
 
 class ScriptedProvider:
-    """Answers each call with the next outcome: raise an error, return a response."""
+    """Answers each call with the next outcome: raise an error, return a response,
+    stream some text first, or hang."""
 
     name = "scripted"
     model = "m"
@@ -63,6 +76,13 @@ class ScriptedProvider:
     ) -> ProviderResponse:
         self.calls += 1
         outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Streams):
+            for delta in outcome.deltas:
+                if outcome.gap:
+                    await asyncio.sleep(outcome.gap)  # a slow, steady stream
+                if on_text is not None:
+                    await on_text(delta)
+            outcome = outcome.then
         if isinstance(outcome, ProviderError):
             raise outcome
         if isinstance(outcome, ProviderResponse):
@@ -162,14 +182,87 @@ async def test_retry_after_over_the_cap_gives_up_at_once() -> None:
     assert sleeps.delays == retried == []
 
 
-async def test_each_attempt_is_bounded_by_the_timeout() -> None:
+async def test_a_configured_timeout_caps_each_whole_attempt() -> None:
     never = lambda: None  # noqa: E731 - marks "hang" in the script
     provider, sleeps = ScriptedProvider(never, never), Sleeps()
     policy = RetryConfig(max_attempts=2, base_delay_seconds=0, timeout_seconds=0.05)
     with pytest.raises(ProviderTimeoutError) as caught:
         await call_with_retry(provider, REQUEST, policy, sleep=sleeps)
     assert caught.value.provider == "scripted"
+    assert caught.value.message == "no complete answer within 0.05 s"
     assert provider.calls == 2
+
+
+async def test_no_whole_call_cap_unless_configured() -> None:
+    """A steady stream longer than the opt-in cap: cut with the cap, whole without it."""
+    steady = Streams(("a",) * 6, OK, gap=0.05)  # 0.3 s of output in all
+    capped = RetryConfig(max_attempts=1, timeout_seconds=0.1)
+    with pytest.raises(ProviderTimeoutError):
+        await call_with_retry(ScriptedProvider(steady), REQUEST, capped, sleep=Sleeps())
+
+    assert RetryConfig().timeout_seconds is None
+    shown: list[str] = []
+
+    async def on_text(text: str) -> None:
+        shown.append(text)
+
+    response = await call_with_retry(
+        ScriptedProvider(steady), REQUEST, RetryConfig(max_attempts=1), on_text, sleep=Sleeps()
+    )
+    assert response is OK
+    assert shown == ["a"] * 6
+
+
+# -- partial output and retries -----------------------------------------------------------
+
+
+async def test_partial_output_without_a_retry_hook_is_not_retried() -> None:
+    """Nobody could take back "Hal": a second attempt would show "HalWhole answer"."""
+    error = OverloadedError("overloaded mid-stream")
+    provider, sleeps = ScriptedProvider(Streams(("Hal",), error), OK), Sleeps()
+    shown: list[str] = []
+
+    async def on_text(text: str) -> None:
+        shown.append(text)
+
+    with pytest.raises(OverloadedError) as caught:
+        await call_with_retry(provider, REQUEST, POLICY, on_text, sleep=sleeps)
+    assert caught.value is error
+    assert provider.calls == 1
+    assert sleeps.delays == []
+    assert shown == ["Hal"]
+
+
+async def test_failure_before_any_output_is_retried_without_a_hook() -> None:
+    provider, sleeps = ScriptedProvider(Streams((), ServerError("500")), OK), Sleeps()
+
+    async def on_text(text: str) -> None:
+        pass
+
+    assert await call_with_retry(provider, REQUEST, POLICY, on_text, sleep=sleeps) is OK
+    assert provider.calls == 2
+
+
+async def test_partial_output_with_a_hook_is_retried_after_the_hook() -> None:
+    final = ProviderResponse((TextBlock("Whole answer"),), "end_turn")
+    provider = ScriptedProvider(
+        Streams(("Hal",), OverloadedError("overloaded")), Streams(("Whole", " answer"), final)
+    )
+    events: list[str] = []
+
+    async def on_text(text: str) -> None:
+        events.append(f"text:{text}")
+
+    def on_retry(attempt: int, error: ProviderError, delay: float) -> None:
+        events.append(f"retry:{attempt}")
+
+    response = await call_with_retry(
+        provider, REQUEST, POLICY, on_text, sleep=Sleeps(), on_retry=on_retry
+    )
+    assert response is final
+    # The hook comes between the failed attempt's text and the next attempt's, so the
+    # caller knows exactly which deltas to discard.
+    assert events == ["text:Hal", "retry:1", "text:Whole", "text: answer"]
 
 
 def test_backoff_grows_and_stays_within_jitter_bounds() -> None:
