@@ -2,13 +2,26 @@
 
 Protocol ``parley.chat.v1`` (JSON text frames; see the admin contract):
 
-    client -> server   {"type": "hello", "client_id", "name"?}   first frame, within 10 s
+    client -> server   {"type": "hello", "client_id", "name"?, "history"?: true}
+                                                                 first frame, within 10 s
                        {"type": "message", "id", "text"}
     server -> client   {"type": "ready", "client_id"}            after hello
+                       {"type": "history", "messages": [...]}    after ready, when asked
+                                                                 and there is any
                        {"type": "ack", "id"}                     the message is durable
-                       {"type": "typing"}
-                       {"type": "reply", "id", "reply_to", "text"}
+                       {"type": "typing"}                        working; every 10 s
+                       {"type": "draft", "id", "text", "blocks"?, "reset"}
+                       {"type": "reply", "id", "reply_to", "text", "blocks"?, "draft"?}
                        {"type": "error", "message", "id"}        the socket stays open
+
+A ``draft`` is a reply being written (``web_markdown``'s node tree in ``blocks``; the whole
+text so far each time; ``reset``: null, "retry", "next_call" or "withdrawn", see
+``ReplyDraft``): never kept, never logged, sent to the open tabs only. Its ``id`` names
+the reply: the ``reply`` that carries it as ``draft`` takes the draft's place. ``history``
+(``web_history``) is the client's recent conversation: items
+``{"role": "user", "id", "text", "at"}`` and ``{"role": "bot", "id", "reply_to", "text",
+"blocks"?, "at"}``, oldest first. Bot text is untrusted: the page builds ``blocks`` with
+DOM calls, and shows ``text`` as text when ``blocks`` is absent.
 
 The gateway's HTTP middleware checks the admin token (the browser sends it as the
 subprotocol ``bearer.<token>``); this adapter never sees it. A client is the browser
@@ -21,6 +34,7 @@ per-client backlog, in memory, flushed after the next hello.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -44,9 +58,12 @@ from parley.channels.base import (
     InboundMessage,
     InboundNotStored,
     OutboundMessage,
+    ReplyDraft,
     WebhookRoute,
 )
 from parley.channels.config import WebConfig
+from parley.channels.web_history import ChatLog
+from parley.channels.web_markdown import markdown_tree
 
 logger = logging.getLogger("parley.channels.web")
 
@@ -54,6 +71,14 @@ PROTOCOL = "parley.chat.v1"
 WS_PATH = "/chat/ws"
 HELLO_TIMEOUT_SECONDS = 10.0
 HEARTBEAT_SECONDS = 30.0
+# The page stops showing "working" after 30 s without a word: the gateway repeats it.
+TYPING_REFRESH_SECONDS = 10.0
+# Markdown is rendered on a worker thread past this size (a dense reply of 10,000
+# characters takes ~15 ms), and not at all past the cap (the page shows the text).
+RENDER_INLINE_CHARS = 2_000
+RENDER_MAX_CHARS = 200_000
+# Replies sent, remembered so a draft that comes late does not reappear.
+FINISHED_KEYS = 1024
 DEFAULT_SENDER_NAME = "web user"
 MAX_NAME_CHARS = 64
 # Private close codes (4000-4999): 4400 a protocol error, 4429 too many clients.
@@ -63,6 +88,7 @@ CLOSE_GOING_AWAY = 1001
 
 _ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TYPING_FRAME = json.dumps({"type": "typing"})
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(eq=False)  # identity hashing: sockets live in sets
@@ -73,6 +99,42 @@ class _Socket:
     # Serialises writes, so the hello's ready + backlog flush goes out before any reply
     # that a concurrent send() has for this socket.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A reply waiting for a tab: the frame to send, the entry to log once sent."""
+
+    frame: str
+    entry: dict[str, Any]
+
+
+def _sendable(text: str) -> str:
+    """``text`` with lone surrogates (JSON lets a client or a model send them; UTF-8 has
+    no bytes for them, so the frame could not be sent) replaced, as the gateway stores them."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def _draft_id(key: str) -> str:
+    """The draft's name on the wire: stable for the reply, not its key (which holds ids)."""
+    return "d" + hashlib.blake2s(key.encode(), digest_size=8).hexdigest()
+
+
+async def _render(text: str) -> list[Any] | None:
+    """``text`` as Markdown blocks, or None (the page shows it as text)."""
+    if len(text) > RENDER_MAX_CHARS:
+        return None
+    try:
+        if len(text) <= RENDER_INLINE_CHARS:
+            return markdown_tree(text)
+        return await asyncio.to_thread(markdown_tree, text)
+    except Exception:  # a renderer bug costs the formatting, never the reply
+        logger.exception("web chat: rendering Markdown failed")
+        return None
 
 
 def _frame(kind: str, **fields: Any) -> str:
@@ -90,7 +152,8 @@ class WebChannel:
         markdown=True,
         typing_indicator=True,
         threads=False,
-        typing_refresh_seconds=None,
+        typing_refresh_seconds=TYPING_REFRESH_SECONDS,
+        live_drafts=True,
     )
 
     def __init__(self, config: WebConfig, *, hello_timeout: float = HELLO_TIMEOUT_SECONDS) -> None:
@@ -102,7 +165,10 @@ class WebChannel:
         self._sockets: set[_Socket] = set()  # every open socket, greeted or not
         self._clients: dict[str, set[_Socket]] = {}  # greeted sockets by client id
         # Oldest-touched client first, so the cap on clients drops the most stale one.
-        self._backlogs: OrderedDict[str, deque[str]] = OrderedDict()
+        # Each kept reply: its frame, and its entry for the log once a tab got it.
+        self._backlogs: OrderedDict[str, deque[_Kept]] = OrderedDict()
+        self._log = ChatLog()
+        self._finished: OrderedDict[str, None] = OrderedDict()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -151,20 +217,51 @@ class WebChannel:
             # Inbound ids are "<client_id>:<client message id>"; the browser knows the latter.
             _, sep, rest = reply_to.partition(":")
             reply_to = rest if sep else reply_to
-        frame = _frame("reply", id=server_id, reply_to=reply_to, text=message.text)
+        text = _sendable(message.text)
+        fields: dict[str, Any] = {"id": server_id, "reply_to": reply_to, "text": text}
+        blocks = await _render(text)
+        if blocks is not None:
+            fields["blocks"] = blocks
+        key = message.idempotency_key
+        if key is not None:
+            fields["draft"] = _draft_id(key)
+            self._finished[key] = None
+            while len(self._finished) > FINISHED_KEYS:
+                self._finished.popitem(last=False)
+        now = datetime.now(UTC)
+        frame = _frame("reply", **fields)
+        kept = _Kept(frame, {"role": "bot", **fields, "at": now.isoformat()})
         tried: set[_Socket] = set()
         while True:
             # A tab may finish its hello while we write to one that is closing: try it too
             # rather than leave the reply in a backlog nobody flushes until the next hello.
             fresh = [s for s in self._clients.get(client_id, ()) if s not in tried]
             if not fresh:
-                self._keep(client_id, [frame])
+                self._keep(client_id, [kept])
                 break
             tried.update(fresh)
             results = await asyncio.gather(*(self._write(s, frame) for s in fresh))
             if any(results):
+                self._log.add(client_id, kept.entry)
                 break
-        return DeliveryResult((server_id,), 1, datetime.now(UTC))
+        return DeliveryResult((server_id,), 1, now)
+
+    async def draft(self, draft: ReplyDraft) -> None:
+        """Show a reply being written in the client's open tabs (none open: dropped)."""
+        if draft.key in self._finished or not self._clients.get(draft.chat_id):
+            return
+        text = _sendable(draft.text)
+        fields: dict[str, Any] = {"id": _draft_id(draft.key), "text": text}
+        if text:
+            blocks = await _render(text)
+            if blocks is not None:
+                fields["blocks"] = blocks
+        fields["reset"] = draft.reset
+        if draft.key in self._finished:  # the reply went out while this one rendered
+            return
+        frame = _frame("draft", **fields)
+        sockets = list(self._clients.get(draft.chat_id, ()))
+        await asyncio.gather(*(self._write(s, frame) for s in sockets))
 
     async def typing(
         self, chat_id: str, thread_id: str | None = None, account: str = "default"
@@ -173,7 +270,7 @@ class WebChannel:
         if sockets:
             await asyncio.gather(*(self._write(s, _TYPING_FRAME) for s in sockets))
 
-    def _keep(self, client_id: str, frames: Iterable[str], *, front: bool = False) -> None:
+    def _keep(self, client_id: str, frames: Iterable[_Kept], *, front: bool = False) -> None:
         """Queue replies for a client with no open socket; the oldest go when it is full."""
         frames = list(frames)
         backlog = self._backlogs.get(client_id)
@@ -296,11 +393,17 @@ class WebChannel:
             if not await self._write_locked(sock, _frame("ready", client_id=client_id)):
                 self._keep(client_id, kept, front=True)
                 return False
+            # What the client saw before (another tab, before a reload), then what it
+            # has not seen yet.
+            history = self._log.frame(client_id) if hello.get("history") is True else None
+            if history is not None and not await self._write_locked(sock, history):
+                self._keep(client_id, kept, front=True)
+                return False
             while kept:
-                if not await self._write_locked(sock, kept[0]):
+                if not await self._write_locked(sock, kept[0].frame):
                     self._keep(client_id, kept, front=True)
                     return False
-                kept.popleft()
+                self._log.add(client_id, kept.popleft().entry)
         logger.debug("web chat: %s connected", client_id)
         return True
 
@@ -373,6 +476,15 @@ class WebChannel:
             logger.exception("web chat: handling %s failed", inbound.message_id)
             await self._write(sock, _error("the message was not accepted; try again", message_id))
             return
+        self._log.add(
+            client_id,
+            {
+                "role": "user",
+                "id": message_id,
+                "text": _sendable(text),
+                "at": inbound.timestamp.isoformat(),
+            },
+        )
         await self._write(sock, _frame("ack", id=message_id))
 
 

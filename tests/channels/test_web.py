@@ -18,7 +18,9 @@ from parley.channels.base import (
     ChannelStartError,
     DeliveryError,
     InboundMessage,
+    LiveDrafts,
     OutboundMessage,
+    ReplyDraft,
 )
 from parley.channels.config import ChannelsConfig, WebConfig
 from parley.channels.web import PROTOCOL, WebChannel
@@ -59,9 +61,12 @@ class Chat:
         self.sockets.append(ws)
         return ws
 
-    async def connect(self, client_id: str = "tab-1", name: str | None = "Ada") -> Any:
+    async def connect(
+        self, client_id: str = "tab-1", name: str | None = "Ada", *, history: bool = True
+    ) -> Any:
         ws = await self.open()
-        await ws.send_json({"type": "hello", "client_id": client_id, "name": name})
+        hello = {"type": "hello", "client_id": client_id, "name": name, "history": history}
+        await ws.send_json(hello)
         assert await ws.receive_json(timeout=5) == {"type": "ready", "client_id": client_id}
         return ws
 
@@ -117,7 +122,9 @@ async def test_it_is_a_channel_with_one_authenticated_route(chat: Chat) -> None:
     assert channel.name == "web"
     caps = channel.capabilities
     assert (caps.markdown, caps.typing_indicator, caps.threads) == (True, True, False)
-    assert caps.max_message_chars is None and caps.typing_refresh_seconds is None
+    assert caps.live_drafts and isinstance(channel, LiveDrafts)
+    # Repeated, so the page keeps showing "working" through a long tool or compaction.
+    assert caps.max_message_chars is None and caps.typing_refresh_seconds == 10.0
     [route] = channel.webhook_routes()
     assert (route.method, route.path, route.public) == ("GET", "/chat/ws", False)
     assert channel.connected()
@@ -181,8 +188,9 @@ async def test_a_reply_arrives_with_the_client_message_id(chat: Chat) -> None:
     ws = await chat.connect("tab-1")
     result = await chat.channel.send(reply("**hi**", reply_to="tab-1:m-1"))
     frame = await ws.receive_json(timeout=5)
+    bold = [{"t": "p", "c": [{"t": "strong", "c": ["hi"]}]}]
     assert frame == {"type": "reply", "id": result.platform_message_ids[0], "reply_to": "m-1",
-                     "text": "**hi**"}  # fmt: skip
+                     "text": "**hi**", "blocks": bold}  # fmt: skip
     assert result.parts == 1 and result.delivered_at is not None
     await chat.channel.send(reply("unprompted"))
     assert (await ws.receive_json(timeout=5))["reply_to"] is None
@@ -204,8 +212,11 @@ async def test_replies_wait_for_the_next_hello_in_order(chat: Chat) -> None:
     frames = [await ws.receive_json(timeout=5) for _ in range(3)]
     assert [f["text"] for f in frames] == ["r0", "r1", "r2"]
     assert [f["id"] for f in frames] == [r.platform_message_ids[0] for r in results]
-    # Flushed once: a second tab does not get them again.
+    # Flushed once: a second tab does not get them again, only in the history.
     again = await chat.connect("tab-1")
+    history = await again.receive_json(timeout=5)
+    assert history["type"] == "history"
+    assert [m["text"] for m in history["messages"]] == ["r0", "r1", "r2"]
     await chat.channel.send(reply("fresh"))
     assert (await again.receive_json(timeout=5))["text"] == "fresh"
     assert (await ws.receive_json(timeout=5))["text"] == "fresh"
@@ -221,6 +232,12 @@ async def test_replies_after_the_last_tab_closed_are_kept(chat: Chat) -> None:
     await chat.channel.send(reply("while away", reply_to="tab-1:m1"))
     back = await chat.connect("tab-1")
     frame = await back.receive_json(timeout=5)
+    if frame["type"] == "history":  # the reply reached the closing socket: it is seen
+        assert frame["messages"][0]["text"] == "hi"
+        if len(frame["messages"]) == 1:
+            frame = await back.receive_json(timeout=5)
+        else:
+            frame = frame["messages"][1]
     assert (frame["text"], frame["reply_to"]) == ("while away", "m1")
 
 
@@ -433,3 +450,101 @@ def test_the_factory_builds_the_web_chat_when_enabled(
     assert [c.name for c in channels] == names
     web_chat = [c for c in channels if isinstance(c, WebChannel)]
     assert all(c.config == ChannelsConfig.model_validate(config).web for c in web_chat)
+
+
+# -- drafts, history, privacy --------------------------------------------------------------
+
+
+def keyed(text: str, key: str = "reply:web:default:tab-1:m1", client: str = "tab-1") -> Any:
+    return OutboundMessage(
+        channel="web",
+        account="default",
+        chat_id=client,
+        text=text,
+        reply_to_message_id=f"{client}:m1",
+        idempotency_key=key,
+    )
+
+
+def draft(text: str, reset: str | None = None, client: str = "tab-1") -> ReplyDraft:
+    key = f"reply:web:default:{client}:m1"
+    return ReplyDraft("web", "default", client, key, text, reset=reset)  # type: ignore[arg-type]
+
+
+async def test_drafts_stream_and_the_reply_takes_their_place(chat: Chat) -> None:
+    ws = await chat.connect("tab-1")
+    await chat.channel.draft(draft("Hello *wor"))
+    first = await ws.receive_json(timeout=5)
+    assert first["type"] == "draft" and first["text"] == "Hello *wor" and first["reset"] is None
+    assert first["blocks"] == [{"t": "p", "c": ["Hello *wor"]}]
+    await chat.channel.draft(draft("Sorry", reset="retry"))
+    again = await ws.receive_json(timeout=5)
+    assert (again["id"], again["text"], again["reset"]) == (first["id"], "Sorry", "retry")
+    await chat.channel.send(keyed("Sorry, *world*."))
+    final = await ws.receive_json(timeout=5)
+    assert final["type"] == "reply" and final["draft"] == first["id"]
+    assert final["blocks"] == [{"t": "p", "c": ["Sorry, ", {"t": "em", "c": ["world"]}, "."]}]
+    # The reply is out: a late draft for it is dropped, the next frame is the typing.
+    await chat.channel.draft(draft("Sorry, *world*. And"))
+    await chat.channel.typing("tab-1")
+    assert await ws.receive_json(timeout=5) == {"type": "typing"}
+
+
+async def test_drafts_are_never_kept_for_a_closed_tab(chat: Chat) -> None:
+    await chat.channel.draft(draft("nobody is here"))
+    ws = await chat.connect("tab-1")
+    await chat.channel.typing("tab-1")
+    assert await ws.receive_json(timeout=5) == {"type": "typing"}  # no draft, no history
+
+
+async def test_a_reload_restores_the_conversation_and_no_one_elses(chat: Chat) -> None:
+    """The canary: a second client never sees the first one's words, streamed or logged."""
+    mine, other = await chat.connect("tab-1"), await chat.connect("someone-else")
+    await mine.send_json({"type": "message", "id": "m1", "text": "my secret plan"})
+    assert await mine.receive_json(timeout=5) == {"type": "ack", "id": "m1"}
+    await chat.channel.draft(draft("Your secret plan is"))
+    assert (await mine.receive_json(timeout=5))["type"] == "draft"
+    await chat.channel.send(keyed("Your secret plan is **safe**."))
+    assert (await mine.receive_json(timeout=5))["type"] == "reply"
+    await mine.close()
+
+    reloaded = await chat.connect("tab-1")
+    history = await reloaded.receive_json(timeout=5)
+    assert history["type"] == "history"
+    said = [(m["role"], m["id"], m["text"]) for m in history["messages"]]
+    assert said[0] == ("user", "m1", "my secret plan")
+    assert said[1][0] == "bot" and said[1][2] == "Your secret plan is **safe**."
+    assert history["messages"][1]["reply_to"] == "m1" and "blocks" in history["messages"][1]
+
+    # The other client: nothing of it, not on its open socket, not after a reload.
+    await chat.channel.typing("someone-else")
+    assert await other.receive_json(timeout=5) == {"type": "typing"}
+    fresh = await chat.connect("someone-else")
+    await chat.channel.typing("someone-else")
+    assert await fresh.receive_json(timeout=5) == {"type": "typing"}  # no history first
+    assert await other.receive_json(timeout=5) == {"type": "typing"}
+    await other.send_json({"type": "message", "id": "m1", "text": "hi"})  # same id, own log
+    assert await other.receive_json(timeout=5) == {"type": "ack", "id": "m1"}
+    third = await chat.connect("someone-else")
+    theirs = await third.receive_json(timeout=5)
+    assert [m["text"] for m in theirs["messages"]] == ["hi"]
+    assert "secret" not in str(theirs)
+
+
+async def test_a_message_sent_again_is_logged_once(chat: Chat) -> None:
+    ws = await chat.connect("tab-1")
+    for _ in range(2):  # a resend after a reconnect: the same id
+        await ws.send_json({"type": "message", "id": "m1", "text": "once"})
+        assert (await ws.receive_json(timeout=5))["type"] == "ack"
+    again = await chat.connect("tab-1")
+    history = await again.receive_json(timeout=5)
+    assert [m["text"] for m in history["messages"]] == ["once"]
+
+
+async def test_history_comes_only_when_asked_for(chat: Chat) -> None:
+    ws = await chat.connect("tab-1")
+    await ws.send_json({"type": "message", "id": "m1", "text": "logged"})
+    assert (await ws.receive_json(timeout=5))["type"] == "ack"
+    quiet = await chat.connect("tab-1", history=False)  # a client keeping its own copy
+    await chat.channel.typing("tab-1")
+    assert await quiet.receive_json(timeout=5) == {"type": "typing"}
