@@ -590,16 +590,17 @@ async def test_error_inside_a_stream_is_classified_by_type(
 @pytest.mark.parametrize("partial", [None, "Started then"])
 async def test_hung_stream_times_out(anthropic_fake: FakeAnthropic, partial: str | None) -> None:
     provider = AnthropicProvider(
-        TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=anthropic_fake.base_url, timeout=0.3
+        TEST_ANTHROPIC_MODEL, TEST_KEY, base_url=anthropic_fake.base_url, stall_timeout=0.3
     )
     anthropic_fake.enqueue(Hang(partial))
     sink = TextSink()
     try:
-        with pytest.raises(ProviderTimeoutError):
+        with pytest.raises(ProviderTimeoutError) as caught:
             await provider.complete(request(), sink)
     finally:
         await provider.aclose()
     assert anthropic_fake.hangs_started == 1
+    assert caught.value.message == "no data for 0.3 s"  # headers or events: both silence
     assert "".join(sink.deltas) == (partial or "")
 
 

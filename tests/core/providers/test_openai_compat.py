@@ -516,15 +516,16 @@ async def test_error_inside_a_stream_is_classified_by_type(
 @pytest.mark.parametrize("partial", [None, "Started"])
 async def test_hung_stream_times_out(openai_fake: FakeOpenAI, partial: str | None) -> None:
     provider = OpenAICompatProvider(
-        TEST_OPENAI_MODEL, TEST_KEY, base_url=openai_fake.base_url, timeout=0.3
+        TEST_OPENAI_MODEL, TEST_KEY, base_url=openai_fake.base_url, stall_timeout=0.3
     )
     openai_fake.enqueue(Hang(partial))
     try:
-        with pytest.raises(ProviderTimeoutError):
+        with pytest.raises(ProviderTimeoutError) as caught:
             await provider.complete(request())
     finally:
         await provider.aclose()
     assert openai_fake.hangs_started == 1
+    assert caught.value.message == "no data for 0.3 s"  # headers or events: both silence
 
 
 async def test_connection_refused_is_a_connection_error() -> None:
