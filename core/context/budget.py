@@ -28,6 +28,13 @@ Why these shares (measured with ``bench/small_windows.py`` at 4k, 8k and 32k):
   part (at most ``MAX_KEEP_SHARE`` of the threshold) and the system prompt a compacted
   view stays well under the threshold, so the next turns fit before another fold.
 - recall, 7.5%: a reminder, not a second history (1,500 at 20k and above).
+- what a compaction leaves, as shares of the room under the threshold once the system
+  prompt and tools are counted: the kept turns at most 40%, the summary text (or
+  selective's chosen messages) 30%, the ledger 20%, so 10% at least is left for the
+  next turn before another fold (the kept turns rarely fill their share). At 200,000
+  tokens the room is ~145,000: today's figures bind first (selective's text alone goes
+  from 44,000 to ~43,700 tokens). At 2,048 these shares make a compaction leave a view
+  that fits (a 400-token system prompt is a third of the room there).
 - pruning, in characters of the window: hard-clear once the eligible results hold
   6.25% of it (50,000 characters at 200,000 tokens), soft-trim results over 2% of it
   (4,000 at 50,000 tokens and above), keeping head and tail in today's 3:8 proportion.
@@ -62,6 +69,14 @@ SOFT_TRIM_SHARE = 0.02
 # The compaction threshold never falls below this share of the window, so a large
 # output reserve cannot make every turn compact.
 MIN_THRESHOLD_SHARE = 0.25
+# What a compaction leaves, as shares of the room under the threshold (see above).
+KEEP_ROOM_SHARE = 0.40
+FOLD_ROOM_SHARE = 0.30
+LEDGER_ROOM_SHARE = 0.20
+# The kept part never takes more than this share of the threshold (the summary, the
+# system prompt and the 1.2 margin come on top of it): a compaction that keeps
+# nearly everything would only have to run again.
+MAX_KEEP_SHARE = 0.35
 # The memory flush's answer: notes, not an essay (today's cap, also at large windows).
 FLUSH_MAX_OUTPUT_TOKENS = 2_048
 # Chars per token for the character-based pruning figures (as core.tools.truncation).
@@ -166,8 +181,10 @@ class ContextBudget:
     limit: int  # the most a prompt may take before the view is trimmed: window - output
     keep_recent_tokens: int
     keep_recent_turns: int
-    summary_tokens: int
+    summary_tokens: int  # a summary call's output limit
     ledger_tokens: int  # the rendered ledger's cap
+    max_keep_tokens: int  # a compaction keeps at most this much verbatim
+    fold_tokens: int  # the folded part's text (summary or selected messages) at most
     flush_soft_tokens: int  # the flush runs this close below the threshold
     flush_output: int
     # The server counts only the prompt against its window (llama.cpp, Ollama): its
@@ -176,13 +193,23 @@ class ContextBudget:
 
 
 def context_budget(
-    window: int, config: ContextConfig, max_output: int, *, prompt_only: bool = False
+    window: int,
+    config: ContextConfig,
+    max_output: int,
+    *,
+    prompt_only: bool = False,
+    base_tokens: int = 0,
+    margin: float = 1.0,
 ) -> ContextBudget:
-    """The figures for ``window`` tokens with the engine's ``max_output``."""
+    """The figures for ``window`` tokens with the engine's ``max_output``. ``base_tokens``:
+    the system prompt and tools, counted; ``margin``: what the guard multiplies a count
+    by (safety margin times calibration), so the fold figures leave a view that fits."""
     window = max(1, window)
     compaction = config.compaction
     output = output_tokens(window, max_output)
     threshold = compaction_threshold(window, compaction, max_output)
+    room = max(1, int(threshold / max(margin, 1.0)) - max(0, base_tokens))
+    summary = summary_tokens(window, compaction.summary_max_tokens)
     return ContextBudget(
         window=window,
         output=output,
@@ -194,8 +221,10 @@ def context_budget(
             min(1, compaction.keep_recent_turns),
             min(compaction.keep_recent_turns, window // TOKENS_PER_KEPT_TURN),
         ),
-        summary_tokens=summary_tokens(window, compaction.summary_max_tokens),
-        ledger_tokens=max(1, int(window * LEDGER_SHARE)),
+        summary_tokens=min(summary, max(MIN_SUMMARY_TOKENS, int(room * FOLD_ROOM_SHARE))),
+        ledger_tokens=max(1, min(int(window * LEDGER_SHARE), int(room * LEDGER_ROOM_SHARE))),
+        max_keep_tokens=max(1, min(int(threshold * MAX_KEEP_SHARE), int(room * KEEP_ROOM_SHARE))),
+        fold_tokens=max(1, int(room * FOLD_ROOM_SHARE)),
         flush_soft_tokens=flush_soft_tokens(config.flush, threshold),
         flush_output=min(output, FLUSH_MAX_OUTPUT_TOKENS),
         prompt_only=prompt_only,

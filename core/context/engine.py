@@ -197,9 +197,22 @@ class ContextEngine:
         """Whether the provider's server counts only the prompt against its window."""
         return prompt_only_window(self.provider)
 
-    def budget(self, window: int) -> ContextBudget:
-        """Every figure the engine plans with for ``window`` (``core.context.budget``)."""
-        return context_budget(window, self.config, self.max_output, prompt_only=self.prompt_only)
+    def budget(self, window: int, request: ViewRequest | None = None) -> ContextBudget:
+        """Every figure the engine plans with for ``window`` (``core.context.budget``),
+        the fold figures sized to ``request``'s system prompt and tools."""
+        base = margin = 0.0
+        if request is not None:
+            base = self.counter.text(request.system) + self.counter.tools(request.tools)
+            ratio = self.calibration.ratio(self.provider.name, request.model)
+            margin = self.config.safety_margin * ratio
+        return context_budget(
+            window,
+            self.config,
+            self.max_output,
+            prompt_only=self.prompt_only,
+            base_tokens=int(base),
+            margin=margin,
+        )
 
     def threshold(self, window: int) -> int:
         return self.budget(window).threshold
@@ -221,7 +234,7 @@ class ContextEngine:
         info = self.check(request.model)
         state = self._state(request.session_key, request.model)
         window = min(info.tokens, state.window_cap or info.tokens)
-        return state, self.budget(window)
+        return state, self.budget(window, request)
 
     def session_budget(self, request: ViewRequest) -> ContextBudget:
         """The figures of the session's window now (refused below the minimum)."""
@@ -545,7 +558,7 @@ class ContextEngine:
         if exc.limit and trusted and exc.limit < window:
             # The provider's window is smaller than configured: believe the provider.
             state.window_cap = window = exc.limit
-        budget = self.budget(window)
+        budget = self.budget(window, request)
         entries = transcript.live_entries()
         if self.config.flush.enabled and not flushed_this_cycle(entries):
             await self._flush(

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from parley.core.context.budget import ContextBudget
+from parley.core.context.budget import MAX_KEEP_SHARE, ContextBudget
 from parley.core.context.compaction.ledger import Ledger, extract_ledger
 from parley.core.context.compaction.strategies import (
     STRATEGY_SLIDING_WINDOW,
@@ -67,10 +67,6 @@ TRIGGER_MESSAGES = "messages"  # compaction.max_messages since the last compacti
 TRIGGER_AGE = "age"  # compaction.max_age_seconds since the last compaction
 TRIGGER_HISTORY = "history"  # the view's history limit hides messages: fold them
 CHECKPOINTS_DIR_NAME = "checkpoints"
-# The kept part never takes more than this share of the compaction threshold (the
-# summary, the system prompt and the 1.2 margin come on top of it): a
-# compaction that keeps nearly everything would only have to run again.
-MAX_KEEP_SHARE = 0.35
 # The triggers whose compaction must make the context smaller to be worth it; the
 # count and age triggers fold by design, and an overflow must fold whatever it saves.
 SIZE_TRIGGERS = frozenset({TRIGGER_THRESHOLD, TRIGGER_MANUAL})
@@ -264,7 +260,7 @@ class Compactor:
         if newest is not None and newest.type == ENTRY_COMPACTION:
             # Custom entries (deliveries, flushes, prunes) do not count as new content.
             return "already compacted; nothing new since"
-        max_keep = _max_keep(threshold)
+        max_keep = budget.max_keep_tokens if budget else _max_keep(threshold)
         plan = plan_cut(
             entries,
             count=self.count,
@@ -306,6 +302,7 @@ class Compactor:
         window: int,
         focus: str,
         strategy_name: str | None = None,
+        budget: ContextBudget | None = None,
     ) -> tuple[CompactionStrategy, CutPlan, Fold, Ledger, list[str]] | list[str]:
         """The first strategy that folds: it, its cut, its fold, the merged ledger and
         the failures before it; or only the failures when none could."""
@@ -314,7 +311,10 @@ class Compactor:
         failures: list[str] = []
         for strategy in self.strategies(strategy_name):
             cut = strategy.cut(
-                messages, plan, count=self.count, max_keep_tokens=_max_keep(threshold)
+                messages,
+                plan,
+                count=self.count,
+                max_keep_tokens=budget.max_keep_tokens if budget else _max_keep(threshold),
             )
             folded = tuple(_without_turn_context(e.message) for e in cut.summarize)
             fresh = extract_ledger(folded)
@@ -326,6 +326,8 @@ class Compactor:
                 window=window,
                 threshold=threshold,
                 focus=focus,
+                fold_tokens=budget.fold_tokens if budget else None,
+                summary_tokens=budget.summary_tokens if budget else None,
             )
             try:
                 fold = await strategy.fold(request)
@@ -370,6 +372,7 @@ class Compactor:
             window=window,
             focus=focus,
             strategy_name=strategy,
+            budget=budget,
         )
         if isinstance(folded, list):
             log.warning("compaction (%s) failed: %s; history kept", trigger, "; ".join(folded))

@@ -47,7 +47,7 @@ SHORT_TOOL_RESULT_CHARS = 500
 LEDGER_HEADING = "## Ledger (kept verbatim across compactions)"
 # Rendering within a token budget takes items from these sections in turn.
 _RENDER_PRIORITY = ("remember", "identifiers", "asks", "decisions")
-LEFT_OUT_NOTE_TOKENS = 16
+LEFT_OUT_NOTE_TOKENS = 16  # "(N more ledger item(s) left out ...)"
 CountText = Callable[[str], int]
 _SECTION_TITLES = (
     ("identifiers", "### Exact identifiers"),
@@ -182,24 +182,28 @@ class Ledger:
 
     def _within(self, max_tokens: int, count: CountText) -> set[tuple[str, int]]:
         """Which (section, index) items fit ``max_tokens`` (see ``render``)."""
+        titles = dict(_SECTION_TITLES)
         queues: list[list[tuple[str, int, str]]] = []
         for field_name in _RENDER_PRIORITY:
             items: tuple[str, ...] = getattr(self, field_name)
             newest_first = field_name != "identifiers"
             order = reversed(range(len(items))) if newest_first else range(len(items))
             queues.append([(field_name, n, items[n]) for n in order])
-        fixed = LEDGER_HEADING + "\n" + "\n".join(t for _, t in _SECTION_TITLES)
-        budget = max_tokens - count(fixed) - LEFT_OUT_NOTE_TOKENS
+        budget = max_tokens - count(LEDGER_HEADING) - LEFT_OUT_NOTE_TOKENS
         chosen: set[tuple[str, int]] = set()
+        opened: set[str] = set()
         while any(queues) and budget > 0:
             for queue in queues:
                 if not queue:
                     continue
                 field_name, index, item = queue.pop(0)
-                cost = count(f"- {item}") + 1
+                # A section's title costs once, with its first item.
+                title = 0 if field_name in opened else count(titles[field_name]) + 1
+                cost = count(f"- {item}") + 1 + title
                 if cost > budget:
                     continue  # a shorter item further on may still fit
                 budget -= cost
+                opened.add(field_name)
                 chosen.add((field_name, index))
         return chosen
 

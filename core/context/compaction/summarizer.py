@@ -305,11 +305,16 @@ class Summarizer:
         previous_summary: str | None = None,
         focus: str = "",
         required_identifiers: Sequence[str] = (),
+        max_tokens: int | None = None,
     ) -> SummaryResult:
+        """``max_tokens``: a tighter output limit than the window's (the room a small
+        window has left after the system prompt, ``core.context.budget``)."""
         if not messages:
             raise SummaryError("nothing to summarise")
         tally = _Tally()
         run = _Run(self, tally, window=window, focus=focus)
+        if max_tokens is not None:
+            run.max_tokens = max(1, min(run.max_tokens, max_tokens))
         units = run.units(messages)
         total = sum(u.total for u in units)
         max_chunk = run.max_chunk_tokens(total / len(messages))

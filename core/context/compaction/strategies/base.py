@@ -34,6 +34,10 @@ class FoldRequest:
     window: int
     threshold: int
     focus: str = ""
+    # The window's room for the folded part's text and a summary call's output
+    # (core.context.budget); None: the strategy's own share of the threshold.
+    fold_tokens: int | None = None
+    summary_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

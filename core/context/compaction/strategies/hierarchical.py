@@ -204,6 +204,7 @@ class HierarchicalStrategy(KeepsPlannedCut):
                 previous_summary=None,
                 focus=request.focus,
                 required_identifiers=identifiers[-REQUIRED_IDENTIFIERS:],
+                max_tokens=request.summary_tokens,
             )
         except SummaryChainError as exc:
             # Key points are what the model would have had to keep anyway.

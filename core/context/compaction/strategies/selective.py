@@ -126,6 +126,9 @@ class SelectiveStrategy(KeepsPlannedCut):
     async def fold(self, request: FoldRequest) -> Fold:
         items = _items(request, self.count_text)
         budget = max(1, int(request.threshold * self.target_ratio))
+        if request.fold_tokens is not None:
+            # A small window's room after the system prompt (core.context.budget).
+            budget = min(budget, request.fold_tokens)
         kept, dropped = select(items, budget)
         lines = [SELECTIVE_HEADER, *(f"- {items[n].text}" for n in kept)]
         if dropped:

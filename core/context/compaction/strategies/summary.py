@@ -48,6 +48,7 @@ async def summarize_with_fallback(
     previous_summary: str | None,
     focus: str,
     required_identifiers: Sequence[str],
+    max_tokens: int | None = None,
 ) -> tuple[SummaryResult, str, list[str]]:
     """The first summariser of ``chain`` that succeeds: its result, its name and the
     failures before it. Raises ``SummaryChainError`` when all fail."""
@@ -60,6 +61,7 @@ async def summarize_with_fallback(
                 previous_summary=previous_summary,
                 focus=focus,
                 required_identifiers=required_identifiers,
+                max_tokens=max_tokens,
             )
         except SummaryError as exc:
             log.warning("compaction summariser step %s failed: %s", step.name, exc.message)
@@ -83,6 +85,7 @@ class SummaryStrategy(KeepsPlannedCut):
             previous_summary=request.previous_summary,
             focus=request.focus,
             required_identifiers=request.fresh_ledger.identifiers[-REQUIRED_IDENTIFIERS:],
+            max_tokens=request.summary_tokens,
         )
         details: dict[str, object] = {
             "produced_by": produced_by,

@@ -352,3 +352,31 @@ def test_every_identifier_appears_verbatim_in_the_source(texts: list[str]) -> No
         assert ident in joined
     assert ledger.render() == extract_ledger(messages).render()
     assert missing_identifiers(ledger, joined) == []
+
+
+# --- rendering within a small window --------------------------------------------------
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def test_render_within_a_budget_keeps_remember_and_first_identifiers() -> None:
+    ledger = Ledger(
+        identifiers=tuple(f"ORD-{n:05d}" for n in range(100)),
+        asks=tuple(f"could you check item {n}?" for n in range(20)),
+        remember=("Remember: my car is on level 3, spot 42.",),
+        decisions=tuple(f"we decided to use plan {n}" for n in range(20)),
+    )
+    full = ledger.render()
+    small = ledger.render(60, _words)
+    assert _words(small) <= 60 < _words(full)
+    # The user's own "remember" first, then the first-seen identifiers, the newest asks
+    # and decisions, in turns; a last line says how much was left out.
+    assert "level 3, spot 42" in small
+    assert "ORD-00000" in small and "ORD-00099" not in small
+    assert "item 19?" in small and "item 0?" not in small
+    assert "left out to fit the context window" in small
+    # Same ledger, same budget, same bytes; a budget it fits in changes nothing.
+    assert ledger.render(60, _words) == small
+    assert ledger.render(10_000, _words) == full
