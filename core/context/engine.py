@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
@@ -64,12 +63,12 @@ from parley.core.context.compaction.triggers import due_trigger
 from parley.core.context.config import ContextConfig
 from parley.core.context.flush import (
     FLUSH_PROMPT,
-    FlushOutcome,
     FlushTarget,
     MemoryFlusher,
     flush_due,
     flushed_this_cycle,
 )
+from parley.core.context.requests import PreparedView, TurnEvents, ViewRequest
 from parley.core.context.session_state import SessionState, SessionStates
 from parley.core.context.trim import fit_view
 from parley.core.context.view import (
@@ -88,7 +87,7 @@ from parley.core.context.window import (
     resolve_window,
 )
 from parley.core.errors import ContextBudgetError, ContextOverflowError
-from parley.core.messages import Message, ToolSpec, Usage
+from parley.core.messages import Message, Usage
 from parley.core.providers.base import Provider
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.tokens import (
@@ -101,39 +100,9 @@ from parley.core.tokens import (
 from parley.core.transcript import ENTRY_MESSAGE, Entry
 from parley.core.transcript_store import SessionTranscript
 
+__all__ = ["ContextEngine", "PreparedView", "TurnEvents", "ViewRequest"]
+
 log = logging.getLogger("parley.core.context")
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedView:
-    messages: tuple[Message, ...]
-    size: ContextSize
-    view_key: str
-    window: int
-    threshold: int
-    budget: ContextBudget  # the figures this view was planned with (output: max_tokens)
-
-
-@dataclass(slots=True)
-class TurnEvents:
-    """What the engine did during one turn (for the turn result, /status and logs)."""
-
-    compactions: list[CompactionOutcome] = field(default_factory=list)
-    flushes: list[FlushOutcome] = field(default_factory=list)
-    prunes: int = 0
-    trims: int = 0
-    usage: Usage = field(default_factory=Usage)  # summariser and flush calls
-
-
-@dataclass(frozen=True, slots=True)
-class ViewRequest:
-    """The parts of a request that do not come from the transcript."""
-
-    session_key: str
-    system: str
-    tools: tuple[ToolSpec, ...]
-    model: str
-    chat_type: str = "direct"
 
 
 class ContextEngine:
