@@ -351,6 +351,8 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
                 exc,
             )
             return
+        if facts.server == "openai":
+            return  # OpenAI publishes no window: the model table applies
         if facts.context_window is None and facts.supports_tools is None:
             log.info(
                 "%s said nothing of %s's window; the configured one applies",

@@ -21,12 +21,14 @@ from parley.core.messages import Message
 from parley.core.providers.anthropic import AnthropicProvider
 from parley.core.providers.base import ProviderRequest
 from parley.core.providers.openai_compat import OpenAICompatProvider
+from parley.core.providers.provider_config import ProvidersConfig, RetryConfig
 from parley.core.providers.streaming import (
     StreamTimeouts,
     drive_stream,
     timeout_error,
     within_deadline,
 )
+from parley.gateway.providers import build_provider
 from tests.core.providers.conftest import TEST_ANTHROPIC_MODEL, TEST_KEY, TEST_OPENAI_MODEL
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.llm_common import Hang
@@ -110,6 +112,26 @@ def test_the_sdk_clients_get_per_operation_timeouts() -> None:
     timeout = provider._client.timeout
     assert isinstance(timeout, httpx2.Timeout)
     assert (timeout.connect, timeout.read) == (3, 45)
+
+
+@pytest.mark.parametrize("default", ["anthropic", "openai"])
+async def test_the_gateway_builds_providers_with_the_configured_limits(default: str) -> None:
+    retry = RetryConfig(connect_timeout_seconds=3, stall_timeout_seconds=45)
+    config = ProvidersConfig(default=default, retry=retry)  # type: ignore[arg-type]
+    provider, _ = build_provider(config)
+    try:
+        assert isinstance(provider, OpenAICompatProvider | AnthropicProvider)
+        assert provider.timeouts == StreamTimeouts(connect=3, stall=45, total=None)
+    finally:
+        await provider.aclose()
+    capped, _ = build_provider(
+        ProvidersConfig(default=default, retry=RetryConfig(timeout_seconds=600))  # type: ignore[arg-type]
+    )
+    try:
+        assert isinstance(capped, OpenAICompatProvider | AnthropicProvider)
+        assert capped.timeouts.total == 600
+    finally:
+        await capped.aclose()
 
 
 def test_http_timeouts_name_their_limit() -> None:
