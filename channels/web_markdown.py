@@ -14,10 +14,17 @@ off: ``<script>`` stays text. A node is a string (text) or an object::
 not loaded (a remote image would tell its server who reads the chat): they become a link
 to the image with its alt text. markdown-it caps nesting (``maxNesting``), so the tree is
 shallow whatever the input.
+
+Text laid out in columns with spaces (``/help``, ``/context``: the gateway's own replies,
+or a model's table without a fence) is not Markdown: it becomes one ``aligned`` node,
+``{"t": "aligned", "c": [lines], "hang": [indents]}``, which the page shows in a
+monospace font with each line's wrapped part indented to its text column (``hang``, in
+characters), so it stays readable on a narrow screen instead of wrapping to column 0.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -33,21 +40,29 @@ TAGS = frozenset(
     {
         *("p", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "s", "code", "pre"),
         *("a", "ul", "ol", "li", "blockquote", "hr", "br", "table", "thead", "tbody"),
-        *("tr", "th", "td"),
+        *("tr", "th", "td", "aligned"),
     }
 )
 _SAFE_HREF = re.compile(r"https?://[^\s]+", re.IGNORECASE)
 _LANGUAGE = re.compile(r"[\w+#.-]{1,32}")
+# Two or more lines with a gap of 3+ spaces between words, or indented under a line above:
+# text aligned by hand.
+_COLUMN_GAP = re.compile(r"\S {3,}\S")
+_FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+_MARKDOWN_LAYOUT = re.compile(r"\s*(\||[-*+] |\d{1,9}[.)] )")
+_HANG_GAP = re.compile(r"\S( {2,})(?=\S)")
+MAX_HANG = 30
 _INLINE_TAGS = {"strong_open": "strong", "em_open": "em", "s_open": "s", "link_open": "a"}
 
 # One parser for the process: markdown-it's parse holds no state between calls.
-_md = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(
-    ["table", "strikethrough"]
-)
+_md = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
 
 
 def markdown_tree(text: str) -> list[Node]:
     """``text`` as the web chat's node tree (a draft's unclosed fence runs to the end)."""
+    if _is_aligned(text):
+        lines = text.split("\n")
+        return [{"t": "aligned", "c": lines, "hang": [_hang(line) for line in lines]}]
     root: list[Node] = []
     stack: list[list[Node]] = [root]
     for token in _md.parse(text):
@@ -162,3 +177,30 @@ def _unwrap_spans(nodes: list[Node]) -> list[Node]:
         else:
             out.append(node)
     return out
+
+
+def _is_aligned(text: str) -> bool:
+    if _FENCE.search(text):
+        return False
+    lines = text.split("\n")
+    # Padded Markdown table rows and list items are Markdown's own layout: not counted.
+    plain = [line for line in lines if not _MARKDOWN_LAYOUT.match(line)]
+    columns = sum(1 for line in plain if _COLUMN_GAP.search(line.strip()))
+    hanging = sum(
+        1
+        for above, line in itertools.pairwise(lines)
+        if line.startswith("    ")
+        and line.strip()
+        and above.strip()
+        and not _MARKDOWN_LAYOUT.match(line)
+    )
+    return columns >= 2 or (columns >= 1 and hanging >= 1)
+
+
+def _hang(line: str) -> int:
+    """Where a wrapped part of ``line`` goes on: its text column after a gap of spaces,
+    or its own indentation."""
+    indent = len(line) - len(line.lstrip(" "))
+    gap = _HANG_GAP.search(line, indent)
+    column = gap.end() if gap is not None else indent
+    return min(column, MAX_HANG)

@@ -30,7 +30,10 @@ def text_of(nodes: list[Any]) -> str:
 def assert_safe(tree: list[Any]) -> None:
     for node in walk(tree):
         assert node["t"] in TAGS, node
-        assert set(node) <= {"t", "c", "href", "lang", "start"}, node
+        assert set(node) <= {"t", "c", "href", "lang", "start", "hang"}, node
+        if node["t"] == "aligned":  # lines of text, each with its indent in characters
+            assert all(isinstance(line, str) for line in node["c"])
+            assert all(isinstance(h, int) and 0 <= h <= 30 for h in node["hang"])
         if "href" in node:
             assert node["t"] == "a" and node["href"].lower().startswith(("http://", "https://"))
         if "lang" in node:
@@ -124,3 +127,22 @@ def test_deep_nesting_stays_shallow() -> None:
 )
 def test_any_text_gives_a_safe_tree(source: str) -> None:
     assert_safe(markdown_tree(source))
+
+
+def test_text_aligned_with_spaces_keeps_its_columns_when_it_wraps() -> None:
+    """/help on a phone: each wrapped line goes on at its description's column."""
+    help_text = (
+        "Commands:\n/new [text]   start a new session;\n"
+        "              the text becomes its first message\n/reset        same as /new"
+    )
+    (node,) = markdown_tree(help_text)
+    assert node == {
+        "t": "aligned",
+        "c": help_text.split("\n"),
+        "hang": [0, 14, 14, 14],
+    }
+    # Markdown's own layouts are not taken for it.
+    padded_table = "| a    | b    |\n|------|------|\n| 1    | 2    |"
+    assert markdown_tree(padded_table)[0]["t"] == "table"
+    assert markdown_tree("- one\n    - two\n    - three")[0]["t"] == "ul"
+    assert markdown_tree("One   gap only.\n\nFine.")[0]["t"] == "p"

@@ -3,18 +3,28 @@
 // One websocket to /chat/ws speaking "parley.chat.v1"; the token rides in the
 // Sec-WebSocket-Protocol header ("bearer.<token>"), never in the URL. Each message carries a
 // client-made id and stays "pending" until the server acks it (it is then durable in the
-// inbox); after a reconnect every pending message is sent again with the same id and the
-// server drops the duplicates. Bot text is untrusted: it is rendered with textContent only.
-// Needs common.js (the `parley` global) loaded first.
+// inbox); after a reconnect (or a reload: pending messages are kept in localStorage) every
+// pending message is sent again with the same id and the server drops the duplicates.
+//
+// Replies stream: "draft" frames show a reply while it is written (one bubble per draft
+// id, replaced whole each time); the "reply" naming that draft takes its bubble. The
+// conversation is kept in localStorage for this browser profile (its client id) and merged
+// with the server's "history" on every hello, so a reload, a restart of parley or a reply
+// that came while no tab was open all show. Bot text is untrusted: chat_render.js builds
+// it with DOM calls only. Needs common.js (the `parley` global) and chat_render.js first.
 "use strict";
 
 const { $, showError, hideError } = parley;
 const CLIENT_KEY = "parley.chat.client";
+const LOG_PREFIX = "parley.chat.log.";
 const ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
 const BACKOFF_MIN_MS = 1000;
 const BACKOFF_MAX_MS = 10000;
-// The server repeats "typing" while it works; if it goes quiet without a reply, stop showing it.
+// The server repeats "typing" every 10 s while it works; silence this long means it stopped.
 const TYPING_TIMEOUT_MS = 30000;
+// What the browser keeps of the conversation (localStorage holds ~5 MB per site).
+const LOG_ENTRIES = 200;
+const LOG_CHARS = 1500000;
 
 const state = {
   token: null,
@@ -25,7 +35,9 @@ const state = {
   retryTimer: null,
   typingTimer: null,
   pending: new Map(), // client message id -> {text, node}, in send order
-  seenReplies: new Set(), // server reply ids, in case a flush repeats one
+  shown: new Set(), // "user:<id>" and "bot:<id>" of every message on screen
+  drafts: new Map(), // draft id -> its bubble, while the reply is being written
+  finished: new Set(), // draft ids whose reply arrived: a late draft is ignored
 };
 
 // ---------------------------------------------------------------- helpers
@@ -48,16 +60,78 @@ function loadClientId() {
   } catch {
     id = id || randomId(26).toLowerCase(); // storage disabled: a per-page identity still works
   }
-  return id;
+  return id.toLowerCase();
 }
 
 function setStatus(kind, text) {
   const status = $("#chat-status");
   status.dataset.state = kind;
   status.textContent = text || kind;
+  status.title = text || kind;
 }
 
-const clock = () => new Date().toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+/** "14:05" today, "Mon 14:05" before. */
+function clock(at) {
+  const when = at ? new Date(at) : new Date();
+  if (Number.isNaN(when.getTime())) return "";
+  const time = when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  if (when.toDateString() === new Date().toDateString()) return time;
+  return `${when.toLocaleDateString([], { weekday: "short", day: "numeric", month: "short" })} ${time}`;
+}
+
+// ---------------------------------------------------------------- the browser's copy
+
+const logKey = () => LOG_PREFIX + state.clientId;
+
+function readLog() {
+  try {
+    const entries = JSON.parse(localStorage.getItem(logKey()) || "[]");
+    return Array.isArray(entries) ? entries.filter((e) => e && typeof e.id === "string") : [];
+  } catch {
+    return [];
+  }
+}
+
+function writeLog(entries) {
+  let kept = entries.slice(-LOG_ENTRIES);
+  while (kept.length && JSON.stringify(kept).length > LOG_CHARS) kept = kept.slice(1);
+  for (;;) {
+    try {
+      localStorage.setItem(logKey(), JSON.stringify(kept));
+      return;
+    } catch {
+      if (!kept.length) return; // storage disabled or full of other things: keep nothing
+      kept = kept.slice(Math.ceil(kept.length / 2)); // over quota: the older half goes
+    }
+  }
+}
+
+/** Add or update one entry; read first, so tabs writing in turn do not drop each other's. */
+function saveEntry(entry) {
+  const entries = readLog();
+  const i = entries.findIndex((e) => e.role === entry.role && e.id === entry.id);
+  if (i >= 0) entries[i] = { ...entries[i], ...entry };
+  else entries.push(entry);
+  writeLog(entries);
+}
+
+/** Show the entries not on screen yet, in order (a pending message is queued to send). */
+function showEntries(entries) {
+  for (const entry of entries) {
+    if (state.shown.has(`${entry.role}:${entry.id}`)) continue;
+    if (entry.role === "user") {
+      const node = addUserMessage(String(entry.text ?? ""), entry.id, entry.at);
+      if (entry.pending) {
+        state.pending.set(entry.id, { text: String(entry.text ?? ""), node });
+        setMessageState(node, "queued");
+      } else {
+        setMessageState(node, "acked");
+      }
+    } else if (entry.role === "bot") {
+      addBotMessage(entry);
+    }
+  }
+}
 
 // ---------------------------------------------------------------- token
 
@@ -77,6 +151,8 @@ function start() {
   }
   parley.hideTokenForm();
   $("#chat").hidden = false;
+  showEntries(readLog());
+  scrollToEnd(true);
   $("#chat-input").focus();
   state.backoff = BACKOFF_MIN_MS;
   connect();
@@ -95,37 +171,6 @@ function addMessage(node) {
   $("#messages").append(node);
 }
 
-/** Append text, turning ``` fences into <pre><code> (built with DOM APIs, never HTML). */
-function renderText(container, text) {
-  const parts = text.split("```");
-  // An odd number of fences leaves the last one unclosed: keep that one as literal text.
-  if (parts.length % 2 === 0) {
-    const tail = parts.pop();
-    parts[parts.length - 1] += `\`\`\`${tail}`;
-  }
-  parts.forEach((part, i) => {
-    if (i % 2 === 0) {
-      // Drop the newline right next to a fence: <pre> is a block already.
-      let plain = i > 0 ? part.replace(/^\n/, "") : part;
-      if (i < parts.length - 1) plain = plain.replace(/\n$/, "");
-      if (plain) container.append(document.createTextNode(plain));
-      return;
-    }
-    let code = part;
-    const pre = document.createElement("pre");
-    const newline = code.indexOf("\n");
-    const label = newline >= 0 ? code.slice(0, newline).trim() : "";
-    if (newline >= 0 && (label === "" || /^[\w+#.-]{1,20}$/.test(label))) {
-      if (label) pre.dataset.lang = label; // ```python
-      code = code.slice(newline + 1);
-    }
-    const codeNode = document.createElement("code");
-    codeNode.textContent = code.replace(/\n$/, "");
-    pre.append(codeNode);
-    container.append(pre);
-  });
-}
-
 function setMessageState(node, messageState, note) {
   node.dataset.state = messageState;
   const labels = { queued: "queued", sending: "sending…", acked: "", failed: "not sent" };
@@ -133,35 +178,100 @@ function setMessageState(node, messageState, note) {
   node.querySelector(".meta").textContent = label ? `${node.dataset.time} · ${label}` : node.dataset.time;
 }
 
-function addUserMessage(text, id) {
+function addUserMessage(text, id, at) {
   const node = document.createElement("div");
   node.className = "message user";
   node.dataset.id = id;
-  node.dataset.time = clock();
-  node.append(document.createTextNode(text));
+  node.dataset.time = clock(at);
+  const body = document.createElement("div");
+  body.className = "body";
+  body.textContent = text; // a person's words are shown as typed, never as Markdown
   const meta = document.createElement("span");
   meta.className = "meta";
-  node.append(meta);
+  node.append(body, meta);
   addMessage(node);
+  state.shown.add(`user:${id}`);
   scrollToEnd(true);
   return node;
+}
+
+function bubble(node, frame, metaText) {
+  const body = document.createElement("div");
+  body.className = "body";
+  parleyRender.body(body, frame);
+  const meta = document.createElement("span");
+  meta.className = "meta";
+  meta.textContent = metaText;
+  node.replaceChildren(body, meta);
 }
 
 function addBotMessage(frame) {
   const node = document.createElement("div");
   node.className = "message bot";
-  if (frame.id) node.dataset.id = frame.id;
-  if (frame.reply_to) node.dataset.replyTo = frame.reply_to;
-  renderText(node, String(frame.text ?? ""));
-  const meta = document.createElement("span");
-  meta.className = "meta";
-  meta.textContent = clock();
-  node.append(meta);
+  finishBot(node, frame);
   addMessage(node);
   scrollToEnd(false);
 }
 
+function finishBot(node, frame) {
+  node.classList.remove("draft");
+  node.removeAttribute("aria-busy");
+  delete node.dataset.draft;
+  if (frame.id) node.dataset.id = frame.id;
+  if (frame.reply_to) node.dataset.replyTo = frame.reply_to;
+  bubble(node, frame, clock(frame.at));
+  state.shown.add(`bot:${frame.id}`);
+}
+
+function onDraft(frame) {
+  if (typeof frame.id !== "string" || state.finished.has(frame.id)) return;
+  let node = state.drafts.get(frame.id);
+  if (frame.reset === "withdrawn" || (frame.reset && !frame.text)) {
+    // Nothing more is coming (a silent reply) or what was shown is void: take it away.
+    node?.remove();
+    state.drafts.delete(frame.id);
+    if (frame.reset !== "withdrawn") showTyping(); // a retry or a tool: still working
+    else hideTyping();
+    return;
+  }
+  hideTyping();
+  if (!node) {
+    node = document.createElement("div");
+    node.className = "message bot draft";
+    node.dataset.draft = frame.id;
+    node.setAttribute("aria-busy", "true");
+    state.drafts.set(frame.id, node);
+    addMessage(node);
+  }
+  bubble(node, frame, "writing…");
+  scrollToEnd(false);
+}
+
+function onReply(frame) {
+  hideTyping();
+  if (frame.id && state.shown.has(`bot:${frame.id}`)) return; // a flush repeating one
+  const at = new Date().toISOString();
+  const draft = typeof frame.draft === "string" ? state.drafts.get(frame.draft) : null;
+  if (typeof frame.draft === "string") {
+    state.finished.add(frame.draft);
+    state.drafts.delete(frame.draft);
+  }
+  if (draft) {
+    finishBot(draft, { ...frame, at });
+    $("#messages").append(draft); // after anything that came in while it was written
+    scrollToEnd(false);
+  } else {
+    addBotMessage({ ...frame, at });
+  }
+  if (frame.id) {
+    const { id, reply_to: replyTo, text, blocks } = frame;
+    saveEntry({ role: "bot", id, reply_to: replyTo ?? null, text, blocks, at });
+  }
+}
+
 function showTyping() {
+  // A bubble being written says it already.
+  if (state.drafts.size) return;
   $("#typing").hidden = false;
   scrollToEnd(false);
   clearTimeout(state.typingTimer);
@@ -205,7 +315,7 @@ function connect() {
   let opened = false;
   ws.addEventListener("open", () => {
     opened = true;
-    ws.send(JSON.stringify({ type: "hello", client_id: state.clientId }));
+    ws.send(JSON.stringify({ type: "hello", client_id: state.clientId, history: true }));
   });
   ws.addEventListener("message", (event) => {
     if (ws === state.ws) onFrame(event.data);
@@ -220,6 +330,10 @@ function connect() {
 
 async function onClose(code, opened) {
   hideTyping();
+  // A draft cut off by the disconnect will not be finished on this socket: the reply
+  // comes after the next hello (kept by the server), so its half-written bubble goes.
+  for (const node of state.drafts.values()) node.remove();
+  state.drafts.clear();
   for (const { node } of state.pending.values()) setMessageState(node, "queued");
   if (code === 4401) {
     promptForToken("The server rejected the token. Enter it again.");
@@ -265,24 +379,33 @@ function onFrame(raw) {
       hideError();
       for (const [id, { text }] of state.pending) transmit(id, text);
       break;
+    case "history":
+      if (Array.isArray(frame.messages)) {
+        const entries = frame.messages.filter((e) => e && typeof e.id === "string");
+        showEntries(entries);
+        const known = readLog();
+        const have = new Set(known.map((e) => `${e.role}:${e.id}`));
+        writeLog([...known, ...entries.filter((e) => !have.has(`${e.role}:${e.id}`))]);
+        scrollToEnd(true);
+      }
+      break;
     case "ack": {
       const pending = state.pending.get(frame.id);
       if (pending) {
         state.pending.delete(frame.id);
         setMessageState(pending.node, "acked");
+        saveEntry({ role: "user", id: frame.id, pending: false });
       }
       break;
     }
     case "typing":
       showTyping();
       break;
+    case "draft":
+      onDraft(frame);
+      break;
     case "reply":
-      hideTyping();
-      if (frame.id) {
-        if (state.seenReplies.has(frame.id)) break;
-        state.seenReplies.add(frame.id);
-      }
-      addBotMessage(frame);
+      onReply(frame);
       break;
     case "error": {
       showError(frame.message || "The server refused a frame.");
@@ -291,6 +414,7 @@ function onFrame(raw) {
       if (pending) {
         state.pending.delete(frame.id);
         setMessageState(pending.node, "failed", `not sent: ${frame.message || "error"}`);
+        saveEntry({ role: "user", id: frame.id, pending: false, failed: true });
       }
       break;
     }
@@ -308,9 +432,11 @@ function transmit(id, text) {
 
 function send(text) {
   const id = randomId();
-  const node = addUserMessage(text, id);
+  const at = new Date().toISOString();
+  const node = addUserMessage(text, id, at);
   state.pending.set(id, { text, node });
   setMessageState(node, "queued");
+  saveEntry({ role: "user", id, text, at, pending: true });
   transmit(id, text); // or later, when the socket is (back) up
 }
 
@@ -344,6 +470,14 @@ function init() {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       $("#chat-form").requestSubmit();
+    }
+  });
+  // Another tab of this browser wrote the conversation: show what it added (what a
+  // person typed there; replies reach every tab anyway).
+  window.addEventListener("storage", (event) => {
+    if (event.key === logKey() && state.token) {
+      showEntries(readLog().filter((e) => !e.pending));
+      scrollToEnd(false);
     }
   });
   // Back online: retry now instead of waiting out the backoff.
