@@ -337,7 +337,10 @@ class Runner:
                 limit_reached = True
             else:
                 # Truncated once, here, so the transcript and the model hold the same text.
-                cap = tool_result_cap(view.window, self.agent.tool_result_max_chars)
+                cap = tool_result_cap(
+                    view.window,
+                    min(self.agent.tool_result_max_chars, view.budget.tool_result_chars),
+                )
                 # The compacting state: a compaction of this session (e.g. /compact from
                 # the admin API) finishes before a tool runs against the history.
                 await self.engine.idle(turn.session_key)

@@ -73,6 +73,10 @@ MIN_THRESHOLD_SHARE = 0.25
 KEEP_ROOM_SHARE = 0.40
 FOLD_ROOM_SHARE = 0.30
 LEDGER_ROOM_SHARE = 0.20
+# One tool result at most this share of the room (a 4k window's 0.3 x window result
+# would fill what the system prompt and tools leave of it); at 200,000 tokens the
+# configured 40,000-character cap is far below.
+TOOL_ROOM_SHARE = 0.5
 # The kept part never takes more than this share of the threshold (the summary, the
 # system prompt and the 1.2 margin come on top of it): a compaction that keeps
 # nearly everything would only have to run again.
@@ -185,6 +189,7 @@ class ContextBudget:
     ledger_tokens: int  # the rendered ledger's cap
     max_keep_tokens: int  # a compaction keeps at most this much verbatim
     fold_tokens: int  # the folded part's text (summary or selected messages) at most
+    tool_result_chars: int  # one tool result at most (besides core.tools' own cap)
     flush_soft_tokens: int  # the flush runs this close below the threshold
     flush_output: int
     # The server counts only the prompt against its window (llama.cpp, Ollama): its
@@ -225,6 +230,7 @@ def context_budget(
         ledger_tokens=max(1, min(int(window * LEDGER_SHARE), int(room * LEDGER_ROOM_SHARE))),
         max_keep_tokens=max(1, min(int(threshold * MAX_KEEP_SHARE), int(room * KEEP_ROOM_SHARE))),
         fold_tokens=max(1, int(room * FOLD_ROOM_SHARE)),
+        tool_result_chars=max(1, int(room * TOOL_ROOM_SHARE * CHARS_PER_TOKEN)),
         flush_soft_tokens=flush_soft_tokens(config.flush, threshold),
         flush_output=min(output, FLUSH_MAX_OUTPUT_TOKENS),
         prompt_only=prompt_only,

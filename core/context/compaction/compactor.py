@@ -113,7 +113,8 @@ def plan_cut(
     user turn once both the token and the turn minimums are met; the kept part never
     grows past ``max_keep_tokens``. When even the newest turn is larger than that (one
     turn with a long tool loop), the cut falls on an assistant message inside it,
-    which still keeps every call with its result.
+    which still keeps every call with its result; when no assistant message is near
+    enough the end either, the cut falls at the newest turn's start.
     """
     messages = [e for e in entries if e.type == ENTRY_MESSAGE]
     if len(messages) < 2:
@@ -141,6 +142,15 @@ def plan_cut(
                 break
             if messages[index].message.role == "assistant":
                 best = index
+    if best is None and too_big:
+        # Not even its newest call fits the keep share (a tool result that is most of a
+        # small window): fold the turns before it and keep it whole. The kept part is
+        # over the share, but the view is smaller than with nothing folded, and the
+        # alternative is a trim that drops those turns with no summary at all.
+        best = next(
+            (i for i in range(len(messages) - 1, 0, -1) if is_turn_start(messages[i].message)),
+            None,
+        )
     if best is None:
         return None
     return CutPlan(tuple(messages[:best]), tuple(messages[best:]))

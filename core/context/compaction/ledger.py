@@ -160,8 +160,9 @@ class Ledger:
         With ``max_tokens`` (and ``count``), the block stays within that many tokens:
         items are taken in turns from each section (remember, identifiers, asks,
         decisions), the user's "remember ..." first, the first-seen identifiers and the
-        newest sentences first, until the next one would not fit; a last line says how
-        many were left out. The ledger itself keeps them all for the next compaction."""
+        newest sentences first, until the next one would not fit (an ask that is also a
+        remember note is shown once); a last line says how many were left out. The
+        ledger itself keeps them all for the next compaction."""
         if self.is_empty():
             return ""
         shown = self._within(max_tokens, count) if max_tokens is not None and count else None
@@ -183,12 +184,20 @@ class Ledger:
     def _within(self, max_tokens: int, count: CountText) -> set[tuple[str, int]]:
         """Which (section, index) items fit ``max_tokens`` (see ``render``)."""
         titles = dict(_SECTION_TITLES)
+        # "Please remember X for later" is an open ask and a remember note: once is enough.
+        remembered = {_sentence_key(item) for item in self.remember}
         queues: list[list[tuple[str, int, str]]] = []
         for field_name in _RENDER_PRIORITY:
             items: tuple[str, ...] = getattr(self, field_name)
             newest_first = field_name != "identifiers"
             order = reversed(range(len(items))) if newest_first else range(len(items))
-            queues.append([(field_name, n, items[n]) for n in order])
+            queues.append(
+                [
+                    (field_name, n, items[n])
+                    for n in order
+                    if field_name != "asks" or _sentence_key(items[n]) not in remembered
+                ]
+            )
         budget = max_tokens - count(LEDGER_HEADING) - LEFT_OUT_NOTE_TOKENS
         chosen: set[tuple[str, int]] = set()
         opened: set[str] = set()

@@ -27,14 +27,15 @@ from parley.core.errors import (
 )
 from parley.core.memory.audience import Audience
 from parley.core.memory.notes import NoteStore
-from parley.core.messages import Message
+from parley.core.messages import Message, ToolResultBlock, ToolUseBlock
 from parley.core.prompt import SystemPromptBuilder
 from parley.core.providers.base import ProviderRequest
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.runner import Runner, TurnRequest
 from parley.core.tools.builtin import default_registry
+from parley.core.tools.truncation import tool_result_cap
 from parley.core.transcript import ENTRY_COMPACTION, Transcript
-from tests.core.context.window_fake import WindowFake
+from tests.core.context.window_fake import Answer, WindowFake
 
 PLANTED = (
     "Remember: my car is on level 3, spot 42.",
@@ -291,3 +292,36 @@ async def test_a_model_that_cannot_summarise_gets_no_flush(
     assert entry is not None
     assert entry.payload["details"]["configured_strategy"] == "summary"
     assert "ORD-88120" in entry.payload["summary"]
+
+
+async def test_a_tool_result_is_capped_to_the_room_a_small_window_has(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    calls = 0
+
+    def reading(request: ProviderRequest) -> str | Answer:
+        nonlocal calls
+        if request.messages[-1].role == "user" and calls == 0:
+            calls += 1
+            return Answer("Reading it.", (ToolUseBlock("t1", "read_file", {"path": "big.txt"}),))
+        return chatty(request)
+
+    provider = WindowFake(4_096, reading)
+    runner = runner_for(tmp_path, provider)
+    line = "value " * 30
+    (tmp_path / "ws" / "big.txt").write_text("".join(f"{n}: {line}\n" for n in range(2_000)))
+    # Before any call: calibration can only make the room (and the cap) smaller.
+    budget = runner.engine.session_budget(await runner.view_request("k"))
+    result = await runner.run_turn(transcript, TurnRequest("k", "read big.txt"))
+    assert result.tool_calls == 1 and result.reply
+    (stored,) = [
+        b
+        for e in transcript.entries()
+        if e.type == "message" and e.message.role == "tool_result"
+        for b in e.message.content
+    ]
+    assert isinstance(stored, ToolResultBlock)
+    # Below core.tools' own cap for the window (30% of it, 4,915 characters): what the
+    # system prompt and tools leave of a 4k window could not hold that next to a turn.
+    assert 2_000 <= len(stored.content) <= budget.tool_result_chars < tool_result_cap(4_096)
+    assert result.events.trims == 0

@@ -10,19 +10,22 @@
   (``STOP_OVERFLOW``, what was written so far).
 
 Its ``facts`` say what llama.cpp's ``/props`` would: the window, counted prompt-only.
-What it answers is ``responder``'s choice (a function of the request).
+What it answers is ``responder``'s choice (a function of the request): a text, or an
+``Answer`` with tool calls (written after the text, and lost with it when cut).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from parley.core.errors import ContextOverflowError
-from parley.core.messages import TextBlock, Usage
+from parley.core.messages import Block, TextBlock, ToolUseBlock, Usage
 from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_OVERFLOW,
+    STOP_TOOL_USE,
     ModelFacts,
     ProviderRequest,
     ProviderResponse,
@@ -33,16 +36,30 @@ from parley.core.tokens import default_counter
 TOKENIZER_RATIO = 1.15
 TEMPLATE_TOKENS_PER_MESSAGE = 5
 
-Responder = Callable[[ProviderRequest], str]
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    text: str
+    calls: tuple[ToolUseBlock, ...] = ()
+
+
+Responder = Callable[[ProviderRequest], "str | Answer"]
 
 
 class WindowFake:
     name = "llama-fake"
 
     def __init__(
-        self, window: int, responder: Responder, *, model: str = "smol", summaries: bool = True
+        self,
+        window: int,
+        responder: Responder,
+        *,
+        model: str = "smol",
+        summaries: bool = True,
+        tokenizer_ratio: float = TOKENIZER_RATIO,
     ) -> None:
         self.model = model
+        self.ratio = tokenizer_ratio
         self.window = window
         self.responder = responder
         self.supports_summaries = summaries
@@ -59,15 +76,13 @@ class WindowFake:
 
     def prompt_tokens(self, request: ProviderRequest) -> int:
         raw = self.counter.request(request.system, request.messages, request.tools)
-        return int(raw * TOKENIZER_RATIO) + TEMPLATE_TOKENS_PER_MESSAGE * (
-            len(request.messages) + 1
-        )
+        return int(raw * self.ratio) + TEMPLATE_TOKENS_PER_MESSAGE * (len(request.messages) + 1)
 
     def _tokens(self, text: str) -> int:
-        return int(self.counter.text(text) * TOKENIZER_RATIO)
+        return int(self.counter.text(text) * self.ratio)
 
     def _prefix(self, text: str, tokens: int) -> str:
-        return self.counter.prefix(text, max(0, int(tokens / TOKENIZER_RATIO)))
+        return self.counter.prefix(text, max(0, int(tokens / self.ratio)))
 
     async def complete(
         self, request: ProviderRequest, on_text: TextCallback | None = None
@@ -84,21 +99,26 @@ class WindowFake:
                 observed_tokens=prompt,
                 limit=self.window,
             )
-        text = self.responder(request)
-        wanted = self._tokens(text)
+        answer = self.responder(request)
+        if isinstance(answer, str):
+            answer = Answer(answer)
+        text, calls = answer.text, answer.calls
+        # A call is written as its JSON after the text: it costs tokens like text.
+        wanted = self._tokens(text) + sum(self._tokens(str(c.input)) + 8 for c in calls)
         room = self.window - prompt
-        stop = STOP_END
+        stop = STOP_TOOL_USE if calls else STOP_END
         if wanted > min(room, request.max_tokens):
             if room < request.max_tokens:
                 stop, written = STOP_OVERFLOW, room
                 self.stopped += 1
             else:
                 stop, written = STOP_MAX_TOKENS, request.max_tokens
-            text = self._prefix(text, written)
+            text, calls = self._prefix(text, written), ()
         if on_text is not None and text:
             await on_text(text)
-        blocks = (TextBlock(text),) if text else ()
-        return ProviderResponse(blocks, stop, Usage(prompt, self._tokens(text)), self.model)
+        blocks: tuple[Block, ...] = ((TextBlock(text),) if text else ()) + calls
+        out = self._tokens(text) + sum(self._tokens(str(c.input)) + 8 for c in calls)
+        return ProviderResponse(blocks, stop, Usage(prompt, out), self.model)
 
     async def aclose(self) -> None:
         return None

@@ -380,3 +380,12 @@ def test_render_within_a_budget_keeps_remember_and_first_identifiers() -> None:
     # Same ledger, same budget, same bytes; a budget it fits in changes nothing.
     assert ledger.render(60, _words) == small
     assert ledger.render(10_000, _words) == full
+
+
+def test_render_within_a_budget_shows_an_ask_that_is_a_remember_note_once() -> None:
+    said = "Please remember ORD-88123 for later."
+    ledger = Ledger(identifiers=("ORD-88123",), asks=(said,), remember=(said,))
+    small = ledger.render(200, _words)
+    assert small.count(said) == 1 and "### Open asks" not in small
+    # Without a budget the rendering is today's, byte for byte.
+    assert ledger.render().count(said) == 2
