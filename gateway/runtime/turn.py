@@ -335,8 +335,8 @@ class DraftStream:
             self._wake()
 
     async def close(self, *, withdraw: bool = False) -> None:
-        """No draft after this returns. ``withdraw``: no reply will replace the draft
-        (a silent reply), so take it away."""
+        """No draft after this returns. ``withdraw``: no reply will follow (a silent
+        reply), so the draft, if any, goes away."""
         self._closed = True
         task = self._task
         if task is not None:
@@ -351,7 +351,9 @@ class DraftStream:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if withdraw and (self._shown or self._reset is not None):
+        if withdraw:
+            # Even with nothing shown: the channel learns that no reply is coming, and
+            # stops saying that parley is working.
             self._shown, self._reset = False, None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(

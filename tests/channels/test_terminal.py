@@ -239,3 +239,11 @@ async def test_line_editing_shows_the_line_being_written_and_working() -> None:
         assert typist.stdout.getvalue().endswith("parley> First line\n        second line\n")
     finally:
         await typist.close()
+
+
+async def test_a_silent_reply_ends_working() -> None:
+    channel, stdout = await plain_channel()
+    await channel.typing("local")
+    assert "working" in str(channel._status())
+    await channel.draft(draft("", reset="withdrawn"))  # nothing was shown, nothing follows
+    assert channel._status() == [] and stdout.getvalue() == ""

@@ -207,7 +207,8 @@ async def test_a_silent_reply_is_never_shown_and_a_shown_draft_is_withdrawn() ->
     await drafts.on_text("REPLY")
     await settle()
     await drafts.close(withdraw=True)
-    assert screen.drafts == []  # nothing shown, nothing to take back
+    # Never shown; the withdrawal still tells the channel that no reply is coming.
+    assert screen.seen == [("withdrawn", "")]
 
     screen, time, calls = Screen(), FakeTime(), [0]
     drafts = stream(screen, time, calls)
@@ -359,8 +360,8 @@ async def test_a_silent_reply_withdraws_the_draft_and_sends_nothing(world: Any) 
     await say(gateway, channel, "psst")
     assert channel.sent == []
     last = channel.log[-1]
-    # The tool call's text is taken back (by the next call's reset or by the withdrawal).
-    assert isinstance(last, ReplyDraft) and last.reset is not None and last.text == ""
+    # The tool call's text is taken back, and the channel told that nothing follows.
+    assert isinstance(last, ReplyDraft) and (last.reset, last.text) == ("withdrawn", "")
     assert not any(isinstance(d, ReplyDraft) and "NO_" in d.text for d in channel.log)
 
 
