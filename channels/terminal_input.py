@@ -54,9 +54,12 @@ class HistoryFile(FileHistory):
 
     def _store(self, string: str) -> None:
         try:
-            # Created owner-only: the history holds what the person typed.
+            # Owner-only, even if it was made wider: it holds what the person typed.
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.close(fd)
+            try:
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
             super().store_string(string)
         except OSError as exc:
             logger.warning("terminal: cannot write the history %s: %s", self.path, exc)
