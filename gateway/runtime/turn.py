@@ -331,7 +331,10 @@ class DraftStream:
             return
         self._parts.clear()
         if self._shown or self._reset is not None:
-            self._reset = why
+            # A retry's reset stays one when a later call follows before it went out
+            # (a reply restarted after a compaction): what was shown is void either way.
+            if self._reset is None or why != "next_call":
+                self._reset = why
             self._wake()
 
     async def close(self, *, withdraw: bool = False) -> None:

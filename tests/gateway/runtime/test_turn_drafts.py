@@ -135,6 +135,20 @@ async def test_a_retry_resets_what_was_shown() -> None:
     await drafts.close()
 
 
+async def test_a_retry_followed_by_another_call_stays_a_retry() -> None:
+    screen, time, calls = Screen(), FakeTime(), [1]
+    drafts = stream(screen, time, calls)
+    await drafts.on_text("Half of it")
+    await settle()
+    drafts.reset("retry")  # the window overflowed: compacted, then the reply restarts
+    calls[0] = 2
+    await drafts.on_text("All of it")
+    await settle()
+    await time.release()
+    assert screen.seen == [(None, "Half of it"), ("retry", "All of it")]
+    await drafts.close()
+
+
 async def test_a_reset_before_anything_was_shown_sends_nothing() -> None:
     screen, time = Screen(), FakeTime()
     drafts = stream(screen, time)
