@@ -70,7 +70,7 @@ from parley.core.context.flush import (
 )
 from parley.core.context.requests import PreparedView, TurnEvents, ViewRequest
 from parley.core.context.session_state import SessionState, SessionStates
-from parley.core.context.trim import fit_view
+from parley.core.context.trim import fit_view, newest_turn_start
 from parley.core.context.view import (
     ContextView,
     build_view,
@@ -298,11 +298,17 @@ class ContextEngine:
         ):
             await self._flush(transcript, request, messages, budget, TRIGGER_THRESHOLD, events)
 
+        # Positive whatever happened before: the limit leaves three quarters of the
+        # window at least, and an overflow shrinks it to MIN_BUDGET_SCALE of that at most.
+        trim_budget = max(1, int(budget.limit * state.budget_scale))
         outcome: CompactionOutcome | None = None
         if size.tokens > threshold and self._may_compact(state, transcript):
-            outcome = await self._compact(
-                transcript, request, budget, size.tokens, TRIGGER_THRESHOLD, events
-            )
+            # A newest message that does not fit alone is refused below: folding the
+            # history first would cost a summary and save nothing.
+            if self._fits_alone(state, request, messages, trim_budget):
+                outcome = await self._compact(
+                    transcript, request, budget, size.tokens, TRIGGER_THRESHOLD, events
+                )
         elif self._may_compact(state, transcript) and (
             trigger := due_trigger(
                 transcript.live_entries(),
@@ -320,9 +326,6 @@ class ContextEngine:
         elif outcome is not None:
             state.compaction_blocked_at = _last_entry_id(transcript)
 
-        # Positive whatever happened before: the limit leaves three quarters of the
-        # window at least, and an overflow shrinks it to MIN_BUDGET_SCALE of that at most.
-        trim_budget = max(1, int(budget.limit * state.budget_scale))
         if size.tokens > trim_budget:
             messages, trimmed = self._fit(state, request, messages, trim_budget)
             events.trims += trimmed
@@ -560,6 +563,16 @@ class ContextEngine:
         )
 
     # -- deterministic trim -------------------------------------------------------------
+
+    def _fits_alone(
+        self, state: SessionState, request: ViewRequest, messages: Sequence[Message], budget: int
+    ) -> bool:
+        """Whether the newest turn, with the system prompt and tools, fits ``budget``."""
+        newest = list(messages[newest_turn_start(messages) :])
+        total = state.accountant.estimate(
+            system=request.system, messages=newest, tools=request.tools
+        )
+        return total <= budget
 
     def _fit(
         self,

@@ -171,6 +171,11 @@ def _last_turn_start(messages: Sequence[Message]) -> int:
     return starts[-1] if starts else 0
 
 
+def newest_turn_start(messages: Sequence[Message]) -> int:
+    """The index of the newest user turn's first message (0 when there is none)."""
+    return _last_turn_start(messages)
+
+
 def _next_turn_start(messages: Sequence[Message], after: int) -> int | None:
     for index in _turn_starts(messages):
         if index >= after:

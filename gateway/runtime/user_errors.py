@@ -135,7 +135,7 @@ def describe_context_error(exc: ContextError) -> str:
     cause = getattr(exc, "cause", CAUSE_HISTORY)
     if cause == CAUSE_MESSAGE:
         return (
-            f"This message is too long for the model's context window{numbers}, even with "
+            f"This message does not fit the model's context window{numbers}, even with "
             "the rest of the conversation left out. It is saved in the conversation, but I "
             "cannot answer it as it is: please send it in shorter parts."
         )
