@@ -206,9 +206,14 @@ async def test_a_message_bigger_than_the_window_is_said_plainly(
 ) -> None:
     provider = WindowFake(4_096, chatty)
     runner = runner_for(tmp_path, provider)
-    await converse(runner, transcript, 2)
+    await converse(runner, transcript, 6)
+    before = len(provider.requests)
+    folds = sum(e.type == ENTRY_COMPACTION for e in transcript.entries())
     with pytest.raises(ContextBudgetError) as caught:
         await runner.run_turn(transcript, TurnRequest("k", "paste " * 6_000))
+    # Refused before any call: no summary of the history first (it could not help).
+    assert len(provider.requests) == before
+    assert sum(e.type == ENTRY_COMPACTION for e in transcript.entries()) == folds
     error = caught.value
     # The newest message alone does not fit: compacting or a new session cannot help.
     assert error.cause == CAUSE_MESSAGE
