@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from parley.channels.base import Channel
 from parley.channels.config import ChannelsConfig
@@ -14,15 +15,24 @@ def build_channels(
     terminal_only: bool = False,
     banner: str | None = None,
     on_terminal_close: Callable[[], None] | None = None,
+    terminal_history: Path | None = None,
 ) -> list[Channel]:
     """The terminal chat when asked for, or when nothing else is configured; the web chat
-    when ``config.web_enabled()`` (never with ``terminal_only``)."""
+    when ``config.web_enabled()`` (never with ``terminal_only``). ``terminal_history``:
+    the file where lines typed at a real terminal are kept across runs (owner-only)."""
     configured = [] if terminal_only else config.configured()
     channels: list[Channel] = []
     if terminal_only or not configured or "terminal" in configured:
         from parley.channels.terminal import TerminalChannel
 
-        channels.append(TerminalChannel(config.terminal, banner=banner, on_close=on_terminal_close))
+        channels.append(
+            TerminalChannel(
+                config.terminal,
+                banner=banner,
+                on_close=on_terminal_close,
+                history_path=terminal_history,
+            )
+        )
     if "telegram" in configured:
         from parley.channels.telegram import TelegramChannel
 

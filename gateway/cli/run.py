@@ -21,6 +21,10 @@ def add_run_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     sub.add_parser("chat", parents=[common], help="chat in this terminal")
 
 
+# Lines typed at the terminal chat (up-arrow history), in the home beside the transcripts.
+TERMINAL_HISTORY_FILE = "terminal_history"
+
+
 async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     """The gateway with its channels until SIGINT or SIGTERM, or (the terminal chat) until
     input ends and what is queued is answered."""
@@ -37,7 +41,11 @@ async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
             loop.add_signal_handler(sig, stop.set)
     provider, banner = build_provider(config.providers)
     channels = build_channels(
-        config.channels, terminal_only=terminal_only, banner=banner, on_terminal_close=eof.set
+        config.channels,
+        terminal_only=terminal_only,
+        banner=banner,
+        on_terminal_close=eof.set,
+        terminal_history=loaded.home / TERMINAL_HISTORY_FILE,
     )
     gateway = Gateway(
         loaded,

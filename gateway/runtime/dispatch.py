@@ -121,7 +121,9 @@ class Dispatch:
                 await self._deliver_stored(recovered, ids, last.message)
                 return
             if first.compact_focus is not None:
-                outcome = await self.sessions.compact_command(key, first)
+                # A compaction can take minutes on a small model: show that work goes on.
+                async with self.turns.working(first.message):
+                    outcome = await self.sessions.compact_command(key, first)
                 await deliver(ids, last.message, *outcome, first_message=first.message)
                 return
             if first.reset_text is not None:

@@ -195,6 +195,16 @@ async def test_compact_of_a_one_turn_chat_is_skipped(small: Stack) -> None:
     assert model.summary_requests == [] and len(provider.requests) == 1
 
 
+async def test_compact_shows_the_working_indicator_while_it_folds(small: Stack) -> None:
+    gateway, channel, _, _ = small
+    await seed(gateway, channel)
+    before = len(channel.typing_calls)
+    reply = await say(gateway, channel, "/compact")
+    parse_compacted(reply)
+    # A compaction can take minutes on a small model: the person sees work going on.
+    assert len(channel.typing_calls) > before
+
+
 async def test_compact_folds_a_long_chat_and_the_next_turn_starts_with_the_summary(
     small: Stack,
 ) -> None:
