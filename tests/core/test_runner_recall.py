@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from parley.core.agent_config import AgentConfig
+from parley.core.context.config import ContextConfig
 from parley.core.errors import MemoryIndexError
 from parley.core.memory.index import MemoryIndex
 from parley.core.memory.recall import (
@@ -214,3 +215,29 @@ async def test_memory_the_system_prompt_already_holds_is_not_recalled(
     assert "memory/2026-01-05.md" in paths
     assert "MEMORY.md" not in paths
     assert result.recall.skipped_present >= 1
+
+
+@pytest.mark.parametrize(("window", "cap"), [(2_048, 153), (200_000, 1_500)])
+async def test_the_recall_block_is_capped_to_the_windows_share(
+    tmp_path: Path, window: int, cap: int
+) -> None:
+    """1,500 tokens of notes would be most of a 2,048-token window."""
+    notes = [
+        SearchHit(
+            f"memory/day{n}.md", 1, 9, 1.0 - n / 10, "Ana sings in Porto. " * 60, "memory", "agent"
+        )
+        for n in range(6)
+    ]
+
+    async def search(query: str, *, scopes: Sequence[str]) -> Sequence[SearchHit]:
+        return notes
+
+    provider = ScriptedProvider()
+    runner = make_runner(tmp_path, provider, recaller_for(search, mode="always"))
+    runner.engine.config = ContextConfig.model_validate(
+        {"models": {provider.model: {"context_tokens": window}}}
+    )
+    with Transcript.create(tmp_path / "t.jsonl", "t", "k") as transcript:
+        result = await runner.run_turn(transcript, turn("where does Ana sing?"))
+    assert result.recall is not None and result.recall.hits
+    assert cap - 30 <= result.recall.tokens <= cap
