@@ -161,11 +161,18 @@ class Ledger:
         items are taken in turns from each section (remember, identifiers, asks,
         decisions), the user's "remember ..." first, the first-seen identifiers and the
         newest sentences first, until the next one would not fit (an ask that is also a
-        remember note is shown once); a last line says how many were left out. The
-        ledger itself keeps them all for the next compaction."""
+        remember note is shown once, an identifier inside a shown sentence is not shown
+        again); a last line says how many were left out. The ledger itself keeps them
+        all for the next compaction."""
         if self.is_empty():
             return ""
         shown = self._within(max_tokens, count) if max_tokens is not None and count else None
+        sentences = [
+            item
+            for field_name in ("asks", "remember", "decisions")
+            for n, item in enumerate(getattr(self, field_name))
+            if shown is not None and (field_name, n) in shown
+        ]
         lines = [LEDGER_HEADING]
         left_out = 0
         for field_name, title in _SECTION_TITLES:
@@ -173,6 +180,9 @@ class Ledger:
             if shown is not None:
                 kept = [item for n, item in enumerate(items) if (field_name, n) in shown]
                 left_out += len(items) - len(kept)
+                if field_name == "identifiers":
+                    # Those inside a shown sentence are in view already: not twice.
+                    kept = [i for i in kept if not any(i in t for t in sentences)]
                 items = tuple(kept)
             if items:
                 lines.append(title)
@@ -201,11 +211,16 @@ class Ledger:
         budget = max_tokens - count(LEDGER_HEADING) - LEFT_OUT_NOTE_TOKENS
         chosen: set[tuple[str, int]] = set()
         opened: set[str] = set()
+        shown: list[str] = []  # the sentences chosen so far
         while any(queues) and budget > 0:
             for queue in queues:
                 if not queue:
                     continue
                 field_name, index, item = queue.pop(0)
+                if field_name == "identifiers" and any(item in text for text in shown):
+                    # Already in view inside a chosen sentence ("remember X for later").
+                    chosen.add((field_name, index))
+                    continue
                 # A section's title costs once, with its first item.
                 title = 0 if field_name in opened else count(titles[field_name]) + 1
                 cost = count(f"- {item}") + 1 + title
@@ -214,6 +229,8 @@ class Ledger:
                 budget -= cost
                 opened.add(field_name)
                 chosen.add((field_name, index))
+                if field_name != "identifiers":
+                    shown.append(item)
         return chosen
 
     def to_dict(self) -> dict[str, Any]:

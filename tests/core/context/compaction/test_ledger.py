@@ -389,3 +389,11 @@ def test_render_within_a_budget_shows_an_ask_that_is_a_remember_note_once() -> N
     assert small.count(said) == 1 and "### Open asks" not in small
     # Without a budget the rendering is today's, byte for byte.
     assert ledger.render().count(said) == 2
+
+
+def test_render_within_a_budget_does_not_repeat_an_identifier_a_sentence_shows() -> None:
+    said = "Please remember db-replica-2.internal:5433 for later."
+    ledger = Ledger(identifiers=("db-replica-2.internal:5433", "ORD-88123"), remember=(said,))
+    small = ledger.render(60, _words)
+    assert small.count("db-replica-2.internal:5433") == 1
+    assert "ORD-88123" in small and "left out" not in small
