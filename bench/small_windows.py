@@ -163,7 +163,7 @@ class Instruments:
             return view
 
         engine._fit = fit_spy  # type: ignore[method-assign]
-        engine.prepare = prepare_spy  # type: ignore[method-assign]
+        engine.prepare = prepare_spy  # type: ignore[method-assign, assignment]
 
     @property
     def negative(self) -> int:

@@ -195,10 +195,10 @@ async def test_an_overflow_with_the_issues_numbers_recovers_with_positive_budget
         assert view.budget.limit > 0 and view.threshold > 0
     assert events.compactions and events.compactions[0].compacted
     # Whatever could not be made to fit says so with numbers a person can read.
-    for exc in refused:
-        assert exc.limit is not None and exc.used is not None
-        assert 0 < exc.limit < exc.used
-        assert "-" not in exc.message
+    for error in refused:
+        assert error.limit is not None and error.used is not None
+        assert 0 < error.limit < error.used
+        assert "-" not in error.message
 
 
 async def test_a_message_bigger_than_the_window_is_said_plainly(
