@@ -57,6 +57,7 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -95,6 +96,7 @@ WINDOWS = (4_096, 8_192, 32_768)
 PARKING = "Remember: my car is on level 3, spot 42."
 KEPT = (*PLANTED, "level 3, spot 42")
 HEAVY_RATIO = 1.7
+SCRATCH = Path(tempfile.gettempdir()) / "parley-bench-small-windows"
 _NEGATIVE = re.compile(r"(?<![\w-])-\d")
 
 
@@ -279,16 +281,22 @@ async def run_all(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for window in windows:
-        with tempfile.TemporaryDirectory() as tmp:
+        # One fixed folder: the workspace path is in the system prompt, and a random
+        # one would tokenise differently from run to run.
+        home = SCRATCH / str(window)
+        shutil.rmtree(home, ignore_errors=True)
+        try:
             out[str(window)] = await replay(
                 window,
                 turns,
-                Path(tmp),
+                home,
                 summaries=summaries,
                 baseline=baseline,
                 ratio=ratio,
                 restored=restored,
             )
+        finally:
+            shutil.rmtree(SCRATCH, ignore_errors=True)
     return out
 
 
