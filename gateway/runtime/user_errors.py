@@ -136,8 +136,8 @@ def describe_context_error(exc: ContextError) -> str:
     if cause == CAUSE_MESSAGE:
         return (
             f"This message does not fit the model's context window{numbers}, even with "
-            "the rest of the conversation left out. It is saved in the conversation, but I "
-            "cannot answer it as it is: please send it in shorter parts."
+            "the rest of the conversation left out. Your message is saved in the "
+            "conversation, but I cannot answer it as it is: please send it in shorter parts."
         )
     if cause == CAUSE_SYSTEM:
         return (
