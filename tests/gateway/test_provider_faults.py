@@ -379,7 +379,7 @@ async def test_message_too_big_for_the_window_is_reported_and_left_out_after(
         huge = "paste " * 4000  # about 6,000 tokens
         reply = await w.say(huge)
         assert reply.startswith("This message does not fit the model's context window (")
-        assert "/new" in reply and SAVED in reply
+        assert "shorter parts" in reply and SAVED in reply and "/new" not in reply
         recoveries = w.gateway.config.context.compaction.max_attempts
         assert w.calls - before <= (recoveries + 1) + 1 + 2 * recoveries
         await w.assert_failed_turn(huge.strip()[:50], "ContextBudgetError")

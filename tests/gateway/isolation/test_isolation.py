@@ -88,7 +88,9 @@ def assert_isolated(world: World, elapsed: float) -> None:
     assert tally.own_hits > 0, f"no conversation ever found its own secret: {tally.line()}"
     assert world.model.kinds["flush"] > 0 and tally.flush_notes > 0, tally.line()
     assert tally.compactions > 0, tally.line()
-    if settings.strategy in ("summary", "hierarchical"):  # the others fold without a model
+    # The others fold without a model; hierarchical asks one only for a task still open
+    # at the cut, which a window-sized keep share (core/context/budget.py) rarely leaves.
+    if settings.strategy == "summary":
         assert world.model.kinds["summary"] > 0, dict(world.model.kinds)
     assert tally.memory_answers > 0 and tally.tool_results > 0, tally.line()
     assert tally.task_records > 0, tally.line()
