@@ -74,6 +74,7 @@ from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from parley.core.context.budget import context_budget
 from parley.core.context.compaction.compactor import TRIGGER_THRESHOLD, CompactionOutcome, Compactor
 from parley.core.context.compaction.strategies import (
     STRATEGY_HIERARCHICAL,
@@ -82,7 +83,7 @@ from parley.core.context.compaction.strategies import (
     STRATEGY_SUMMARY,
 )
 from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS, Summarizer
-from parley.core.context.config import CompactionConfig
+from parley.core.context.config import CompactionConfig, ContextConfig
 from parley.core.context.history import build_history
 from parley.core.context.window import compaction_threshold
 from parley.core.importance import (
@@ -127,7 +128,7 @@ FACT_KINDS: tuple[str, ...] = ("identifier", "decision", "todo", "constraint", "
 # and a fact that is never folded tells nothing about a strategy.
 PLANT_SHARE = 0.7
 DEFAULT_WINDOW = 32_000  # a small local model: the threshold falls well inside 300 messages
-QUICK_WINDOW = 16_000  # threshold 4,000 tokens: below a 160-message conversation
+QUICK_WINDOW = 16_000  # threshold 9,600 tokens: below a 160-message conversation
 DEFAULT_MAX_OUTPUT = 4_096
 RECALL_BUDGET = 1_500
 RECALL_MODES: tuple[Literal["auto", "always"], ...] = ("auto", "always")
@@ -494,13 +495,16 @@ async def compact_once(
         for offset, message in enumerate(conv.messages):
             transcript.append_message(message, ts=BASE_TIME + timedelta(seconds=30 * offset))
         before = build_history(transcript.live_entries(), max_turns=0, max_messages=0)
+        # The figures the engine would use for this window (core/context/budget.py).
+        budget = context_budget(window, ContextConfig(compaction=config), max_output)
         outcome = await compactor.compact(
             transcript,
             trigger=TRIGGER_THRESHOLD,
             window=window,
-            threshold=compaction_threshold(window, config, max_output),
+            threshold=budget.threshold,
             base_tokens=0,  # messages only: no system prompt or tools in this bench
             tokens_before=counter.messages(before),
+            budget=budget,
         )
         after = build_history(transcript.live_entries(), max_turns=0, max_messages=0)
     return outcome, after, provider.calls
