@@ -1,0 +1,117 @@
+"""How parley drives a model by its size: the "standard" profile and the "small" one.
+
+A large model takes parley's full system prompt (identity, tooling, safety, memory
+recall, workspace, the workspace files up to 150,000 characters, silent replies) and a
+turn-context block on every user message in its stride. A small one does not:
+SmolLM2-135M, the embedded default, looped on 9 of 19 replies with them and answered
+worse; with a two-sentence system prompt and a few hundred characters of the workspace
+files it looped far less (``bench/local_model.py``; figures in ``docs`` of issue #21).
+
+A ``ModelProfile`` says what the small profile changes; each part of parley reads the
+field that concerns it:
+
+- the system prompt (``core.prompt.SystemPromptBuilder``): ``short_prompt`` and
+  ``workspace_max_chars``;
+- the turn context (``core.prompt.render_turn_context``): ``compact_turn_context``;
+- compaction and the memory flush (the context engine): ``model_free_compaction`` (fold
+  old history by a strategy that needs no model call) and ``memory_flush`` (a model
+  that cannot summarise writes its loops into memory: no flush);
+- sampling (a provider that passes llama.cpp's sampling fields on, for a small model
+  behind an OpenAI-compatible server): ``sampling`` hints. The embedded provider
+  applies its own measured defaults (``core.providers.local_tuning``), the same values.
+
+``choose_profile`` picks one from the ``[agent] profile`` setting: "auto" takes the
+small profile for a window under ``SMALL_WINDOW_TOKENS`` or for the embedded model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+ProfileName = Literal["standard", "small"]
+ProfileSetting = Literal["auto", "standard", "small"]
+PROFILE_SETTINGS: tuple[str, ...] = get_args(ProfileSetting)
+
+# Below this window "auto" takes the small profile: a model served with a window this
+# small is a small model, or runs on a host where every prompt token costs.
+SMALL_WINDOW_TOKENS = 16_384
+# The workspace files' share of the short system prompt, in characters. Measured on
+# SmolLM2-135M with parley's own workspace templates: the first 248 characters
+# (IDENTITY.md, SOUL.md) did no harm; 300 to 800 (USER.md's and MEMORY.md's "write here
+# what ..." template text came next) doubled to tripled the looping replies.
+SMALL_WORKSPACE_MAX_CHARS = 300
+# llama.cpp's field names; the embedded provider's measured defaults
+# (core.providers.local_tuning.DEFAULT_SAMPLING) are the same values.
+SMALL_SAMPLING_HINTS: tuple[tuple[str, float], ...] = (
+    ("dry_multiplier", 0.8),
+    ("repeat_penalty", 1.1),
+    ("repeat_last_n", 64),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """What parley changes for a model of this size (module docstring)."""
+
+    name: ProfileName
+    # The short system prompt: identity and one line of style, tooling and memory recall
+    # only when offered, no safety/workspace/silent-reply sections.
+    short_prompt: bool = False
+    # The workspace files' total in the short prompt (the standard prompt keeps the
+    # [context] file_max_chars / total_max_chars caps).
+    workspace_max_chars: int = SMALL_WORKSPACE_MAX_CHARS
+    # The turn context as one short line (time and channel) instead of the full block.
+    compact_turn_context: bool = False
+    # Compaction folds old history without a model call (no summary to write).
+    model_free_compaction: bool = False
+    # Write durable facts to memory before compaction (asks the model to summarise).
+    memory_flush: bool = True
+    sampling_hints: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def summaries(self) -> bool:
+        """Whether the model is asked to write summaries (compaction, flush)."""
+        return not self.model_free_compaction
+
+    def sampling(self) -> Mapping[str, float]:
+        """The sampling hints as llama.cpp request fields (empty: send none)."""
+        return dict(self.sampling_hints)
+
+
+STANDARD = ModelProfile(name="standard")
+SMALL = ModelProfile(
+    name="small",
+    short_prompt=True,
+    compact_turn_context=True,
+    model_free_compaction=True,
+    memory_flush=False,
+    sampling_hints=SMALL_SAMPLING_HINTS,
+)
+_BY_NAME: dict[str, ModelProfile] = {"standard": STANDARD, "small": SMALL}
+
+
+def is_embedded(provider: object) -> bool:
+    """Is ``provider`` the in-process model (its ``facts.server`` says "embedded")?"""
+    facts = getattr(provider, "facts", None)
+    return getattr(facts, "server", "") == "embedded"
+
+
+def choose_profile(setting: str, *, window: int | None, provider: object) -> ModelProfile:
+    """The profile for ``setting`` ("auto", "standard" or "small").
+
+    "auto" is small for the embedded model, for a provider that says it cannot write
+    summaries (``supports_summaries = False``), and for a window under
+    ``SMALL_WINDOW_TOKENS``; standard otherwise, an unknown window (``None``) included.
+    """
+    if setting in _BY_NAME:
+        return _BY_NAME[setting]
+    if setting != "auto":
+        raise ValueError(f"unknown model profile {setting!r}; expected one of {PROFILE_SETTINGS}")
+    small = (
+        is_embedded(provider)
+        or getattr(provider, "supports_summaries", True) is False
+        or (window is not None and window < SMALL_WINDOW_TOKENS)
+    )
+    return SMALL if small else STANDARD
