@@ -45,9 +45,8 @@ SMALL_WORKSPACE_MAX_CHARS = 300
 # llama.cpp's field names; the embedded provider's measured defaults
 # (core.providers.local_tuning.DEFAULT_SAMPLING) are the same values.
 SMALL_SAMPLING_HINTS: tuple[tuple[str, float], ...] = (
-    ("dry_multiplier", 0.8),
-    ("repeat_penalty", 1.1),
-    ("repeat_last_n", 64),
+    ("repeat_penalty", 1.15),
+    ("repeat_last_n", 256),
 )
 
 

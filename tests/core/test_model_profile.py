@@ -70,7 +70,7 @@ def test_what_the_small_profile_changes() -> None:
     assert SMALL.short_prompt and SMALL.compact_turn_context
     assert SMALL.model_free_compaction and not SMALL.summaries
     assert not SMALL.memory_flush
-    assert SMALL.sampling()["dry_multiplier"] > 0
+    assert SMALL.sampling()["repeat_penalty"] > 1
     assert 0 < SMALL.workspace_max_chars <= 1000
 
 
