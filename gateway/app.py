@@ -29,10 +29,12 @@ from parley.core.context.engine import ContextEngine
 from parley.core.context.flush import FlushTarget
 from parley.core.context.report import ContextReport
 from parley.core.context.view import ContextView
+from parley.core.context.window import provider_window, resolve_window
 from parley.core.memory.audience import Audience, Viewer
 from parley.core.memory.index import MemoryIndex
 from parley.core.memory.notes import NoteStore
 from parley.core.memory.recall import Recaller
+from parley.core.model_profile import choose_profile
 from parley.core.prompt import SystemPromptBuilder
 from parley.core.providers.base import Provider
 from parley.core.runner import Runner
@@ -275,6 +277,21 @@ class Gateway:
             agent.tool_result_max_chars, private_roots=private_roots(self.loaded)
         )
         offer_tools = tools_offered(provider, context)
+        # The profile follows the model's window as the server or its file states it.
+        own_window, own_source = provider_window(provider)
+        window = resolve_window(
+            provider.model, context, provider_window=own_window, provider_source=own_source
+        )
+        profile = rt.profile = choose_profile(
+            agent.profile, window=window.tokens, provider=provider
+        )
+        log.info(
+            "model %s: window %s tokens (%s), profile %s",
+            provider.model,
+            f"{window.tokens:,}",
+            window.detail or window.source,
+            profile.name,
+        )
         memory = None
         if config.memory.enabled:
             # On PostgreSQL the index shares the state's pool (None: memory.db).
@@ -292,6 +309,7 @@ class Gateway:
             file_max_chars=context.file_max_chars,
             total_max_chars=context.total_max_chars,
             memory_enabled=memory is not None and offer_tools,
+            profile=profile,
         )
         # The engine's threshold needs the output the provider will really allow.
         max_output = min(

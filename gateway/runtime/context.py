@@ -21,6 +21,7 @@ from parley.core.context.compaction.stats import CompactionStats
 from parley.core.context.engine import ContextEngine
 from parley.core.memory.audience import Audience, Viewer
 from parley.core.memory.index import MemoryIndex
+from parley.core.model_profile import STANDARD, ModelProfile
 from parley.core.prompt import SystemPromptBuilder
 from parley.core.providers.base import Provider
 from parley.core.runner import Runner
@@ -74,6 +75,8 @@ class Runtime:
         self._prompt: SystemPromptBuilder | None = None
         # None until start, and for good when [memory] enabled = false.
         self.memory: MemoryIndex | None = None
+        # How the model is driven (core/model_profile.py), chosen at start.
+        self.profile: ModelProfile = STANDARD
 
     # -- the state stores (read through: an operator's tool may swap one) --------------------
 

@@ -104,6 +104,7 @@ class Turns:
                 chat_type=first.route.chat_type,
                 sender_name=message.sender_name,
                 sender_id=message.sender_id,
+                compact=rt.profile.compact_turn_context,
             ),
             meta={"inbox_ids": ids, "message_ids": [i.message.message_id for i in items]},
             resume=resume,
