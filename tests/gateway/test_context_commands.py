@@ -499,7 +499,7 @@ async def test_status_says_where_the_window_came_from_and_whether_tools_are_offe
         status = await say(gateway, channel, "/status")
         assert f"{WINDOW_LABEL}: 24,576 tokens, from the llama.cpp server (/props)" in status
         assert "Tools: withheld" in status and provider.requests[-1].tools == ()
-        assert "Profile:" not in status  # none to show: the runtime has no profile object
+        assert "Profile: standard" in status  # 24,576 tokens: not a small window
 
 
 async def test_status_says_the_window_is_an_assumed_default(tmp_path: Path) -> None:
