@@ -38,12 +38,19 @@ def available_cpus() -> int:
 def default_threads(cpus: int | None = None) -> int:
     """llama.cpp's thread count when ``LocalModelConfig.threads`` is unset: all CPUs but one.
 
-    Measured on a 2-CPU host (bench/local_model.py, docs in the module docstring): with
-    both CPUs, generation ran at 100-110 tokens/s when the host was idle, but at 3-10
-    tokens/s whenever anything else used a CPU (a test run, the embedder), since
-    llama.cpp's threads wait for each other at every step and one of them was always
-    descheduled; first replies then took minutes. With one thread it ran at 70-90
-    tokens/s either way. Leaving a CPU free keeps the worst case close to the typical one.
+    Measured on a 2-CPU host (``bench/local_model.py --threads``: a 673-token prompt, 96
+    tokens generated, 6 runs each, 1 and 2 threads alternated), median figures:
+
+    - host as it was: 2 threads 94 tokens/s, prompt 421 tokens/s; 1 thread 67 and 226;
+    - one CPU-bound neighbour (someone's test run): 2 threads fell to 28 tokens/s
+      (prompt 219), 1 thread held 68 (prompt 223). Earlier runs with more load saw 2
+      threads at 3-10 tokens/s, first replies in minutes.
+
+    llama.cpp's threads meet at a barrier every step: when one of them waits for a CPU,
+    all wait. One CPU left to the rest of the machine (the event loop, the embedder,
+    a neighbour) costs 30% of generation speed in the best case and removes the worst.
+    Hosts with more CPUs were not measured: the same rule is applied, up to
+    ``MAX_DEFAULT_THREADS``.
     """
     return max(1, min((cpus or available_cpus()) - 1, MAX_DEFAULT_THREADS))
 

@@ -6,7 +6,7 @@ import asyncio
 import struct
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ module_loop = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _offline() -> None:
+def _offline() -> Iterator[None]:
     # Nothing here should reach for the Hugging Face hub; make sure it cannot.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
