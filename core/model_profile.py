@@ -13,12 +13,13 @@ field that concerns it:
 - the system prompt (``core.prompt.SystemPromptBuilder``): ``short_prompt`` and
   ``workspace_max_chars``;
 - the turn context (``core.prompt.render_turn_context``): ``compact_turn_context``;
-- compaction and the memory flush (the context engine): ``model_free_compaction`` (fold
-  old history by a strategy that needs no model call) and ``memory_flush`` (a model
-  that cannot summarise writes its loops into memory: no flush);
 - sampling (a provider that passes llama.cpp's sampling fields on, for a small model
   behind an OpenAI-compatible server): ``sampling`` hints. The embedded provider
   applies its own measured defaults (``core.providers.local_tuning``), the same values.
+
+Compaction and the memory flush do not follow the profile but the model's ability to
+summarise (``core.context.window.can_summarise``): a small window does not make a weak
+summariser, and the embedded model, which cannot summarise, says so itself.
 
 ``choose_profile`` picks one from the ``[agent] profile`` setting: "auto" takes the
 small profile for a window under ``SMALL_WINDOW_TOKENS`` or for the embedded model.
@@ -63,16 +64,7 @@ class ModelProfile:
     workspace_max_chars: int = SMALL_WORKSPACE_MAX_CHARS
     # The turn context as one short line (time and channel) instead of the full block.
     compact_turn_context: bool = False
-    # Compaction folds old history without a model call (no summary to write).
-    model_free_compaction: bool = False
-    # Write durable facts to memory before compaction (asks the model to summarise).
-    memory_flush: bool = True
     sampling_hints: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def summaries(self) -> bool:
-        """Whether the model is asked to write summaries (compaction, flush)."""
-        return not self.model_free_compaction
 
     def sampling(self) -> Mapping[str, float]:
         """The sampling hints as llama.cpp request fields (empty: send none)."""
@@ -84,8 +76,6 @@ SMALL = ModelProfile(
     name="small",
     short_prompt=True,
     compact_turn_context=True,
-    model_free_compaction=True,
-    memory_flush=False,
     sampling_hints=SMALL_SAMPLING_HINTS,
 )
 _BY_NAME: dict[str, ModelProfile] = {"standard": STANDARD, "small": SMALL}

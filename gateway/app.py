@@ -285,6 +285,9 @@ class Gateway:
         profile = rt.profile = choose_profile(
             agent.profile, window=window.tokens, provider=provider
         )
+        use_sampling = getattr(provider, "use_sampling", None)
+        if use_sampling is not None and profile.sampling():
+            use_sampling(profile.sampling())  # a llama.cpp server: against looping
         log.info(
             "model %s: window %s tokens (%s), profile %s",
             provider.model,

@@ -18,7 +18,7 @@ The outcome is recorded as a ``memory_flush`` custom entry; that entry is also w
 itself is not part of the conversation, so its messages are not in the transcript.
 
 A small model loops ("- the user likes tea" forty times): a note where repeated
-``REPEAT_NGRAM``-word runs cover more than half the words (``repetition_share``) is
+``REPEAT_NGRAM``-word runs cover more than half the words (``core.text_loops.loop_share``) is
 de-looped (repeated lines dropped) and written only when what is left is no loop any
 more; otherwise nothing is written and the outcome says why.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
@@ -43,6 +42,7 @@ from parley.core.prompt import SILENT_REPLY
 from parley.core.providers.base import Provider, ProviderRequest
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.providers.retry import call_with_retry
+from parley.core.text_loops import loop_share, words
 from parley.core.transcript import (
     ENTRY_COMPACTION,
     ENTRY_CUSTOM,
@@ -73,41 +73,23 @@ FlushStatus = Literal["written", "nothing", "failed"]
 REPEAT_NGRAM = 5
 MAX_REPEAT_SHARE = 0.5
 REPETITIVE_REASON = "the note was mostly repetition (a looping model); nothing written"
-_WORD = re.compile(r"\w+")
-
-
-def repetition_share(text: str, n: int = REPEAT_NGRAM) -> float:
-    """The share of ``text``'s words inside a run of ``n`` words that occurs more than
-    once (0.0 for a text too short to tell)."""
-    words = [w.casefold() for w in _WORD.findall(text)]
-    if len(words) < 2 * n:
-        return 0.0
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    seen: dict[tuple[str, ...], int] = {}
-    for gram in grams:
-        seen[gram] = seen.get(gram, 0) + 1
-    covered = [False] * len(words)
-    for start, gram in enumerate(grams):
-        if seen[gram] > 1:
-            covered[start : start + n] = [True] * n
-    return sum(covered) / len(words)
 
 
 def deloop(text: str) -> str | None:
     """``text`` when it is no loop; else its lines without repeats, when that is no loop
     any more; else None (nothing worth writing)."""
-    if repetition_share(text) <= MAX_REPEAT_SHARE:
+    if loop_share(text, REPEAT_NGRAM) <= MAX_REPEAT_SHARE:
         return text
     lines: list[str] = []
     seen: set[str] = set()
     for line in text.splitlines():
-        key = " ".join(_WORD.findall(line.casefold()))
+        key = " ".join(words(line))
         if key and key in seen:
             continue
         seen.add(key)
         lines.append(line)
     kept = "\n".join(lines).strip()
-    if not kept or repetition_share(kept) > MAX_REPEAT_SHARE:
+    if not kept or loop_share(kept, REPEAT_NGRAM) > MAX_REPEAT_SHARE:
         return None
     return kept
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,11 +313,19 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
         self.discovery_timeout = discovery_timeout
         self.facts = ModelFacts()
         self._started = False
+        self._sampling: dict[str, float] = {}
 
     @property
     def context_window(self) -> int | None:
         """The window the server said it runs the model with; ``None`` when unknown."""
         return self.facts.context_window
+
+    def use_sampling(self, hints: Mapping[str, float]) -> bool:
+        """Send llama.cpp's sampling fields (``repeat_penalty``…: the small profile's
+        guard against looping) with every request, when the server is llama.cpp: others
+        ignore or refuse fields they do not know. True when they will be sent."""
+        self._sampling = dict(hints) if self.facts.server == "llama.cpp" else {}
+        return bool(self._sampling)
 
     @property
     def supports_tools(self) -> bool:
@@ -392,6 +401,8 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             params["tools"] = to_wire_tools(request.tools)
         if request.temperature is not None:
             params["temperature"] = request.temperature
+        if self._sampling:
+            params["extra_body"] = dict(self._sampling)
         return params
 
     async def _stream(

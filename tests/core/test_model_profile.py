@@ -68,13 +68,10 @@ def test_an_unknown_setting_is_refused() -> None:
 
 def test_what_the_small_profile_changes() -> None:
     assert SMALL.short_prompt and SMALL.compact_turn_context
-    assert SMALL.model_free_compaction and not SMALL.summaries
-    assert not SMALL.memory_flush
     assert SMALL.sampling()["repeat_penalty"] > 1
     assert 0 < SMALL.workspace_max_chars <= 1000
 
 
 def test_the_standard_profile_changes_nothing() -> None:
     assert not STANDARD.short_prompt and not STANDARD.compact_turn_context
-    assert STANDARD.summaries and STANDARD.memory_flush
     assert STANDARD.sampling() == {}

@@ -596,3 +596,18 @@ async def test_llamacpp_overflow_reads_numbers_from_the_body() -> None:
             await provider.aclose()
         assert caught.value.observed_tokens == prompt_tokens(fake)
     assert caught.value.limit == 20
+
+
+@pytest.mark.parametrize(("server", "sent"), [("llama.cpp", True), ("vllm", False), ("", False)])
+def test_the_small_profiles_sampling_goes_only_to_a_llama_cpp_server(
+    server: str, sent: bool
+) -> None:
+    provider = OpenAICompatProvider("m", "k", base_url="http://127.0.0.1:9/v1")
+    provider.facts = ModelFacts(server=server)
+    assert provider.use_sampling({"repeat_penalty": 1.15, "repeat_last_n": 256}) is sent
+    request = ProviderRequest(model="m", system="s", messages=(Message.user("hi"),))
+    params = provider.build_params(request)
+    if sent:
+        assert params["extra_body"] == {"repeat_penalty": 1.15, "repeat_last_n": 256}
+    else:
+        assert "extra_body" not in params
