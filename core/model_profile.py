@@ -17,9 +17,14 @@ field that concerns it:
   behind an OpenAI-compatible server): ``sampling`` hints. The embedded provider
   applies its own measured defaults (``core.providers.local_tuning``), the same values.
 
-Compaction and the memory flush do not follow the profile but the model's ability to
-summarise (``core.context.window.can_summarise``): a small window does not make a weak
-summariser, and the embedded model, which cannot summarise, says so itself.
+- compaction and the memory flush (the context engine): ``summaries``. The small profile
+  does not ask the model for compaction summaries or flush notes unless the operator
+  says it can (``[context.models."<id>"] summaries = true``; a model that says it cannot,
+  like the embedded one, never is): SmolLM2-135M behind llama.cpp at a 2,048 window
+  wrote "The conversation is currently paused…" as its summary, the next replies
+  echoed it, and each summary call held the reply back by up to a minute on 2 cores.
+  Compaction then folds by a strategy that needs no model call
+  (``core.context.window.can_summarise``).
 
 ``choose_profile`` picks one from the ``[agent] profile`` setting: "auto" takes the
 small profile for a window under ``SMALL_WINDOW_TOKENS`` or for the embedded model.
@@ -46,6 +51,8 @@ SMALL_WORKSPACE_MAX_CHARS = 300
 # llama.cpp's field names; the embedded provider's measured defaults
 # (core.providers.local_tuning.DEFAULT_SAMPLING) are the same values.
 SMALL_SAMPLING_HINTS: tuple[tuple[str, float], ...] = (
+    # llama.cpp's server samples at 0.8 unless told; the embedded model's measured 0.2.
+    ("temperature", 0.2),
     ("repeat_penalty", 1.15),
     ("repeat_last_n", 256),
 )
@@ -64,6 +71,8 @@ class ModelProfile:
     workspace_max_chars: int = SMALL_WORKSPACE_MAX_CHARS
     # The turn context as one short line (time and channel) instead of the full block.
     compact_turn_context: bool = False
+    # Ask the model for compaction summaries and flush notes when nobody said otherwise.
+    summaries: bool = True
     sampling_hints: tuple[tuple[str, float], ...] = ()
 
     def sampling(self) -> Mapping[str, float]:
@@ -76,6 +85,7 @@ SMALL = ModelProfile(
     name="small",
     short_prompt=True,
     compact_turn_context=True,
+    summaries=False,
     sampling_hints=SMALL_SAMPLING_HINTS,
 )
 _BY_NAME: dict[str, ModelProfile] = {"standard": STANDARD, "small": SMALL}

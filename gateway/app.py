@@ -331,6 +331,9 @@ class Gateway:
             checkpoints_dir=self.loaded.checkpoints_dir,
             zone=lambda: rt.zone,
             now=rt.clock,
+            # A separate summary model ([context.compaction] model) is the operator's
+            # choice of a summariser: the profile does not second-guess it.
+            summaries_by_default=profile.summaries or context.compaction.model is not None,
         )
         # Load the tokenizer now (~0.3 s), not in the first person's turn.
         await asyncio.to_thread(engine.counter.text, "warm up")

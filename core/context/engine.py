@@ -120,6 +120,7 @@ class ContextEngine:
         summary_provider: Provider | None = None,
         zone: Callable[[], tzinfo] = lambda: UTC,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        summaries_by_default: bool = True,
     ) -> None:
         self.config = config
         self.provider = provider
@@ -128,6 +129,9 @@ class ContextEngine:
         self.counter = counter or default_counter()
         self.calibration = calibration or Calibration()
         self.now = now
+        # Whether a model nobody said anything about writes summaries (the model profile's
+        # choice; config and the provider's own word come first).
+        self.summaries_by_default = summaries_by_default
         self._states = SessionStates(
             lambda model: ContextAccountant(
                 self.counter,
@@ -189,7 +193,9 @@ class ContextEngine:
     def summaries(self, model: str) -> bool:
         """Whether compaction may ask a model for summaries (and the flush for notes)."""
         name = self.config.compaction.model or model
-        return can_summarise(self.config, self.summary_provider, name)
+        return can_summarise(
+            self.config, self.summary_provider, name, default=self.summaries_by_default
+        )
 
     def _strategy(self, model: str) -> str | None:
         """The compaction strategy to use instead of the configured one, if any."""

@@ -184,14 +184,19 @@ def prompt_only_window(provider: object) -> bool:
     return bool(getattr(getattr(provider, "facts", None), "prompt_only_window", False))
 
 
-def can_summarise(config: ContextConfig, provider: object, model: str) -> bool:
+def can_summarise(
+    config: ContextConfig, provider: object, model: str, *, default: bool = True
+) -> bool:
     """Whether ``model`` may be asked for compaction summaries: ``context.models.<id>
-    .summaries`` when set, else the provider's ``supports_summaries`` (a 135M model
-    copies the dialogue back instead of summarising it)."""
+    .summaries`` when set, else no when the provider says it cannot (``supports_summaries``:
+    a 135M model copies the dialogue back instead of summarising it), else ``default``
+    (the model profile's: the small profile does not ask)."""
     override = config.models.get(model.strip().lower())
     if override is not None and override.summaries is not None:
         return override.summaries
-    return bool(getattr(provider, "supports_summaries", True))
+    if getattr(provider, "supports_summaries", True) is False:
+        return False
+    return default
 
 
 def check_window(info: WindowInfo, *, min_tokens: int, warn_below: int) -> None:

@@ -567,3 +567,27 @@ async def test_a_window_below_the_minimum_is_refused_before_any_call(tmp_path: P
             gateway, channel, "/status"
         )
         assert provider.requests == []
+
+
+@pytest.mark.parametrize("summaries", [None, "true"])
+async def test_the_small_profile_compacts_without_a_summary_unless_the_model_is_said_to_write_them(
+    tmp_path: Path, summaries: str | None
+) -> None:
+    said = f", summaries = {summaries}" if summaries else ""
+    env = {
+        **SMALL_WINDOW,
+        # 8k: the small profile. A tiny model's summaries are noise that later replies
+        # echo, and each one holds a reply back: it folds without one unless told.
+        "PARLEY_CONTEXT__MODELS": f'{{ "{MODEL}" = {{ context_tokens = 8192{said} }} }}',
+    }
+    gateway, channel, _, model = open_stack(tmp_path, env=env)
+    async with gateway:
+        await seed(gateway, channel, turns=6)
+        reply = await say(gateway, channel, "/compact")
+        status = await say(gateway, channel, "/status")
+    assert reply.startswith("Compacted"), reply
+    assert "Profile: small" in status
+    if summaries:
+        assert model.summary_requests and "selective" not in reply
+    else:
+        assert model.summary_requests == [] and "selective" in reply
