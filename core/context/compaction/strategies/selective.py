@@ -16,8 +16,13 @@ highest first:
 - empty text, silent replies and exact repeats: 0.05.
 
 A tool call and the results answering it are one unit scored by its best message,
-so a failed call keeps the call that failed. Units are dropped lowest score first,
-the oldest first among equals, until the rendered text is under the budget:
+so a failed call keeps the call that failed. What the person wrote scores
+``PERSON_BONUS`` above the model's answers: their words are where the facts come from
+("my car is on level 3, spot 42"), while a small model's answer is often noise. Units
+are dropped lowest score first, the oldest first among equals, until the rendered text
+is under the budget; then the dropped units that still fit come back, most important
+first, so one long answer does not push out every short message before it (only units
+scoring above plain substance: filler and chatter stay out). The budget:
 ``selective_target_ratio`` (default 0.25) of the compaction threshold. A quarter
 leaves the kept turns (at most ``MAX_KEEP_SHARE`` of the threshold), the system
 prompt and a few turns of growth room before the next compaction. The survivors
@@ -43,6 +48,7 @@ from parley.core.context.compaction.strategies.base import (
 )
 from parley.core.context.compaction.summarizer import group_units, serialize_message
 from parley.core.importance import (
+    DEFAULT,
     Scored,
     least_important_first,
     message_importance,
@@ -54,6 +60,9 @@ SELECTIVE_HEADER = "Earlier conversation, its most important messages verbatim (
 MAX_PREVIOUS_LINES = 400
 # Above every rule's score: a unit the focus names outranks any it does not.
 FOCUS_BOOST = 1.0
+# Less than the gap between two rules: a person's plain message outranks a plain answer,
+# never an answer that carries an error, a decision or an identifier.
+PERSON_BONUS = 0.04
 _FOCUS_WORD = re.compile(r"\w{4,}")
 
 
@@ -88,6 +97,8 @@ def _items(request: FoldRequest, count_text: CountText) -> list[_Item]:
         repeat = key in seen and not any(m.tool_uses for m in unit)
         seen.add(key)
         score = 0.05 if repeat else max(message_importance(m) for m in unit)
+        if not repeat and all(m.role == "user" for m in unit):
+            score += PERSON_BONUS
         items.append(_Item(_one_line(text), score, count_text(text)))
     if words:
         items = [
@@ -104,16 +115,23 @@ def _one_line(text: str) -> str:
 
 def select(items: Sequence[_Item], budget: int) -> tuple[list[int], int]:
     """Indices of the items kept under ``budget`` tokens, in order, and how many were
-    dropped (lowest score first, oldest first among equals)."""
+    dropped (lowest score first, oldest first among equals; then what still fits comes
+    back, most important and newest first)."""
     total = sum(i.tokens for i in items)
-    dropped: set[int] = set()
+    dropped: list[Scored] = []
     order = least_important_first(Scored(n, item.score) for n, item in enumerate(items))
     for scored in order:
         if total <= budget:
             break
-        dropped.add(scored.index)
+        dropped.append(scored)
         total -= items[scored.index].tokens
-    return [n for n in range(len(items)) if n not in dropped], len(dropped)
+    left_out = {s.index for s in dropped}
+    for scored in reversed(dropped):
+        tokens = items[scored.index].tokens
+        if scored.score > DEFAULT and total + tokens <= budget:
+            left_out.discard(scored.index)
+            total += tokens
+    return [n for n in range(len(items)) if n not in left_out], len(left_out)
 
 
 class SelectiveStrategy(KeepsPlannedCut):

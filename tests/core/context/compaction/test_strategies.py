@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from parley.core.context.compaction.compactor import (
@@ -9,6 +10,8 @@ from parley.core.context.compaction.compactor import (
     TRIGGER_THRESHOLD,
     CompactionOutcome,
 )
+from parley.core.context.compaction.ledger import Ledger
+from parley.core.context.compaction.strategies.base import FoldRequest
 from parley.core.context.compaction.strategies.hierarchical import (
     ACTIVE_HEADING,
     EARLIER_HEADING,
@@ -16,7 +19,7 @@ from parley.core.context.compaction.strategies.hierarchical import (
     active_task,
     split_tasks,
 )
-from parley.core.context.compaction.strategies.selective import SELECTIVE_HEADER
+from parley.core.context.compaction.strategies.selective import SELECTIVE_HEADER, SelectiveStrategy
 from parley.core.context.compaction.strategies.sliding_window import SLIDING_WINDOW_NOTE
 from parley.core.context.history import COMPACTION_SUMMARY_PREFIX, build_history
 from parley.core.errors import InvalidRequestError, ServerError
@@ -120,7 +123,7 @@ async def test_selective_keeps_a_failed_call_with_its_error(tmp_path: Path) -> N
 
 
 async def test_selective_keeps_what_the_compact_focus_names(tmp_path: Path) -> None:
-    """An ordinary message (scored like the filler, and older) is dropped first unless
+    """An ordinary answer (scored like the filler, and older) is dropped first unless
     ``/compact <focus>`` names it."""
     gazebo = "The gazebo gets two coats of sage green paint, the shed stays as it is."
 
@@ -128,8 +131,8 @@ async def test_selective_keeps_what_the_compact_focus_names(tmp_path: Path) -> N
         folder = tmp_path / ("focus" if focus else "none")
         folder.mkdir()
         transcript = new_transcript(folder)
-        transcript.append_message(Message.user(gazebo))
-        transcript.append_message(Message.assistant("Sounds lovely."))
+        transcript.append_message(Message.user("And the garden?"))
+        transcript.append_message(Message.assistant(gazebo))
         planted(transcript)
         compactor = make_compactor(SummaryProvider(failing), strategy="selective")
         outcome = await compactor.compact(
@@ -375,3 +378,30 @@ async def test_a_broken_strategy_still_compacts(tmp_path: Path, monkeypatch: obj
     got = details(outcome)
     assert got["strategy"] == "sliding-window"
     assert got["fallbacks"] == ["selective: RuntimeError: bug"]
+
+
+def test_selective_keeps_what_the_person_said_over_long_answers() -> None:
+    """A small window: the person's short statement outlives the model's long answers
+    (the hand test at 2,048 tokens lost "level 3, spot 42" this way)."""
+    counter = default_counter()
+    said = "Hi, my car is on level 3, spot 42."
+    babble = " ".join(["It is a lovely day for a drive around the town."] * 30)
+    messages = [
+        Message.user(said),
+        Message.assistant(babble),
+        Message.user("Tell me about Rome."),
+        Message.assistant(babble + " Rome."),
+    ]
+    request = FoldRequest(
+        messages=tuple(messages),
+        kept=(),
+        previous_summary=None,
+        fresh_ledger=Ledger(),
+        window=2_048,
+        threshold=1_000,
+        focus="",
+        fold_tokens=241,
+    )
+    fold = asyncio.run(SelectiveStrategy(target_ratio=0.25, count_text=counter.text).fold(request))
+    assert said in fold.text
+    assert babble not in fold.text
