@@ -63,6 +63,7 @@ FOCUS_BOOST = 1.0
 # Less than the gap between two rules: a person's plain message outranks a plain answer,
 # never an answer that carries an error, a decision or an identifier.
 PERSON_BONUS = 0.04
+PERSON_LINE = "[User]: "  # how serialize_message renders what the person wrote
 _FOCUS_WORD = re.compile(r"\w{4,}")
 
 
@@ -84,7 +85,7 @@ def _focused(text: str, words: frozenset[str]) -> bool:
 def _items(request: FoldRequest, count_text: CountText) -> list[_Item]:
     words = focus_words(request.focus)
     items = [
-        _Item(line[2:], text_importance(line[2:]), count_text(line))
+        _Item(line[2:], _bullet_score(line[2:]), count_text(line))
         for line in previous_bullets(request.previous_summary, MAX_PREVIOUS_LINES)
     ]
     seen: set[str] = set()
@@ -106,6 +107,13 @@ def _items(request: FoldRequest, count_text: CountText) -> list[_Item]:
             for i in items
         ]
     return items
+
+
+def _bullet_score(text: str) -> float:
+    """A line an earlier selective fold kept: the person's words keep their bonus, or
+    the next fold would drop them before the newer answers it kept them over."""
+    bonus = PERSON_BONUS if text.startswith(PERSON_LINE) else 0.0
+    return text_importance(text) + bonus
 
 
 def _one_line(text: str) -> str:

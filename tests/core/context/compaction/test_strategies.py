@@ -405,3 +405,26 @@ def test_selective_keeps_what_the_person_said_over_long_answers() -> None:
     fold = asyncio.run(SelectiveStrategy(target_ratio=0.25, count_text=counter.text).fold(request))
     assert said in fold.text
     assert babble not in fold.text
+
+
+def test_selective_keeps_the_persons_words_across_a_second_fold() -> None:
+    counter = default_counter()
+    said = "Hi, my car is on level 3, spot 42."
+    babble = " ".join(["It is a lovely day for a drive around the town."] * 30)
+    previous = f"{SELECTIVE_HEADER}\n- [User]: {said}\n- [User]: Tell me about Rome."
+    request = FoldRequest(
+        messages=(
+            Message.user("Now Greece."),
+            Message.assistant(babble),
+            Message.user("And Egypt?"),
+            Message.assistant(babble + " Egypt."),
+        ),
+        kept=(),
+        previous_summary=previous,
+        fresh_ledger=Ledger(),
+        window=2_048,
+        threshold=1_000,
+        fold_tokens=241,
+    )
+    fold = asyncio.run(SelectiveStrategy(target_ratio=0.25, count_text=counter.text).fold(request))
+    assert said in fold.text
