@@ -388,6 +388,7 @@ async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
     from parley.core.context.engine import ContextEngine
     from parley.core.context.report import describe_tools, describe_window
     from parley.core.errors import WindowTooSmallError
+    from parley.core.model_profile import choose_profile
     from parley.gateway.app import tools_offered
 
     config = loaded.config
@@ -414,8 +415,10 @@ async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
             provider=provider,
         )
         window = describe_window(info, model=model, facts=facts or getattr(provider, "facts", None))
-        profile: str = config.agent.profile
-        profile += " (chosen at start)" if profile == "auto" else ""
+        chosen = choose_profile(config.agent.profile, window=info.tokens, provider=provider)
+        profile = chosen.name
+        if config.agent.profile == "auto":
+            profile += " (auto: small below 16,384 tokens and for the embedded model)"
         detail = f"{model}: window {window}; tools {tools}; profile {profile}"
         if not ask:
             detail += " (the server was not asked: see provider)"
