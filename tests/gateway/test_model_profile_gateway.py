@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from parley.core.model_profile import SMALL
 from parley.core.prompt import TURN_CONTEXT_OPEN, is_turn_context
 from parley.gateway.app import Gateway
 from tests.fakes.recording_channel import RecordingChannel
@@ -60,3 +61,15 @@ async def test_the_profile_follows_the_window_unless_the_operator_chooses(
     assert ("Alice" not in context) is small, context
     assert ("Answer briefly and plainly" in system) is small, system[:200]
     assert f"Profile: {'small' if small else 'standard'}" in status
+
+
+async def test_context_shows_the_small_profiles_cap_on_the_workspace_files(tmp_path: Path) -> None:
+    provider = ScriptedProvider()
+    channel = RecordingChannel()
+    config = make_config(tmp_path, **window_env(provider.model, 8_192))
+    gateway = Gateway(config, channels=[channel], provider=provider)
+    async with gateway:
+        await say(gateway, channel, "hello there")
+        report = await say(gateway, channel, "/context")
+    cap = SMALL.workspace_max_chars
+    assert f"Workspace file cap: {cap:,} chars per file, {cap:,} in total" in report

@@ -153,6 +153,9 @@ class CommandReplies:
             # From the transcript, not the registry's context_tokens: after /compact
             # that holds the compactor's estimate, which no model reported.
             called = last_call(live)
+        file_cap, total_cap = rt.config.context.file_max_chars, rt.config.context.total_max_chars
+        if rt.profile.short_prompt:
+            file_cap = total_cap = rt.profile.workspace_max_chars
         report = await asyncio.to_thread(
             build_context_report,
             prompt=prompt,
@@ -161,8 +164,9 @@ class CommandReplies:
             counter=engine.counter,
             window=window,
             workspace=rt.loaded.workspace,
-            file_max_chars=rt.config.context.file_max_chars,
-            total_max_chars=rt.config.context.total_max_chars,
+            # The small profile's short prompt has its own, smaller cap on the files.
+            file_max_chars=file_cap,
+            total_max_chars=total_cap,
             last_call=called,
             recall=recall,
             window_note=self.window_note(record),

@@ -124,7 +124,8 @@ async def test_a_provider_without_discover_gets_the_table(
     assert finding.severity == "ok"
     assert finding.detail == (
         "claude-sonnet-4-5: window 200,000 tokens, from parley's built-in table; "
-        "tools offered; profile standard (auto: small below 16,384 tokens and for the embedded model)"
+        "tools offered; profile standard "
+        "(auto: small below 16,384 tokens and for the embedded model)"
     )
     assert provider.closed
 
