@@ -416,7 +416,7 @@ async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
         )
         window = describe_window(info, model=model, facts=facts or getattr(provider, "facts", None))
         chosen = choose_profile(config.agent.profile, window=info.tokens, provider=provider)
-        profile = chosen.name
+        profile: str = chosen.name
         if config.agent.profile == "auto":
             profile += " (auto: small below 16,384 tokens and for the embedded model)"
         detail = f"{model}: window {window}; tools {tools}; profile {profile}"
