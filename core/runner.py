@@ -17,13 +17,14 @@ A context overflow reported by the provider is recovered by the engine (flush,
 compact, shrink) and retried, at most ``compaction.max_attempts`` times. So is a reply
 that stopped because the window filled (``STOP_OVERFLOW``, a llama.cpp server counting
 only the prompt): the turn's ``on_retry`` hook is called first (a UI drops the streamed
-text), the cut-off reply is recorded as a ``discarded_reply`` custom entry, which the
-view never resends, and the retry's reply is the answer. When recovery cannot make the
-request smaller, the cut-off reply is kept as the answer. Each request asks for at most
-the window's output reserve (``core.context.budget``), and the recall block is capped
-to the window's share. Provider and
-context errors propagate typed after a ``turn_error`` entry is written, so the session
-is never stuck and the next turn starts from a consistent transcript.
+text), and once the retry has answered, the cut-off reply is recorded as a
+``discarded_reply`` custom entry, which the view never resends, and the retry's reply
+is the answer. When recovery cannot make the request smaller, or fails, or the retry
+fails (refused, overflowing again), the cut-off reply is kept as the answer. Each
+request asks for at most the window's output reserve (``core.context.budget``), and the
+recall block is capped to the window's share. Provider and context errors propagate
+typed after a ``turn_error`` entry is written, so the session is never stuck and the
+next turn starts from a consistent transcript.
 """
 
 from __future__ import annotations
@@ -252,12 +253,9 @@ class Runner:
                 # Recovery changed nothing: the same request would stop the same way.
                 view, request, response, held = held.view, held.request, held.response, None
             else:
-                if held is not None:
+                if held is not None and on_retry is not None:
                     # Retrying: a UI that showed the cut-off reply's streamed text drops it.
-                    if on_retry is not None:
-                        on_retry(overflows, held.error, 0.0)
-                    await self._record_discarded(transcript, held.response)
-                    held = None
+                    on_retry(overflows, held.error, 0.0)
                 request = ProviderRequest(
                     model=model,
                     system=system,
@@ -267,35 +265,71 @@ class Runner:
                     # that counts max_tokens against its window refuses more than fits.
                     max_tokens=min(self.agent.max_output_tokens, view.budget.output),
                 )
+                # The held reply stays held until a retry returns: a retry that fails
+                # (refused, overflowing again, recovery failing) leaves it as the answer.
+                kept: _Held | None = None
                 try:
                     response = await call_with_retry(
                         self.provider, request, self.retry, on_text, on_retry=on_retry
                     )
                 except ContextOverflowError as exc:
                     overflows += 1
-                    if overflows > self.engine.config.compaction.max_attempts:
-                        exc.cause = exc.cause or _cause(view.messages)
-                        self.engine.end_overflow_pressure(turn.session_key)
+                    attempts = self.engine.config.compaction.max_attempts
+                    if held is None:
+                        if overflows > attempts:
+                            exc.cause = exc.cause or _cause(view.messages)
+                            self.engine.end_overflow_pressure(turn.session_key)
+                            await self._record_error(transcript, exc)
+                            raise
+                        await self._recover(transcript, view_request, view, exc, events)
+                        continue
+                    if overflows > attempts:
+                        self._log_kept(turn.session_key, exc)
+                        kept = held
+                    else:
+                        try:
+                            await self.engine.recover_overflow(
+                                transcript, view_request, view, exc, events
+                            )
+                        except ContextError as failed:
+                            self._log_kept(turn.session_key, failed)
+                            kept = held
+                        else:
+                            continue
+                except ProviderError as exc:
+                    if held is None:
                         await self._record_error(transcript, exc)
                         raise
-                    await self._recover(transcript, view_request, view, exc, events)
-                    continue
-                except ProviderError as exc:
-                    await self._record_error(transcript, exc)
-                    raise
-                calls += 1
-                total = total + response.usage
-                if (
-                    response.stop_reason == STOP_OVERFLOW
-                    and overflows < self.engine.config.compaction.max_attempts
-                ):
-                    # The window filled mid-answer: a cut-off reply is no answer. Make
-                    # room (compact, shrink) and ask again.
-                    overflows += 1
-                    stopped = stopped_overflow(response, self.provider.name)
-                    held = _Held(view, request, response, stopped)
-                    await self._recover(transcript, view_request, view, stopped, events)
-                    continue
+                    self._log_kept(turn.session_key, exc)
+                    kept = held
+                if kept is not None:
+                    view, request, response, held = kept.view, kept.request, kept.response, None
+                else:
+                    calls += 1
+                    total = total + response.usage
+                    if held is not None:
+                        # The retry answered: the cut-off reply is recorded, never resent.
+                        await self._record_discarded(transcript, held.response)
+                        held = None
+                    if (
+                        response.stop_reason == STOP_OVERFLOW
+                        and overflows < self.engine.config.compaction.max_attempts
+                    ):
+                        # The window filled mid-answer: a cut-off reply is no answer. Make
+                        # room (compact, shrink) and ask again; the reply is held meanwhile.
+                        overflows += 1
+                        stopped = stopped_overflow(response, self.provider.name)
+                        held = _Held(view, request, response, stopped)
+                        try:
+                            await self.engine.recover_overflow(
+                                transcript, view_request, view, stopped, events
+                            )
+                        except ContextError as failed:
+                            # No room to be made: the cut-off reply is the answer.
+                            self._log_kept(turn.session_key, failed)
+                            held = None
+                        else:
+                            continue
             last_usage = response.usage
             stop_reason = response.stop_reason
             self.engine.record_call(
@@ -434,6 +468,15 @@ class Runner:
             self.engine.end_overflow_pressure(request.session_key)
             await self._record_error(transcript, failed)
             raise
+
+    def _log_kept(self, key: str, exc: CoreError) -> None:
+        log.warning(
+            "retry after a cut-off reply failed in session %s (%s: %s): the cut-off reply"
+            " is kept as the answer",
+            key,
+            type(exc).__name__,
+            getattr(exc, "message", str(exc)),
+        )
 
     async def _record_discarded(
         self, transcript: SessionTranscript, response: ProviderResponse

@@ -9,7 +9,15 @@ from parley.core.agent_config import AgentConfig
 from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
 from parley.core.context.config import ContextConfig
 from parley.core.context.engine import ContextEngine
-from parley.core.errors import CAUSE_MESSAGE, ContextOverflowError, ProviderError, RateLimitError
+from parley.core.errors import (
+    CAUSE_MESSAGE,
+    CompactionError,
+    ContextOverflowError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    ServerError,
+)
 from parley.core.messages import Message, TextBlock, ToolUseBlock, Usage
 from parley.core.prompt import SystemPromptBuilder
 from parley.core.providers.base import (
@@ -221,6 +229,68 @@ async def test_a_stop_on_every_retry_is_bounded_and_keeps_the_last_reply(
         e for e in transcript.entries() if e.payload.get("custom_type") == DISCARDED_REPLY_TYPE
     ]
     assert len(discarded) == len(main) - 1
+
+
+def failing_retry(error: Exception) -> tuple[ScriptedProvider, list[ProviderRequest]]:
+    """The first main call stops because the window filled; every later one raises."""
+    provider = ScriptedProvider()
+    main: list[ProviderRequest] = []
+
+    def answer(request: ProviderRequest) -> ProviderResponse:
+        if request.system == SUMMARY_SYSTEM_PROMPT:
+            return ProviderResponse((TextBlock("## Decisions\n- none"),), STOP_END, Usage(9, 9))
+        main.append(request)
+        if len(main) == 1:
+            return stopped("a usable half answer", 2_000, 48)
+        raise error
+
+    provider.responder = answer
+    return provider, main
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ServerError("boom", provider="scripted", status=500),
+        OverloadedError("busy", provider="scripted", status=529),
+        ContextOverflowError("too long", provider="scripted", status=400),
+    ],
+    ids=["server", "overloaded", "overflow"],
+)
+async def test_a_cut_off_reply_is_kept_when_its_retry_fails(
+    tmp_path: Path, transcript: Transcript, error: ProviderError
+) -> None:
+    seed(transcript, 8)
+    provider, main = failing_retry(error)
+    runner = make_runner(tmp_path, provider)
+    result = await runner.run_turn(transcript, TurnRequest("k", "the newest question"))
+    # The retry failed: the cut-off reply, already streamed, is the answer.
+    assert len(main) >= 2
+    assert result.reply == "a usable half answer"
+    assert result.stop_reason == STOP_OVERFLOW
+    entries = list(transcript.entries())
+    assert [e.message.text for e in entries if e.type == "message"][-1] == "a usable half answer"
+    # Nothing was discarded and the turn did not fail.
+    customs = [e.payload.get("custom_type") for e in entries if e.type == "custom"]
+    assert DISCARDED_REPLY_TYPE not in customs and "turn_error" not in customs
+
+
+async def test_a_cut_off_reply_is_kept_when_recovery_fails(
+    tmp_path: Path, transcript: Transcript, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed(transcript, 8)
+    provider, main = failing_retry(ServerError("never reached", provider="scripted"))
+    runner = make_runner(tmp_path, provider)
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise CompactionError("no room")
+
+    monkeypatch.setattr(runner.engine, "recover_overflow", broken)
+    result = await runner.run_turn(transcript, TurnRequest("k", "the newest question"))
+    assert len(main) == 1
+    assert result.reply == "a usable half answer"
+    customs = [e.payload.get("custom_type") for e in transcript.entries() if e.type == "custom"]
+    assert DISCARDED_REPLY_TYPE not in customs and "turn_error" not in customs
 
 
 async def test_requests_ask_for_at_most_a_quarter_of_a_small_window(
