@@ -21,15 +21,12 @@ def add_run_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     sub.add_parser("chat", parents=[common], help="chat in this terminal")
 
 
-# Lines typed at the terminal chat (up-arrow history), in the home beside the transcripts.
-TERMINAL_HISTORY_FILE = "terminal_history"
-
-
 async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     """The gateway with its channels until SIGINT or SIGTERM, or (the terminal chat) until
     input ends and what is queued is answered."""
     from parley.gateway.app import Gateway
     from parley.gateway.channel_factory import build_channels
+    from parley.gateway.people.inventory import terminal_history
     from parley.gateway.providers import build_provider
 
     config = loaded.config
@@ -45,7 +42,7 @@ async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
         terminal_only=terminal_only,
         banner=banner,
         on_terminal_close=eof.set,
-        terminal_history=loaded.home / TERMINAL_HISTORY_FILE,
+        terminal_history=terminal_history(loaded),
     )
     gateway = Gateway(
         loaded,

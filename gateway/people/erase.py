@@ -59,6 +59,7 @@ class ErasureReport:
     tombstones: int = 0
     inbox_rows: int = 0
     pairing: list[str] = field(default_factory=list)
+    terminal_history: list[str] = field(default_factory=list)  # the file, if theirs
     group_sessions: int = 0  # kept
     notes_out: list[str] = field(default_factory=list)  # what the operator should know
     errors: list[str] = field(default_factory=list)
@@ -86,6 +87,7 @@ class ErasureReport:
             },
             "inbox_rows": self.inbox_rows,
             "pairing": self.pairing,
+            "terminal_history": self.terminal_history,
             "kept": {"group_sessions": self.group_sessions, "why": GROUPS_NOTE},
             "notes_for_operator": self.notes_out,
             "errors": self.errors,
@@ -121,6 +123,7 @@ class ErasureReport:
         )
         out.append(f"  inbox           {self.inbox_rows} message(s)")
         out.append(f"  pairing         {_counted(self.pairing)}")
+        out.append(f"  terminal input  {_counted(self.terminal_history)}")
         out.append(f"Kept: {self.group_sessions} group session(s) on record. Note: {GROUPS_NOTE}.")
         out += [f"Note: {note}" for note in self.notes_out]
         out += [f"Error: {error}" for error in self.errors]
@@ -174,6 +177,9 @@ async def erase_person(
         inbox_ids, pairing = await _state_rows(state, target, found_ids)
         report.inbox_rows = len(inbox_ids)
         report.pairing = [f"{r.channel} {r.sender_id} ({r.status})" for r in pairing]
+        history = inventory.terminal_history(loaded)
+        if _types_at_the_terminal(loaded, target) and await asyncio.to_thread(history.exists):
+            report.terminal_history = [str(history)]
         index = (
             await _index_rows(loaded, state, target, theirs, files) if _has_index(loaded) else None
         )
@@ -186,6 +192,8 @@ async def erase_person(
             # Files first, the rows that lead to them last: a rerun after a kill still
             # finds what is left (a session without its transcript by its registry row).
             await asyncio.to_thread(_erase_files, loaded, target, files)
+            if report.terminal_history:
+                await asyncio.to_thread(history.unlink, missing_ok=True)
             await _erase_state(state, theirs, inbox_ids, pairing, report)
             if _has_index(loaded):
                 await _resync(loaded, state, target, tombstones, report)
@@ -193,6 +201,14 @@ async def erase_person(
                 await asyncio.to_thread(_vacuum, loaded, report)
     report.notes_out += _leftovers(loaded, target, postgres=postgres)
     return report
+
+
+def _types_at_the_terminal(loaded: LoadedConfig, target: Person) -> bool:
+    """Is ``target`` the terminal chat's person (whose typed lines its history file
+    keeps): that id, the name it is linked to, or ~main when every direct chat is one?"""
+    if target.id == MAIN_PERSON:
+        return loaded.config.session.dm_scope == "main"
+    return target.owns(Audience.person(inventory.terminal_person(loaded)).scope)
 
 
 @dataclass

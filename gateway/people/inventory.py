@@ -21,11 +21,25 @@ from parley.gateway.config import LoadedConfig
 from parley.gateway.home_upgrade.audiences import legacy_tasks_dir
 from parley.gateway.memory import memory_db_path, tasks_dir
 from parley.gateway.people.who import PersonError
+from parley.gateway.routing import normalise_peer_id
 from parley.gateway.storage.sessions import SessionRecord
 
 _MAX_HEADER_BYTES = 64 * 1024
 # The listener every replica's session locks keep on PostgreSQL (gateway/pg/session_locks.py).
 _REPLICA_LISTEN = "LISTEN parley_session_unlocked"
+# Lines typed at the terminal chat (up-arrow history), in the home beside the transcripts:
+# the words of the terminal's person (``terminal_person``), never anyone else's.
+TERMINAL_HISTORY_FILE = "terminal_history"
+
+
+def terminal_history(loaded: LoadedConfig) -> Path:
+    return loaded.home / TERMINAL_HISTORY_FILE
+
+
+def terminal_person(loaded: LoadedConfig) -> str:
+    """The person id of whoever types at the terminal chat (``[channels.terminal]
+    sender_id``, as its direct chat's key names it)."""
+    return f"terminal:{normalise_peer_id(loaded.config.channels.terminal.sender_id)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from parley.core.memory.audience import parse_scope
+from parley.core.memory.audience import MAIN_PERSON, parse_scope
 from parley.core.memory.notes import NoteStore
 from parley.gateway.audiences import PersonLinks
 from parley.gateway.config import LoadedConfig
@@ -24,6 +24,7 @@ class KnownPerson:
     notes: int = 0
     task_logs: int = 0
     pairing: list[str] = field(default_factory=list)
+    terminal_history: bool = False  # the terminal chat's typed lines are theirs
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -33,6 +34,7 @@ class KnownPerson:
             "notes": self.notes,
             "task_logs": self.task_logs,
             "pairing": self.pairing,
+            "terminal_history": self.terminal_history,
         }
 
 
@@ -78,6 +80,14 @@ async def list_people(loaded: LoadedConfig) -> list[KnownPerson]:
                     found = entry(audience.id)
                     found.ids.add(audience.id)
                     found.task_logs += 1
+
+        if inventory.terminal_history(loaded).exists():
+            typist = (
+                MAIN_PERSON if session.dm_scope == "main" else inventory.terminal_person(loaded)
+            )
+            found = entry(typist)
+            found.ids.add(typist)
+            found.terminal_history = True
 
     await asyncio.to_thread(local)
     for known in people.values():
