@@ -5,11 +5,16 @@ a terminal (prompt_toolkit; imported only then: it costs ~0.1 s).
 loop's reader callbacks, never a blocking call). Output goes above the prompt through
 ``run_in_terminal``, and the prompt's message shows, above the input line, the reply line
 being written or that parley is working: printing a half line next to a live prompt
-would tear both. History is a file (owner-only) read on a thread and appended on one.
+would tear both. History is a file (owner-only) read on a thread and appended on one;
+on start, a file over ``HISTORY_ENTRIES`` entries is first rewritten to its newest ones
+(on the writing thread, before it is read), so it never grows for ever. It holds what the
+terminal's person typed: ``parley people erase`` deletes it with the rest of theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -27,21 +32,52 @@ from prompt_toolkit.output import Output
 
 logger = logging.getLogger("parley.channels.terminal")
 
-# Entries read back from the history file: enough to find last week's lines, bounded so a
-# history file that grew for years does not make every start slower.
+# Entries kept in the history file: enough to find last week's lines, bounded so the file
+# (parsed whole on every start) does not grow for years.
 HISTORY_ENTRIES = 1000
 
 
 class HistoryFile(FileHistory):
     """prompt_toolkit's history file, owner-only, written on a thread of its own (in
-    order) and read back to its newest ``HISTORY_ENTRIES`` entries."""
+    order), trimmed there to its newest ``HISTORY_ENTRIES`` entries before it is read."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.path = path
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terminal-history")
+        self._trimmed = self._writer.submit(self._trim)
+
+    def _trim(self) -> None:
+        """Rewrite the file to its newest ``HISTORY_ENTRIES`` entries when it holds more
+        (atomically, owner-only): a reader sees the old file or the new, never half."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            logger.warning("terminal: cannot read the history %s: %s", self.path, exc)
+            return
+        entries = _entries(data)
+        if len(entries) <= HISTORY_ENTRIES:
+            return
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o600)
+                f.write(b"".join(entries[-HISTORY_ENTRIES:]))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, self.path)
+        except OSError as exc:
+            logger.warning("terminal: cannot trim the history %s: %s", self.path, exc)
+            with contextlib.suppress(OSError):
+                temp.unlink()
 
     def load_history_strings(self) -> Iterable[str]:
+        # On ThreadedHistory's thread: wait for the trim, then read the smaller file.
+        self._trimmed.result()
         try:
             newest_first = super().load_history_strings()
             return [line for line, _ in zip(newest_first, range(HISTORY_ENTRIES), strict=False)]
@@ -67,6 +103,26 @@ class HistoryFile(FileHistory):
     def close(self) -> None:
         """Finish the writes queued (a few lines at most)."""
         self._writer.shutdown(wait=True)
+
+
+def _entries(data: bytes) -> list[bytes]:
+    """A history file's entries, oldest first, each with the lines before it (its
+    timestamp comment): FileHistory's format, where ``+`` lines make one entry and any
+    other line ends it."""
+    entries: list[bytes] = []
+    before: list[bytes] = []
+    entry: list[bytes] = []
+    for line in io.BytesIO(data):  # lines as FileHistory reads them: split at \n only
+        if line.startswith(b"+"):
+            entry.append(line)
+            continue
+        if entry:
+            entries.append(b"".join(before + entry))
+            before, entry = [], []
+        before.append(line)
+    if entry:
+        entries.append(b"".join(before + entry))
+    return entries
 
 
 class EditedLines:

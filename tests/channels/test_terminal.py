@@ -247,3 +247,47 @@ async def test_a_silent_reply_ends_working() -> None:
     assert "working" in str(channel._status())
     await channel.draft(draft("", reset="withdrawn"))  # nothing was shown, nothing follows
     assert channel._status() == [] and stdout.getvalue() == ""
+
+
+def test_a_history_file_over_the_cap_is_trimmed_to_its_newest_entries(tmp_path: Path) -> None:
+    from prompt_toolkit.history import FileHistory
+
+    from parley.channels.terminal_input import HISTORY_ENTRIES, HistoryFile
+
+    path = tmp_path / "terminal_history"
+    total = HISTORY_ENTRIES + 250
+    path.write_text(
+        "".join(
+            f"\n# 2026-03-01 12:00:{n:06d}\n+line {n}\n+second\rhalf {n}\n" for n in range(total)
+        )
+    )
+    path.chmod(0o644)
+    history = HistoryFile(path)
+    try:
+        loaded = list(history.load_history_strings())  # newest first, after the trim
+    finally:
+        history.close()
+    assert len(loaded) == HISTORY_ENTRIES
+    assert loaded[0] == f"line {total - 1}\nsecond\rhalf {total - 1}"
+    # The file itself now holds only the newest entries, timestamps kept, owner-only.
+    on_disk = list(FileHistory(path).load_history_strings())
+    assert on_disk == loaded
+    text = path.read_text()
+    assert "+line 249\n" not in text and "+line 250\n" in text
+    assert f"# 2026-03-01 12:00:{total - 1:06d}\n" in text
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["terminal_history"]
+
+
+def test_a_history_file_under_the_cap_is_left_alone(tmp_path: Path) -> None:
+    from parley.channels.terminal_input import HistoryFile
+
+    path = tmp_path / "terminal_history"
+    path.write_text("\n# t\n+only\n")
+    before = path.stat().st_ino, path.read_text()
+    history = HistoryFile(path)
+    try:
+        assert list(history.load_history_strings()) == ["only"]
+    finally:
+        history.close()
+    assert (path.stat().st_ino, path.read_text()) == before
