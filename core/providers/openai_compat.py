@@ -215,13 +215,17 @@ class _Assembler:
         )
 
     def stopped_by_window(self, max_tokens: int, window: int | None) -> bool:
-        """Whether a ``length`` finish was the window's, not ``max_tokens``'s."""
+        """Whether a ``length`` finish was the window's, not ``max_tokens``'s: a reply
+        short of its own cap whose prompt and output reached the window the server
+        published. Without that window (vLLM and OpenAI refuse prompt + max_tokens up
+        front instead) a short "length" is a server-side output cap (``--n-predict``,
+        a Modelfile's ``num_predict``), which a compaction would not cure. A reply that
+        reached ``max_tokens`` too would be cut the same way on a retry."""
         if self.completion_tokens is None or self.prompt_tokens is None:
             return False  # no usage: nothing to tell them apart by
-        if window is not None and self.prompt_tokens + self.completion_tokens >= window:
-            return True
-        # Short of its own cap, only the window can have stopped it.
-        return self.completion_tokens < max_tokens
+        if window is None or self.completion_tokens >= max_tokens:
+            return False
+        return self.prompt_tokens + self.completion_tokens >= window
 
     def response(self) -> ProviderResponse:
         content: list[Block] = []
@@ -395,9 +399,9 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             self._max_tokens_key: request.max_tokens,
             "stream_options": {"include_usage": True},
         }
-        # A template without tool support would render the schemas as noise, or the
-        # server would refuse them; the gateway already offers none in that case.
-        if request.tools and self.facts.supports_tools is not False:
+        # Whether a model gets tools is the gateway's decision (the server's word, or the
+        # operator's [context.models] tools override): what the request holds is sent.
+        if request.tools:
             params["tools"] = to_wire_tools(request.tools)
         if request.temperature is not None:
             params["temperature"] = request.temperature

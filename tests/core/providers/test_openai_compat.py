@@ -346,32 +346,39 @@ async def test_finish_reasons(
 # -- the window's edge: "length" that the window, not max_tokens, caused ----------------------
 
 
-async def test_length_short_of_max_tokens_is_overflow(
+async def test_length_short_of_max_tokens_is_overflow_only_at_the_known_window(
     openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
 ) -> None:
     openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
-    response = await openai_provider.complete(request(max_tokens=500))
-    assert response.stop_reason == STOP_OVERFLOW
-    assert response.message.text == CUT_REPLY  # kept: valid, and paid for
-    assert response.usage.output_tokens == 10
+    first = await openai_provider.complete(request(max_tokens=500))
+    # No published window (vLLM, OpenAI): a short "length" is a server's own output cap,
+    # which no compaction cures.
+    assert first.stop_reason == STOP_MAX_TOKENS
+    window = first.usage.context_tokens + first.usage.output_tokens
+    openai_provider.facts = ModelFacts(context_window=window, server="llama.cpp")
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+    second = await openai_provider.complete(request(max_tokens=500))
+    assert second.stop_reason == STOP_OVERFLOW
+    assert second.message.text == CUT_REPLY  # kept: valid, and paid for
+    assert second.usage.output_tokens == 10
+    # Below the window, the same short reply is a server-side cap's.
+    openai_provider.facts = ModelFacts(context_window=window + 1, server="llama.cpp")
+    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
+    third = await openai_provider.complete(request(max_tokens=500))
+    assert third.stop_reason == STOP_MAX_TOKENS
 
 
-async def test_length_at_the_known_window_is_overflow_even_at_max_tokens(
+async def test_length_at_max_tokens_is_the_caps_even_at_the_window_edge(
     openai_fake: FakeOpenAI, openai_provider: OpenAICompatProvider
 ) -> None:
     openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
     first = await openai_provider.complete(request(max_tokens=10))
-    assert first.stop_reason == STOP_MAX_TOKENS  # window unknown: max_tokens explains it
     window = first.usage.context_tokens + first.usage.output_tokens
     openai_provider.facts = ModelFacts(context_window=window, server="llama.cpp")
     openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
     second = await openai_provider.complete(request(max_tokens=10))
-    assert second.stop_reason == STOP_OVERFLOW
-    # Below the window, the same reply is the cap's.
-    openai_provider.facts = ModelFacts(context_window=window + 1, server="llama.cpp")
-    openai_fake.enqueue(Reply(CUT_REPLY, stop_reason="length"))
-    third = await openai_provider.complete(request(max_tokens=10))
-    assert third.stop_reason == STOP_MAX_TOKENS
+    # Cap and window reached together: a retry would be cut the same way.
+    assert second.stop_reason == STOP_MAX_TOKENS
 
 
 async def test_length_without_usage_stays_max_tokens() -> None:
