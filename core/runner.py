@@ -134,7 +134,8 @@ class _Held:
 def stopped_overflow(response: ProviderResponse, provider: str) -> ContextOverflowError:
     """The overflow a reply stopped by a full window stands for. Its numbers are the
     prompt's (what the server read) and the window it filled (prompt plus what was
-    written before it stopped), so recovery learns a smaller window than configured."""
+    written before it stopped). Recovery calibrates on them but learns no window from
+    them: where a reply stopped is no refusal."""
     prompt = response.usage.context_tokens
     return ContextOverflowError(
         "the reply stopped because the model's context window filled up",
@@ -322,7 +323,7 @@ class Runner:
                         held = _Held(view, request, response, stopped)
                         try:
                             await self.engine.recover_overflow(
-                                transcript, view_request, view, stopped, events
+                                transcript, view_request, view, stopped, events, stopped=True
                             )
                         except ContextError as failed:
                             # No room to be made: the cut-off reply is the answer.

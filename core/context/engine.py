@@ -211,6 +211,16 @@ class ContextEngine:
         window = min(info.tokens, state.window_cap or info.tokens)
         return state, self.budget(window, request)
 
+    def session_window(self, key: str | None, model: str) -> int:
+        """The session's effective window in tokens: the model's resolved window, or
+        the smaller one a provider's refusal taught the session (``recover_overflow``).
+        The one figure every report of the session's window shows."""
+        tokens = self.window(model).tokens
+        state = self._states.peek(key) if key is not None else None
+        if state is not None and state.model == model and state.window_cap:
+            tokens = min(tokens, state.window_cap)
+        return tokens
+
     def session_budget(self, request: ViewRequest) -> ContextBudget:
         """The figures of the session's window now (refused below the minimum)."""
         return self._limits(request)[1]
@@ -515,9 +525,16 @@ class ContextEngine:
         view: PreparedView,
         exc: ContextOverflowError,
         events: TurnEvents,
+        *,
+        stopped: bool = False,
     ) -> None:
-        """The provider refused the request as too long, or its reply stopped because
-        the window filled: make the next attempt smaller."""
+        """The provider refused the request as too long, or (``stopped``) its reply
+        stopped because the window filled: make the next attempt smaller.
+
+        Only a refusal with believable numbers teaches the session a smaller window, and
+        never one below ``min_window_tokens``: a stopped reply's "limit" is just where it
+        stopped (prompt plus what was written), and learning it would shrink the
+        session's window for good."""
         state = self._state(request.session_key, request.model)
         prompt_only = exc.prompt_only if exc.prompt_only is not None else self.prompt_only
         estimated = self.counter.request(request.system, view.messages, request.tools)
@@ -533,9 +550,11 @@ class ContextEngine:
                 reported=exc.observed_tokens,
             )
         window = view.window
-        if exc.limit and trusted and exc.limit < window:
+        if exc.limit and trusted and not stopped:
             # The provider's window is smaller than configured: believe the provider.
-            state.window_cap = window = exc.limit
+            cap = max(exc.limit, self.config.min_window_tokens)
+            if cap < window:
+                state.window_cap = window = cap
         budget = self.budget(window, request)
         entries = transcript.live_entries()
         if self.config.flush.enabled and not flushed_this_cycle(entries):
