@@ -465,18 +465,9 @@ class WebChannel:
             timestamp=datetime.now(UTC),
             mentions_bot=True,
         )
-        try:
-            await handler(inbound)
-        except InboundNotStored as exc:  # storage refuses writes: expected, no trace
-            logger.warning("web chat: %s not stored: %s", inbound.message_id, exc)
-            await self._write(sock, _error("the message was not saved; try again", message_id))
-            return
-        except Exception:
-            # Not acked: the browser may send it again under the same id (the inbox dedupes).
-            logger.exception("web chat: handling %s failed", inbound.message_id)
-            await self._write(sock, _error("the message was not accepted; try again", message_id))
-            return
-        self._log.add(
+        # Logged before the handler runs: a command (/status) is answered inside it, and
+        # the answer must come after the question in the history a reload replays.
+        logged = self._log.add(
             client_id,
             {
                 "role": "user",
@@ -485,6 +476,23 @@ class WebChannel:
                 "at": inbound.timestamp.isoformat(),
             },
         )
+        try:
+            await handler(inbound)
+        except asyncio.CancelledError:
+            if logged:
+                self._log.discard(client_id, "user", message_id)
+            raise
+        except Exception as exc:
+            if logged:  # not taken: it is not part of the conversation
+                self._log.discard(client_id, "user", message_id)
+            if isinstance(exc, InboundNotStored):  # storage refuses writes: expected, no trace
+                logger.warning("web chat: %s not stored: %s", inbound.message_id, exc)
+                await self._write(sock, _error("the message was not saved; try again", message_id))
+                return
+            # Not acked: the browser may send it again under the same id (the inbox dedupes).
+            logger.exception("web chat: handling %s failed", inbound.message_id)
+            await self._write(sock, _error("the message was not accepted; try again", message_id))
+            return
         await self._write(sock, _frame("ack", id=message_id))
 
 

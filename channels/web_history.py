@@ -44,20 +44,21 @@ class ChatLog:
         self._logs: OrderedDict[str, _Log] = OrderedDict()  # least recently active first
         self._chars = 0
 
-    def add(self, client_id: str, entry: dict[str, Any]) -> None:
+    def add(self, client_id: str, entry: dict[str, Any]) -> bool:
         """Log ``entry`` (with its "role" and "id") for ``client_id``; an entry already
-        there (a message sent again after a reconnect) is not logged twice."""
+        there (a message sent again after a reconnect) is not logged twice. True when
+        it was logged now."""
         key = f"{entry['role']}:{entry['id']}"
         text = json.dumps(entry, ensure_ascii=False)
         if len(text) > self._chars_per_client:
-            return  # one entry over the whole budget: the browser's copy has it
+            return False  # one entry over the whole budget: the browser's copy has it
         log = self._logs.get(client_id)
         if log is None:
             log = self._logs[client_id] = _Log()
         else:
             self._logs.move_to_end(client_id)
         if key in log.keys:
-            return
+            return False
         log.keys.add(key)
         log.entries.append((key, text))
         log.chars += len(text)
@@ -69,6 +70,21 @@ class ChatLog:
             self._drop_oldest(oldest)
             if not oldest.entries:
                 del self._logs[oldest_id]
+        return key in log.keys
+
+    def discard(self, client_id: str, role: str, entry_id: str) -> None:
+        """Take back the entry ``add`` logged (a message the gateway did not take)."""
+        log = self._logs.get(client_id)
+        key = f"{role}:{entry_id}"
+        if log is None or key not in log.keys:
+            return
+        for n, (logged, text) in enumerate(log.entries):
+            if logged == key:
+                del log.entries[n]
+                log.keys.discard(key)
+                log.chars -= len(text)
+                self._chars -= len(text)
+                break
 
     def frame(self, client_id: str) -> str | None:
         """The ``history`` frame for ``client_id``; None when its log is empty."""

@@ -548,3 +548,38 @@ async def test_history_comes_only_when_asked_for(chat: Chat) -> None:
     quiet = await chat.connect("tab-1", history=False)  # a client keeping its own copy
     await chat.channel.typing("tab-1")
     assert await quiet.receive_json(timeout=5) == {"type": "typing"}
+
+
+async def test_a_command_answered_inside_the_handler_replays_after_its_question(
+    chat: Chat,
+) -> None:
+    """/status is answered before the handler returns: the history keeps the order."""
+    ws = await chat.connect("tab-1")
+    recorder = chat.inbox
+
+    async def answer_at_once(message: InboundMessage) -> None:
+        await recorder(message)
+        await chat.channel.send(reply("status: fine", reply_to=message.message_id))
+
+    chat.channel._handler = answer_at_once
+    await ws.send_json({"type": "message", "id": "m1", "text": "/status"})
+    frames = [await ws.receive_json(timeout=5) for _ in range(2)]
+    assert sorted(f["type"] for f in frames) == ["ack", "reply"]
+    history = await (await chat.connect("tab-1")).receive_json(timeout=5)
+    said = [(m["role"], m["text"]) for m in history["messages"]]
+    assert said == [("user", "/status"), ("bot", "status: fine")]
+
+
+async def test_a_message_not_taken_is_not_in_the_history(chat: Chat) -> None:
+    ws = await chat.connect("tab-1")
+    await ws.send_json({"type": "message", "id": "m1", "text": "kept"})
+    assert (await ws.receive_json(timeout=5))["type"] == "ack"
+    chat.inbox.failures = 1
+    await ws.send_json({"type": "message", "id": "m2", "text": "refused"})
+    assert (await ws.receive_json(timeout=5))["type"] == "error"
+    # A resend of a taken message that fails now keeps the one logged before.
+    chat.inbox.failures = 1
+    await ws.send_json({"type": "message", "id": "m1", "text": "kept"})
+    assert (await ws.receive_json(timeout=5))["type"] == "error"
+    history = await (await chat.connect("tab-1")).receive_json(timeout=5)
+    assert [m["text"] for m in history["messages"]] == ["kept"]
