@@ -6,6 +6,11 @@ when it is flushed). Only the client's own sockets are ever sent its log. Bounde
 client (entries and characters) and in all (characters; the least recently active
 client's log goes first). A restart empties it; the browser keeps its own copy too.
 
+Nothing erases one client's log while the gateway runs, and nothing needs to: ``parley
+people erase`` runs in another process and refuses while a gateway holds the home, so
+the log it would have to reach is gone with the stopped gateway's memory (it is never
+written to disk). What the browser keeps (localStorage) is that browser's to clear.
+
 Entries are stored as the JSON text of the ``history`` frame's items, so a hello costs
 a join, not a render of every reply again.
 """
@@ -92,11 +97,6 @@ class ChatLog:
         if log is None or not log.entries:
             return None
         return '{"type": "history", "messages": [' + ", ".join(t for _, t in log.entries) + "]}"
-
-    def forget(self, client_id: str) -> None:
-        log = self._logs.pop(client_id, None)
-        if log is not None:
-            self._chars -= log.chars
 
     def _drop_oldest(self, log: _Log) -> None:
         key, text = log.entries.popleft()
