@@ -17,7 +17,14 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from parley.channels.base import Channel, DraftReset, InboundMessage, LiveDrafts, ReplyDraft
+from parley.channels.base import (
+    Channel,
+    ChannelError,
+    DraftReset,
+    InboundMessage,
+    LiveDrafts,
+    ReplyDraft,
+)
 from parley.core.context.compaction.stats import DEFAULT_STRATEGY
 from parley.core.errors import (
     AuthenticationError,
@@ -47,6 +54,10 @@ from parley.gateway.runtime.user_errors import (
 from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
+
+# A draft push failing like this is the transport's weather (a tab closed, a socket
+# reset, a slow API): logged at debug. Anything else is a bug worth a warning.
+_TRANSPORT_FAILURES = (ConnectionError, OSError, asyncio.TimeoutError, ChannelError)
 
 # How long the end of a turn waits for a typing indicator still on its way.
 TYPING_STOP_SECONDS = 5.0
@@ -283,8 +294,9 @@ class DraftStream:
     whole-text drafts, at most every ``interval`` seconds (the first at once), one push
     at a time: the model's stream never waits for the channel, and a slow channel gets
     fewer, fresher drafts. A retry or a later model call voids what was shown (a reset
-    rides on the next draft). A failing push is logged and forgotten: drafts are
-    previews, the reply goes out through delivery.
+    rides on the next draft). A failing push never fails the turn: drafts are previews,
+    the reply goes out through delivery. A transport failure is logged at debug; any
+    other (a bug in the channel's draft) at warning with its trace, once per turn.
     """
 
     def __init__(
@@ -313,6 +325,7 @@ class DraftStream:
         self._task: asyncio.Task[None] | None = None
         self._pushing = False
         self._closed = False
+        self._warned = False
 
     async def on_text(self, delta: str) -> None:
         if self._closed or not delta:
@@ -394,8 +407,19 @@ class DraftStream:
         self._pushing = True
         try:
             await self._channel.draft(draft)
-        except Exception as exc:  # a preview: its failure never fails the turn
+        except _TRANSPORT_FAILURES as exc:  # a preview: its failure never fails the turn
             log.debug("draft on %s failed: %s", draft.channel, exc)
+        except Exception as exc:
+            if self._warned:
+                log.debug("draft on %s failed again: %r", draft.channel, exc)
+            else:
+                self._warned = True
+                log.warning(
+                    "draft on %s failed (the reply is still sent): %r",
+                    draft.channel,
+                    exc,
+                    exc_info=True,
+                )
         finally:
             self._pushing = False
 

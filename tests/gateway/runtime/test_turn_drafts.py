@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -392,3 +393,34 @@ async def test_a_channel_without_drafts_is_not_streamed_to(tmp_path: Path) -> No
         await say(gateway, channel, "plain")
         assert [m.text for m in channel.sent] == ["echo: plain"]
     assert provider.streamed == [False]
+
+
+async def test_a_broken_draft_is_warned_about_once_per_turn(
+    world: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway, channel, _ = world
+
+    async def broken(draft: ReplyDraft) -> None:
+        raise TypeError("a bug in the channel's draft")
+
+    channel.draft = broken
+    with caplog.at_level(logging.DEBUG, logger="parley.gateway"):
+        await say(gateway, channel, "answered anyway, with many drafts")
+    assert [m.text for m in channel.sent] == ["echo: answered anyway, with many drafts"]
+    failed = [r for r in caplog.records if r.getMessage().startswith("draft on")]
+    assert len(failed) > 1  # every push failed ...
+    warned = [r for r in failed if r.levelno == logging.WARNING]
+    assert len(warned) == 1  # ... one warning, with the trace
+    assert warned[0].exc_info is not None and warned[0].exc_info[0] is TypeError
+
+
+async def test_a_transport_failure_of_a_draft_stays_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    screen, time = Screen(), FakeTime()
+    screen.fail = True  # ConnectionResetError
+    drafts = stream(screen, time)
+    with caplog.at_level(logging.DEBUG, logger="parley.gateway"):
+        await drafts.on_text("lost")
+        await settle()
+        await drafts.close(withdraw=True)
+    failed = [r for r in caplog.records if r.getMessage().startswith("draft on")]
+    assert failed and all(r.levelno == logging.DEBUG for r in failed)
