@@ -88,6 +88,7 @@ from parley.core.context.window import (
 )
 from parley.core.errors import ContextBudgetError, ContextOverflowError
 from parley.core.messages import Message, Usage
+from parley.core.model_profile import is_embedded
 from parley.core.providers.base import Provider
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.tokens import (
@@ -162,7 +163,12 @@ class ContextEngine:
     # -- window -------------------------------------------------------------------------
 
     def window(self, model: str) -> WindowInfo:
-        own, source = provider_window(self.provider)
+        """``model``'s window. The provider's discovered window is its own model's: a
+        session on another model id gets the table, the config or the default."""
+        own: int | None = None
+        source = ""
+        if model == self.provider.model:
+            own, source = provider_window(self.provider)
         return resolve_window(model, self.config, provider_window=own, provider_source=source)
 
     @property
@@ -231,7 +237,7 @@ class ContextEngine:
         minimum = self.config.min_window_tokens
         own = getattr(self.provider, "context_window", None)
         warn_below = 0 if model in self._warned else self.config.warn_below_tokens
-        if own is not None and model == self.provider.model:
+        if isinstance(own, int) and is_embedded(self.provider) and model == self.provider.model:
             # The embedded model's window is fixed by its file; refusing it would make
             # the out-of-the-box chat unusable, so its own size is the minimum, and a
             # warning on every start would only tell the user what the banner says.

@@ -9,8 +9,9 @@ import pytest
 
 from parley.core.context.config import ContextConfig
 from parley.core.context.engine import ContextEngine, TurnEvents, ViewRequest
-from parley.core.errors import ContextOverflowError
+from parley.core.errors import ContextOverflowError, WindowTooSmallError
 from parley.core.messages import Message
+from parley.core.providers.base import ModelFacts
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.transcript import Transcript
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -66,3 +67,32 @@ async def test_a_refusal_teaches_a_window_but_never_below_the_minimum(
     # A refusal naming a window below the minimum cannot shrink it past the minimum.
     await engine.recover_overflow(transcript, request(), view, overflow(300), events)
     assert engine.session_window("k", MODEL) == engine.config.min_window_tokens
+
+
+def sized(window: int, server: str) -> ScriptedProvider:
+    """A provider that discovered its model's window (``context_window`` and facts)."""
+    provider = ScriptedProvider()
+    provider.context_window = window  # type: ignore[attr-defined]
+    provider.facts = ModelFacts(context_window=window, source="test", server=server)  # type: ignore[attr-defined]
+    return provider
+
+
+def test_a_server_with_a_window_below_the_minimum_is_refused() -> None:
+    # A llama.cpp server run with -c 512: refused up front, not failing every turn later.
+    engine = engine_for(sized(512, "llama.cpp"))
+    with pytest.raises(WindowTooSmallError):
+        engine.check(MODEL)
+
+
+def test_the_embedded_model_is_exempt_from_the_minimum() -> None:
+    engine = engine_for(sized(512, "embedded"))
+    assert engine.check(MODEL).tokens == 512
+
+
+def test_the_discovered_window_is_the_providers_own_models_only() -> None:
+    engine = engine_for(sized(8_192, "llama.cpp"))
+    assert engine.window(MODEL).tokens == 8_192
+    # Another model id of the session is not the server's loaded model.
+    other = engine.window("claude-sonnet-4-5")
+    assert other.tokens != 8_192
+    assert other.tokens == engine_for(ScriptedProvider()).window("claude-sonnet-4-5").tokens
