@@ -180,9 +180,10 @@ class Runtime:
         return viewer_for(self.audience(route, message), self.config.session, self.person_links)
 
     def window_for(self, record: SessionRecord | None) -> int:
-        """The context window of the session's model, in tokens."""
+        """The session's context window in tokens: its model's, or the smaller one a
+        provider's refusal taught the session (``ContextEngine.session_window``)."""
         model = (record.settings.get("model") if record else None) or self.provider.model
-        return self.engine.window(model).tokens
+        return self.engine.session_window(record.key if record else None, model)
 
     async def note_figures(
         self,

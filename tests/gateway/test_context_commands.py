@@ -23,7 +23,7 @@ from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
 from parley.core.context.config import WINDOW_HARD_MIN_TOKENS
 from parley.core.context.history import COMPACTION_SUMMARY_PREFIX
 from parley.core.context.report import LAST_CALL_LABEL, NEXT_REQUEST_LABEL, WINDOW_LABEL
-from parley.core.errors import OverloadedError
+from parley.core.errors import ContextOverflowError, OverloadedError
 from parley.core.messages import TextBlock, Usage
 from parley.core.providers.base import (
     STOP_END,
@@ -591,3 +591,19 @@ async def test_the_small_profile_compacts_without_a_summary_unless_the_model_is_
         assert model.summary_requests and "selective" not in reply
     else:
         assert model.summary_requests == [] and "selective" in reply
+
+
+async def test_a_window_a_refusal_taught_is_the_one_status_and_context_show(
+    small: Stack,
+) -> None:
+    gateway, channel, provider, _ = small
+    # The provider refuses the first request: its window is 12,000, not the configured
+    # 20,000. The session learns it, and every surface shows the one figure.
+    provider.push(ContextOverflowError("too long", provider="scripted", status=400, limit=12_000))
+    assert await say(gateway, channel, "hello") == "echo: hello"
+    report = json.loads(await say(gateway, channel, "/context json"))
+    assert report["window"] == 12_000
+    status = await say(gateway, channel, "/status")
+    assert f"{WINDOW_LABEL}: 12,000 tokens, as the provider's refusal showed" in status
+    assert "/ 12,000 tokens" in status
+    assert gateway.window_for(await active(gateway)) == 12_000

@@ -106,7 +106,13 @@ class CommandReplies:
         """The session's window and where it came from, in plain words."""
         rt, model = self.rt, self.model_for(record)
         facts = getattr(rt.provider, "facts", None) if model == rt.provider.model else None
-        return describe_window(rt.engine.window(model), model=model, facts=facts)
+        info = rt.engine.window(model)
+        note = describe_window(info, model=model, facts=facts)
+        window = rt.window_for(record)
+        if window < info.tokens:
+            # A refusal taught the session a smaller window: that one is the figure.
+            return f"{window:,} tokens, as the provider's refusal showed (resolved: {note})"
+        return note
 
     async def context_text(self, route: SessionRoute, mode: str) -> str:
         """``/context [list|detail|json]``: what the next request would hold, by part."""
