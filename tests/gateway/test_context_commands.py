@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -607,3 +608,23 @@ async def test_a_window_a_refusal_taught_is_the_one_status_and_context_show(
     assert f"{WINDOW_LABEL}: 12,000 tokens, as the provider's refusal showed" in status
     assert "/ 12,000 tokens" in status
     assert gateway.window_for(await active(gateway)) == 12_000
+
+
+async def test_status_and_context_read_the_transcript_off_the_event_loop(
+    small: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, channel, _, _ = small
+    await seed(gateway, channel, 2)
+    transcript = await gateway.transcript(await active(gateway))
+    readers: list[threading.Thread] = []
+    original = type(transcript).live_entries
+
+    def spy(self: Any) -> Any:
+        readers.append(threading.current_thread())
+        return original(self)
+
+    monkeypatch.setattr(type(transcript), "live_entries", spy)
+    for command in ("/status", "/context", "/context json"):
+        await say(gateway, channel, command)
+    # Read, cut and searched in a worker thread: never on the event loop's thread.
+    assert readers and threading.main_thread() not in readers

@@ -145,39 +145,45 @@ class CommandReplies:
         """What the next request would hold, by part, and how the history was cut."""
         rt = self.rt
         engine, runner = rt.engine, rt.runner
-        prompt = await asyncio.to_thread(rt.prompt.build)
         tools = runner.tools.specs() if runner.offer_tools else ()
-        history: list[Any] = []
-        view = None
-        recall = called = None
         window = rt.window_for(record)
-        if transcript is not None:
-            live = transcript.live_entries()
-            view = engine.inspect_view(live, chat_type, window=window)
-            history = view.messages
-            recall = last_recall(live)  # what the last turn recalled from memory
-            # From the transcript, not the registry's context_tokens: after /compact
-            # that holds the compactor's estimate, which no model reported.
-            called = last_call(live)
         file_cap, total_cap = rt.config.context.file_max_chars, rt.config.context.total_max_chars
         if rt.profile.short_prompt:
             file_cap = total_cap = rt.profile.workspace_max_chars
-        report = await asyncio.to_thread(
-            build_context_report,
-            prompt=prompt,
-            tools=tools,
-            history=history,
-            counter=engine.counter,
-            window=window,
-            workspace=rt.loaded.workspace,
-            # The small profile's short prompt has its own, smaller cap on the files.
-            file_max_chars=file_cap,
-            total_max_chars=total_cap,
-            last_call=called,
-            recall=recall,
-            window_note=self.window_note(record),
-        )
-        return report, view
+        window_note = self.window_note(record)
+
+        def build() -> tuple[ContextReport, ContextView | None]:
+            # In a worker thread, all of it: reading the transcript and cutting the view
+            # of a long session would hold up the event loop. One hop: the prompt too.
+            prompt = rt.prompt.build()
+            history: list[Any] = []
+            view = None
+            recall = called = None
+            if transcript is not None:
+                live = transcript.live_entries()
+                view = engine.inspect_view(live, chat_type, window=window)
+                history = view.messages
+                recall = last_recall(live)  # what the last turn recalled from memory
+                # From the transcript, not the registry's context_tokens: after /compact
+                # that holds the compactor's estimate, which no model reported.
+                called = last_call(live)
+            report = build_context_report(
+                prompt=prompt,
+                tools=tools,
+                history=history,
+                counter=engine.counter,
+                window=window,
+                workspace=rt.loaded.workspace,
+                # The small profile's short prompt has its own, smaller cap on the files.
+                file_max_chars=file_cap,
+                total_max_chars=total_cap,
+                last_call=called,
+                recall=recall,
+                window_note=window_note,
+            )
+            return report, view
+
+        return await asyncio.to_thread(build)
 
     async def memory_text(self, route: SessionRoute, message: InboundMessage, argument: str) -> str:
         """``/memory status``, ``search <query>`` and ``stats``: this conversation's
