@@ -62,6 +62,10 @@ KEEP_RECENT_SHARE = 0.10
 TOKENS_PER_KEPT_TURN = 2_048
 SUMMARY_SHARE = 0.10
 MIN_SUMMARY_TOKENS = 256  # below this a summary is a headline, not a checkpoint
+# ...but a compacted view that does not fit is worse: where the room under the threshold
+# is too small for MIN_SUMMARY_TOKENS, the summary takes its fold share of the room,
+# down to this sane floor.
+MIN_FOLD_SUMMARY_TOKENS = 64
 LEDGER_SHARE = 0.10
 RECALL_SHARE = 0.075
 PRUNABLE_SHARE = 0.0625
@@ -226,7 +230,9 @@ def context_budget(
             min(1, compaction.keep_recent_turns),
             min(compaction.keep_recent_turns, window // TOKENS_PER_KEPT_TURN),
         ),
-        summary_tokens=min(summary, max(MIN_SUMMARY_TOKENS, int(room * FOLD_ROOM_SHARE))),
+        # The fold share of the room caps it, even below MIN_SUMMARY_TOKENS (a 2,048
+        # window with 750 tokens of prompt and tools): the compacted view must fit.
+        summary_tokens=min(summary, max(MIN_FOLD_SUMMARY_TOKENS, int(room * FOLD_ROOM_SHARE))),
         ledger_tokens=max(1, min(int(window * LEDGER_SHARE), int(room * LEDGER_ROOM_SHARE))),
         max_keep_tokens=max(1, min(int(threshold * MAX_KEEP_SHARE), int(room * KEEP_ROOM_SHARE))),
         fold_tokens=max(1, int(room * FOLD_ROOM_SHARE)),

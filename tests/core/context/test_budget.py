@@ -79,9 +79,23 @@ def test_small_window_figures() -> None:
     b = context_budget(2_048, DEFAULTS, 4_096)
     assert (b.output, b.reserve, b.threshold, b.limit) == (512, 307, 1_229, 1_536)
     assert (b.keep_recent_tokens, b.keep_recent_turns) == (204, 1)
-    assert b.summary_tokens == 256  # the floor: a headline is no checkpoint
+    assert b.summary_tokens == 256  # the floor, when the room has it: a headline is no checkpoint
     eight = context_budget(8_192, DEFAULTS, 4_096)
     assert (eight.output, eight.keep_recent_tokens, eight.keep_recent_turns) == (2_048, 819, 3)
+
+
+def test_at_2048_with_a_real_prompt_the_summary_fits_the_room() -> None:
+    # ~750 tokens of system prompt and tools leave 479 under the 1,229 threshold: the
+    # 256-token floor would not fit beside the kept turns and the ledger, so the summary
+    # takes its fold share of the room instead.
+    b = context_budget(2_048, DEFAULTS, 4_096, base_tokens=750)
+    room = b.threshold - 750
+    assert b.summary_tokens == int(room * 0.30) < 256
+    assert b.summary_tokens <= b.fold_tokens
+    assert b.summary_tokens + b.ledger_tokens + b.max_keep_tokens <= room
+    # A room with next to nothing left still gets a sane summary, not zero.
+    tiny = context_budget(2_048, DEFAULTS, 4_096, base_tokens=1_200)
+    assert tiny.summary_tokens == 64
 
 
 def test_a_configured_figure_below_the_share_wins() -> None:
