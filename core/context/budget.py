@@ -8,9 +8,15 @@ figure is ``min(configured, share × window)``: at 200,000 tokens and above the
 configured value is the smaller one, so a large window plans exactly as before; below
 that, the share takes over and the figure shrinks with the window, never past zero.
 
-``context_budget`` computes them all for one window; the engine, the compactor, the
-summariser, the flush, pruning and recall read the same ``ContextBudget``, so no path
-plans with a figure another path does not know.
+``context_budget`` computes the figures for one window into a ``ContextBudget``: the
+engine's guard and trim, the compactor and its strategies, the flush's output and the
+tool result cap read that object. The paths that have a window but no budget at hand
+recompute their one figure from the config and the window with this module's
+functions, never a copy of them: the flush's due check (``flush_soft_tokens`` of the
+budget's threshold), the view's pruning (``scaled_pruning``) and message limit
+(``derived_history_messages``), the summariser's call limit (``summary_tokens``) and
+recall's cap (``recall_tokens``). Same functions, one module: the same window and config
+give every path the same figure.
 
 Why these shares (measured with ``bench/small_windows.py`` at 4k, 8k and 32k):
 
@@ -184,7 +190,6 @@ class ContextBudget:
 
     window: int
     output: int  # the reply's reserve, and the request's max_tokens
-    reserve: int
     threshold: int  # compaction triggers past it
     limit: int  # the most a prompt may take before the view is trimmed: window - output
     keep_recent_tokens: int
@@ -194,11 +199,7 @@ class ContextBudget:
     max_keep_tokens: int  # a compaction keeps at most this much verbatim
     fold_tokens: int  # the folded part's text (summary or selected messages) at most
     tool_result_chars: int  # one tool result at most (besides core.tools' own cap)
-    flush_soft_tokens: int  # the flush runs this close below the threshold
     flush_output: int
-    # The server counts only the prompt against its window (llama.cpp, Ollama): its
-    # overflow numbers are the prompt's, and a reply that fills the window stops.
-    prompt_only: bool = False
 
 
 def context_budget(
@@ -206,7 +207,6 @@ def context_budget(
     config: ContextConfig,
     max_output: int,
     *,
-    prompt_only: bool = False,
     base_tokens: int = 0,
     margin: float = 1.0,
 ) -> ContextBudget:
@@ -222,7 +222,6 @@ def context_budget(
     return ContextBudget(
         window=window,
         output=output,
-        reserve=effective_reserve(window, compaction),
         threshold=threshold,
         limit=max(1, window - output),
         keep_recent_tokens=_share(compaction.keep_recent_tokens, window, KEEP_RECENT_SHARE),
@@ -237,9 +236,7 @@ def context_budget(
         max_keep_tokens=max(1, min(int(threshold * MAX_KEEP_SHARE), int(room * KEEP_ROOM_SHARE))),
         fold_tokens=max(1, int(room * FOLD_ROOM_SHARE)),
         tool_result_chars=max(1, int(room * TOOL_ROOM_SHARE * CHARS_PER_TOKEN)),
-        flush_soft_tokens=flush_soft_tokens(config.flush, threshold),
         flush_output=min(output, FLUSH_MAX_OUTPUT_TOKENS),
-        prompt_only=prompt_only,
     )
 
 

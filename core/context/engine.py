@@ -188,7 +188,6 @@ class ContextEngine:
             window,
             self.config,
             self.max_output,
-            prompt_only=self.prompt_only,
             base_tokens=int(base),
             margin=margin,
         )

@@ -8,6 +8,8 @@ from parley.core.context.budget import (
     MIN_BUDGET_SCALE,
     context_budget,
     derived_history_messages,
+    effective_reserve,
+    flush_soft_tokens,
     plausible_count,
     recall_tokens,
     scaled_pruning,
@@ -27,11 +29,12 @@ def test_every_figure_is_positive_and_fits_the_window(window: int) -> None:
     assert 0 < b.output <= window // 4
     assert 0 < b.threshold < b.limit < window
     assert b.limit == window - b.output
-    assert b.threshold + b.reserve + b.output <= window
-    for figure in (b.reserve, b.keep_recent_tokens, b.summary_tokens, b.ledger_tokens):
+    reserve = effective_reserve(window, DEFAULTS.compaction)
+    assert b.threshold + reserve + b.output <= window
+    for figure in (reserve, b.keep_recent_tokens, b.summary_tokens, b.ledger_tokens):
         assert 0 < figure < b.threshold
     assert b.keep_recent_turns >= 1
-    assert 0 < b.flush_soft_tokens <= b.threshold // 4
+    assert 0 < flush_soft_tokens(DEFAULTS.flush, b.threshold) <= b.threshold // 4
     assert 0 < b.flush_output <= b.output
     # What a compaction keeps plus the summary and the ledger leave room under the
     # threshold for the system prompt and the next turns.
@@ -43,12 +46,12 @@ def test_large_windows_keep_the_configured_figures(window: int) -> None:
     b = context_budget(window, DEFAULTS, 4_096)
     compaction = DEFAULTS.compaction
     assert b.output == 4_096
-    assert b.reserve == compaction.reserve_tokens_floor == 20_000
+    assert effective_reserve(window, compaction) == compaction.reserve_tokens_floor == 20_000
     assert b.threshold == window - 20_000 - 4_096
     assert b.keep_recent_tokens == compaction.keep_recent_tokens
     assert b.keep_recent_turns == compaction.keep_recent_turns
     assert b.summary_tokens == compaction.summary_max_tokens
-    assert b.flush_soft_tokens == DEFAULTS.flush.soft_threshold_tokens
+    assert flush_soft_tokens(DEFAULTS.flush, b.threshold) == DEFAULTS.flush.soft_threshold_tokens
     assert b.flush_output == 2_048
     assert recall_tokens(window, DEFAULT_RECALL_BUDGET_TOKENS) == DEFAULT_RECALL_BUDGET_TOKENS
     # Pruning keeps the very settings object: replayed prunes give the same bytes.
@@ -59,16 +62,18 @@ def test_figures_grow_with_the_window() -> None:
     budgets = [context_budget(w, DEFAULTS, 4_096) for w in WINDOWS]
     for field in (
         "output",
-        "reserve",
         "threshold",
         "limit",
         "keep_recent_tokens",
         "keep_recent_turns",
         "summary_tokens",
-        "flush_soft_tokens",
     ):
         values = [getattr(b, field) for b in budgets]
         assert values == sorted(values), field
+    reserves = [effective_reserve(w, DEFAULTS.compaction) for w in WINDOWS]
+    assert reserves == sorted(reserves)
+    soft = [flush_soft_tokens(DEFAULTS.flush, b.threshold) for b in budgets]
+    assert soft == sorted(soft)
     caps = [recall_tokens(w, DEFAULT_RECALL_BUDGET_TOKENS) for w in WINDOWS]
     assert caps == sorted(caps) and caps[0] == int(2_048 * 0.075)
     history = [derived_history_messages(w) for w in WINDOWS]
@@ -77,7 +82,8 @@ def test_figures_grow_with_the_window() -> None:
 
 def test_small_window_figures() -> None:
     b = context_budget(2_048, DEFAULTS, 4_096)
-    assert (b.output, b.reserve, b.threshold, b.limit) == (512, 307, 1_229, 1_536)
+    assert (b.output, b.threshold, b.limit) == (512, 1_229, 1_536)
+    assert effective_reserve(2_048, DEFAULTS.compaction) == 307
     assert (b.keep_recent_tokens, b.keep_recent_turns) == (204, 1)
     assert b.summary_tokens == 256  # the floor, when the room has it: a headline is no checkpoint
     eight = context_budget(8_192, DEFAULTS, 4_096)
