@@ -175,11 +175,19 @@ class Ledger:
         ]
         lines = [LEDGER_HEADING]
         left_out = 0
+        # An ask that is also a remember note is shown once, as the note: not left out.
+        remembered = {_sentence_key(item) for item in self.remember}
         for field_name, title in _SECTION_TITLES:
             items: tuple[str, ...] = getattr(self, field_name)
             if shown is not None:
                 kept = [item for n, item in enumerate(items) if (field_name, n) in shown]
-                left_out += len(items) - len(kept)
+                # Only what the budget dropped counts as left out to fit the window.
+                left_out += sum(
+                    1
+                    for n, item in enumerate(items)
+                    if (field_name, n) not in shown
+                    and not (field_name == "asks" and _sentence_key(item) in remembered)
+                )
                 if field_name == "identifiers":
                     # Those inside a shown sentence are in view already: not twice.
                     kept = [i for i in kept if not any(i in t for t in sentences)]

@@ -387,6 +387,8 @@ def test_render_within_a_budget_shows_an_ask_that_is_a_remember_note_once() -> N
     ledger = Ledger(identifiers=("ORD-88123",), asks=(said,), remember=(said,))
     small = ledger.render(200, _words)
     assert small.count(said) == 1 and "### Open asks" not in small
+    # Shown once is not left out: everything fit, so no note says otherwise.
+    assert "left out" not in small
     # Without a budget the rendering is today's, byte for byte.
     assert ledger.render().count(said) == 2
 
