@@ -1,8 +1,9 @@
 """The web chat's recent conversation per client, so a tab that opens or reloads shows it.
 
 Kept in memory, in the order the client saw it: the person's messages as they are handed
-to the gateway (taken back when it does not take them), and replies once a tab got them (replies still waiting in the backlog join
-when it is flushed). Only the client's own sockets are ever sent its log. Bounded per
+to the gateway (taken back when it does not take them), and replies once a tab got them
+(replies still waiting in the backlog join when it is flushed). Only the client's own
+sockets are ever sent its log. Bounded per
 client (entries and characters) and in all (characters; the least recently active
 client's log goes first). A restart empties it; the browser keeps its own copy too.
 
