@@ -121,7 +121,12 @@ class FileSync:
             await w(store.delete_file, path)
             report.files_deleted += 1
         report.files_seen = len(sources)
-        for done, source in enumerate(sources, start=1):
+        # What a person asked to keep (notes, MEMORY.md) before the transcripts and task
+        # logs, which are many and grow: a search waits for a sync only so long
+        # (search_wait_seconds), and a /remember must be findable by the next search
+        # even when a long transcript is still being embedded behind it.
+        ordered = sorted(sources, key=lambda s: s.source in FORGETTABLE_SOURCES)
+        for done, source in enumerate(ordered, start=1):
             if self._state.closed:
                 raise asyncio.CancelledError
             try:

@@ -1185,3 +1185,18 @@ async def test_an_extra_path_into_the_private_notes_makes_nothing_agent_wide(
         with pytest.raises(MemoryIndexError):
             await index.read(str(note), viewer=Viewer(Audience.person("bob")))
     assert not any("3-14-15" in h.snippet for h in everyone.hits)
+
+
+async def test_a_sync_indexes_notes_before_transcripts(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    """A search waits for a sync only so long: what a person asked to keep goes in before
+    the transcripts, which are many and long, so /remember then /memory search finds it."""
+    layout.transcript("s-long", [("user", "We talked about the garden shed for hours.")])
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.remember(Audience.person("alice"), "My locker code is CANARY-7731.")
+        await index.sync()
+    embedded = [text for call in fake.passage_calls for text in call]
+    note = next(i for i, t in enumerate(embedded) if "CANARY-7731" in t)
+    transcript = next(i for i, t in enumerate(embedded) if "garden shed" in t)
+    assert note < transcript
