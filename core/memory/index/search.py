@@ -154,7 +154,7 @@ class IndexSearch:
         state = self._state
         if not self.settings.sync.on_search:
             return False
-        if not state.dirty and state.synced_once:
+        if not state.dirty and not state.syncing and state.synced_once:
             return False
         task = self._request_sync("search")
         if state.reindexing and not state.empty:

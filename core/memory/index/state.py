@@ -25,6 +25,7 @@ class IndexState:
     synced_once: bool = False
     empty: bool = True  # no file indexed yet: a search waits for the first sync
     reindexing: bool = False  # a rebuild is filling the shadow; the live index answers
+    syncing: bool = False  # a sync is running (it cleared ``dirty`` when it started)
     closed: bool = False
     known_scopes: tuple[str, ...] | None = None  # cleared by every sync
 

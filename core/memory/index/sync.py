@@ -91,6 +91,9 @@ class SyncRunner:
             # Cleared first, so that changes noticed during this sync mark it dirty again;
             # restored when the sync does not finish.
             state.dirty = False
+            # Not dirty, yet not caught up either: a search meanwhile waits for this sync
+            # (a /remember just asked for it) instead of answering from the old rows.
+            state.syncing = True
             store = self._threads.writer_store()
             wanted = self._wanted_meta()
             try:
@@ -103,6 +106,8 @@ class SyncRunner:
             except BaseException:
                 state.dirty = True
                 raise
+            finally:
+                state.syncing = False
             if report.files_indexed or report.files_unchanged:
                 state.empty = False
             if scheduled_forgetting:

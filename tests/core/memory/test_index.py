@@ -1200,3 +1200,33 @@ async def test_a_sync_indexes_notes_before_transcripts(
     note = next(i for i, t in enumerate(embedded) if "CANARY-7731" in t)
     transcript = next(i for i, t in enumerate(embedded) if "garden shed" in t)
     assert note < transcript
+
+
+async def test_a_search_waits_for_the_sync_a_remember_started(
+    layout: Layout, fake: HashingEmbedder
+) -> None:
+    """The sync a /remember asks for clears ``dirty`` as it starts; a search meanwhile
+    must wait for it, not answer from the rows before the note (hand test: a fresh home's
+    /memory search right after /remember found nothing)."""
+    layout.write("MEMORY.md", "# Memory\n- The agent's own notes.\n")
+    note_indexed_at_query: list[bool] = []
+    embed_queries = fake.embed_queries
+
+    async def spying(texts: Any) -> Any:
+        embedded = (t for call in fake.passage_calls for t in call)
+        note_indexed_at_query.append(any("CANARY-7731" in t for t in embedded))
+        return await embed_queries(texts)
+
+    fake.embed_queries = spying  # type: ignore[method-assign]
+    async with open_index(layout, quiet_settings(), resilient(fake)) as index:
+        await index.sync()
+        fake.hold_after = len(fake.passage_calls)  # the next embedding waits for release
+        await index.remember(Audience.person("alice"), "My locker code is CANARY-7731.")
+        await asyncio.wait_for(fake.held.wait(), 5)  # the note's sync is running
+        # The search is scheduled before the sync can go on: it runs first, and must
+        # wait for that sync rather than embed its query against the old rows.
+        search = asyncio.create_task(index.search("locker code", scopes=["person:alice"]))
+        fake.release.set()
+        found = await asyncio.wait_for(search, 5)
+    assert note_indexed_at_query == [True]
+    assert any("CANARY-7731" in hit.snippet for hit in found.hits)
