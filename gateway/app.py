@@ -29,7 +29,7 @@ from parley.core.context.engine import ContextEngine
 from parley.core.context.flush import FlushTarget
 from parley.core.context.report import ContextReport
 from parley.core.context.view import ContextView
-from parley.core.context.window import provider_window, resolve_window
+from parley.core.context.window import model_window
 from parley.core.memory.audience import Audience, Viewer
 from parley.core.memory.index import MemoryIndex
 from parley.core.memory.notes import NoteStore
@@ -278,10 +278,7 @@ class Gateway:
         )
         offer_tools = tools_offered(provider, context)
         # The profile follows the model's window as the server or its file states it.
-        own_window, own_source = provider_window(provider)
-        window = resolve_window(
-            provider.model, context, provider_window=own_window, provider_source=own_source
-        )
+        window = model_window(provider.model, context, provider)
         profile = rt.profile = choose_profile(
             agent.profile, window=window.tokens, provider=provider
         )

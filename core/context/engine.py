@@ -82,9 +82,8 @@ from parley.core.context.window import (
     WindowInfo,
     can_summarise,
     check_window,
+    model_window,
     prompt_only_window,
-    provider_window,
-    resolve_window,
 )
 from parley.core.errors import ContextBudgetError, ContextOverflowError
 from parley.core.messages import Message, Usage
@@ -165,11 +164,7 @@ class ContextEngine:
     def window(self, model: str) -> WindowInfo:
         """``model``'s window. The provider's discovered window is its own model's: a
         session on another model id gets the table, the config or the default."""
-        own: int | None = None
-        source = ""
-        if model == self.provider.model:
-            own, source = provider_window(self.provider)
-        return resolve_window(model, self.config, provider_window=own, provider_source=source)
+        return model_window(model, self.config, self.provider)
 
     @property
     def prompt_only(self) -> bool:

@@ -49,6 +49,7 @@ __all__ = [
     "derived_history_messages",
     "effective_reserve",
     "known_window",
+    "model_window",
     "prompt_only_window",
     "provider_window",
     "resolve_window",
@@ -176,6 +177,17 @@ def provider_window(provider: object) -> tuple[int | None, str]:
     facts = getattr(provider, "facts", None)
     own = getattr(provider, "context_window", None) or getattr(facts, "context_window", None)
     return (own if isinstance(own, int) else None), str(getattr(facts, "source", "") or "")
+
+
+def model_window(model: str, config: ContextConfig, provider: object) -> WindowInfo:
+    """``model``'s window as the engine uses it: the provider's discovered window counts
+    for its own model only (a session on another model id gets the config, the table or
+    the default)."""
+    own: int | None = None
+    source = ""
+    if model == getattr(provider, "model", None):
+        own, source = provider_window(provider)
+    return resolve_window(model, config, provider_window=own, provider_source=source)
 
 
 def prompt_only_window(provider: object) -> bool:

@@ -79,9 +79,7 @@ class CommandReplies:
             now=rt.clock(),
             compactions=stats,
             tools=self.tools_text(record),
-            profile=describe_profile(
-                getattr(rt, "profile", None) or getattr(rt.runner, "profile", None)
-            ),
+            profile=describe_profile(rt.profile),
         )
 
     def tools_text(self, record: SessionRecord | None) -> str:

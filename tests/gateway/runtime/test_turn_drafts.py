@@ -424,3 +424,20 @@ async def test_a_transport_failure_of_a_draft_stays_quiet(caplog: pytest.LogCapt
         await drafts.close(withdraw=True)
     failed = [r for r in caplog.records if r.getMessage().startswith("draft on")]
     assert failed and all(r.levelno == logging.DEBUG for r in failed)
+
+
+async def test_one_persons_streamed_words_reach_only_their_own_chat(world: Any) -> None:
+    """The canary: two people talk at once; every draft of Alice's turn goes to Alice's
+    chat, and nothing of hers is ever drafted into Bob's."""
+    gateway, channel, _ = world
+    canary = "CANARY-ALICE-4471"
+    await gateway.handle_inbound(channel.inbound(f"my secret is {canary}", sender="alice"))
+    await gateway.handle_inbound(channel.inbound("hello from bob", sender="bob"))
+    await gateway.wait_idle()
+    drafts = [d for d in channel.log if isinstance(d, ReplyDraft)]
+    assert {d.chat_id for d in drafts} == {"alice", "bob"}
+    assert any(canary in d.text for d in drafts)  # Alice's words were streamed
+    assert all(d.chat_id == "alice" for d in drafts if canary in d.text)
+    assert not any(canary in d.text for d in drafts if d.chat_id == "bob")
+    sent = {m.chat_id: m.text for m in channel.sent}
+    assert canary in sent["alice"] and canary not in sent["bob"]
