@@ -232,6 +232,29 @@ def collect(fake: FakeAnthropic, stats: RunStats) -> None:
     stats.final_body = json.dumps(main[-1], ensure_ascii=False) if main else ""
 
 
+def bench_runner(
+    provider: Any,
+    engine: ContextEngine,
+    tools: ToolRegistry,
+    workspace: Path,
+    retry: RetryConfig,
+    clock: VirtualClock,
+    max_output: int,
+) -> Runner:
+    """The runner both context benches drive: the real prompt builder and tools, the
+    engine and clock they set up."""
+    return Runner(
+        provider=provider,
+        tools=tools,
+        prompt=SystemPromptBuilder(workspace, agent_name="Parley", tools=tools.specs()),
+        agent=AgentConfig(max_output_tokens=max_output, tool_result_max_chars=TOOL_CAP),
+        retry=retry,
+        workspace=workspace,
+        now=clock.now,
+        engine=engine,
+    )
+
+
 async def run_parley(conversation: list[Turn], home: Path) -> RunStats:
     clock = VirtualClock()
     stats = RunStats()
@@ -259,16 +282,7 @@ async def run_parley(conversation: list[Turn], home: Path) -> RunStats:
             checkpoints_dir=home / "checkpoints",
             now=clock.now,
         )
-        runner = Runner(
-            provider=provider,
-            tools=tools,
-            prompt=SystemPromptBuilder(workspace, agent_name="Parley", tools=tools.specs()),
-            agent=AgentConfig(max_output_tokens=MAX_OUTPUT, tool_result_max_chars=TOOL_CAP),
-            retry=retry,
-            workspace=workspace,
-            now=clock.now,
-            engine=engine,
-        )
+        runner = bench_runner(provider, engine, tools, workspace, retry, clock, MAX_OUTPUT)
         transcript = Transcript.create(home / "bench.jsonl", "bench", "agent:main:bench")
         try:
             for turn in conversation:

@@ -67,14 +67,13 @@ from typing import Any  # noqa: E402
 from bench.context_cost import (  # noqa: E402
     FETCH_RE,
     PLANTED,
-    TOOL_CAP,
     WORDS,
     Turn,
     VirtualClock,
+    bench_runner,
     make_conversation,
     registry,
 )
-from parley.core.agent_config import AgentConfig  # noqa: E402
 from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT  # noqa: E402
 from parley.core.context.config import ContextConfig  # noqa: E402
 from parley.core.context.engine import ContextEngine  # noqa: E402
@@ -83,10 +82,10 @@ from parley.core.errors import ContextError, ContextOverflowError  # noqa: E402
 from parley.core.memory.audience import Audience  # noqa: E402
 from parley.core.memory.notes import NoteStore  # noqa: E402
 from parley.core.messages import Message, ToolUseBlock  # noqa: E402
-from parley.core.prompt import SystemPromptBuilder, render_turn_context  # noqa: E402
+from parley.core.prompt import render_turn_context  # noqa: E402
 from parley.core.providers.base import ProviderRequest  # noqa: E402
 from parley.core.providers.provider_config import RetryConfig  # noqa: E402
-from parley.core.runner import Runner, TurnRequest  # noqa: E402
+from parley.core.runner import TurnRequest  # noqa: E402
 from parley.core.transcript import ENTRY_COMPACTION, Transcript  # noqa: E402
 from tests.core.context.window_fake import TOKENIZER_RATIO, Answer, WindowFake  # noqa: E402
 
@@ -202,16 +201,7 @@ async def replay(
         now=clock.now,
     )
     spy = Instruments(engine)
-    runner = Runner(
-        provider=provider,
-        tools=tools,
-        prompt=SystemPromptBuilder(workspace, agent_name="Parley", tools=tools.specs()),
-        agent=AgentConfig(max_output_tokens=MAX_OUTPUT, tool_result_max_chars=TOOL_CAP),
-        retry=retry,
-        workspace=workspace,
-        now=clock.now,
-        engine=engine,
-    )
+    runner = bench_runner(provider, engine, tools, workspace, retry, clock, MAX_OUTPUT)
     transcript = Transcript.create(home / "bench.jsonl", "bench", "agent:main:bench")
     if restored:
         restore(transcript, window)
