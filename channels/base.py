@@ -127,6 +127,11 @@ class DeliveryResult:
     delivered_at: datetime | None = None
 
 
+# The typing grace of platforms where an indicator is an API call (``typing_delay_seconds``):
+# replies faster than this read as immediate.
+TYPING_DELAY_SECONDS = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelCapabilities:
     max_message_chars: int | None = None
@@ -136,6 +141,12 @@ class ChannelCapabilities:
     # How often the typing indicator must be refreshed to stay visible (Telegram shows
     # it for 5 s, Discord for 10 s); None: it does not expire.
     typing_refresh_seconds: float | None = None
+    # How long a turn may take before the first indicator is sent. Platforms where each
+    # indicator is an API call (Telegram, Discord) wait a moment: a reply that arrives
+    # within it needs no "typing…" (Telegram asks bots to send chat actions only when a
+    # reply will take noticeable time), and under load the call would cost as much CPU
+    # as the reply's own send.
+    typing_delay_seconds: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
     # The adapter shows a reply while it is being written (``LiveDrafts``).
     live_drafts: bool = False

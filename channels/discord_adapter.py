@@ -47,6 +47,7 @@ from typing import Any
 import discord
 
 from parley.channels.base import (
+    TYPING_DELAY_SECONDS,
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -379,6 +380,7 @@ class DiscordChannel:
         typing_indicator=True,
         threads=True,
         typing_refresh_seconds=8.0,  # Discord shows "typing" for 10 s
+        typing_delay_seconds=TYPING_DELAY_SECONDS,
     )
 
     def __init__(

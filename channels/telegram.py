@@ -33,6 +33,7 @@ from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
 from parley.channels.base import (
+    TYPING_DELAY_SECONDS,
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -124,6 +125,7 @@ class TelegramChannel:
         typing_indicator=True,
         threads=True,
         typing_refresh_seconds=4.0,
+        typing_delay_seconds=TYPING_DELAY_SECONDS,
     )
 
     def __init__(

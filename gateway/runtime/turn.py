@@ -275,7 +275,11 @@ class Turns:
 
 
 async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.Event) -> None:
-    refresh = channel.capabilities.typing_refresh_seconds
+    capabilities = channel.capabilities
+    refresh = capabilities.typing_refresh_seconds
+    if capabilities.typing_delay_seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), capabilities.typing_delay_seconds)
     while not done.is_set():
         try:
             await channel.typing(message.chat_id, message.thread_id, message.account)

@@ -477,6 +477,8 @@ class FakeAnthropic(FakeLLMServer):
     async def _stream(
         self, request: web.Request, body: Mapping[str, Any], step: Step, usage: dict[str, int]
     ) -> web.StreamResponse:
+        if isinstance(step, Reply) and step.hold is not None:
+            await step.hold.wait()
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",

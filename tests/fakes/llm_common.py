@@ -83,6 +83,9 @@ class Reply:
     tool_calls: tuple[ToolCall, ...] = ()
     stop_reason: str | None = None  # None: the natural one for the content
     chunk_chars: int = 0
+    # Set: the stream waits for it before its first event (a reply that takes a while,
+    # for as long as the test needs, without sleeping).
+    hold: asyncio.Event | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,6 +211,22 @@ async def test_typing_indicator_is_refreshed_while_the_agent_works(tmp_path: Pat
     assert len(channel.typing_calls) == calls  # and it stopped with the turn
 
 
+class PatientTypingChannel(RecordingChannel):
+    # A grace no test outlasts: an indicator could only come from ignoring it.
+    capabilities = ChannelCapabilities(typing_refresh_seconds=0.01, typing_delay_seconds=3600)
+
+
+async def test_a_reply_within_the_typing_grace_sends_no_indicator(tmp_path: Path) -> None:
+    channel = PatientTypingChannel()
+    async with Gateway(
+        make_config(tmp_path), channels=[channel], provider=ScriptedProvider()
+    ) as gw:
+        await gw.handle_inbound(channel.inbound("quick one"))
+        await channel.wait_sent(1)
+        await gw.wait_idle()
+    assert channel.typing_calls == []
+
+
 async def test_a_partial_delivery_is_recorded_and_not_resent(stack: Any, tmp_path: Path) -> None:
     gateway, channel, _ = stack
     channel.fail_next.append(DeliveryError("part 2 refused", retryable=True, delivered=("p1",)))

@@ -4,6 +4,7 @@ what the fake received."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -69,6 +70,22 @@ async def wait_replies(w: World, count: int) -> list[Any]:
     return w.replies()
 
 
+async def test_typing_shows_while_a_reply_takes_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the grace (TYPING_DELAY_SECONDS) the channel says "typing", before the reply."""
+    async with world(tmp_path, monkeypatch) as w:
+        hold = asyncio.Event()
+        w.llm.script.append(Reply(text="at last", hold=hold))
+        dm = w.fake.add_dm(TOKEN, ANN)
+        await w.fake.push_message(TOKEN, channel_id=dm, content="take your time", author=ANN)
+        await w.fake.wait_until(lambda: any(t.channel_id == dm for t in w.fake.typing), LIMIT)
+        assert not w.replies()  # the indicator came first
+        hold.set()
+        [reply] = await wait_replies(w, 1)
+        assert reply.content == "at last"
+
+
 async def test_direct_message_is_answered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async with world(tmp_path, monkeypatch) as w:
         dm = w.fake.add_dm(TOKEN, ANN)
@@ -76,7 +93,6 @@ async def test_direct_message_is_answered(tmp_path: Path, monkeypatch: pytest.Mo
         [reply] = await wait_replies(w, 1)
         assert reply.channel_id == dm and reply.content == "echo: hello there"
         assert reply.message_reference is None  # no reply reference in a DM
-        assert any(t.channel_id == dm for t in w.fake.typing)
         key = f"agent:main:discord:direct:{ANN['id']}"
         record = await w.gateway.registry.get_active(key)
         assert record is not None and record.last_message_ids == [reply.id]

@@ -4,6 +4,7 @@ what the fake Bot API received."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -116,6 +117,25 @@ def dm(fake: FakeTelegram, text: str, token: str = TOKEN, **kw: Any) -> dict[str
     return fake.push_message(token, chat_id=ALICE, sender_id=ALICE, text=text, **kw)
 
 
+async def test_typing_shows_while_a_reply_takes_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the grace (TYPING_DELAY_SECONDS) the chat says "typing", before the reply."""
+    async with world(tmp_path, monkeypatch) as w:
+        hold = asyncio.Event()
+        w.llm.script.append(Reply(text="at last", hold=hold))
+        dm(w.fake, "take your time")
+        [action] = await w.fake.wait_actions(1)
+        assert (action.chat_id, action.action) == (ALICE, "typing")
+        assert not w.fake.sent  # the indicator came first
+        hold.set()
+        [sent] = await w.fake.wait_sent(1)
+        assert sent.visible_text == "at last"
+        await w.gateway.wait_idle()
+        typing_calls = len(w.fake.actions)
+    assert typing_calls == len(w.fake.actions)  # and it stopped with the turn
+
+
 async def test_direct_message_is_answered_and_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,7 +144,6 @@ async def test_direct_message_is_answered_and_recorded(
         [sent] = await w.fake.wait_sent(1)
         assert sent.chat_id == ALICE and sent.visible_text == "echo: hello bot"
         assert sent.reply_to_message_id is None  # no quoting in a private chat
-        assert any(a.chat_id == ALICE and a.action == "typing" for a in w.fake.actions)
         await w.gateway.wait_idle()
         record = await w.gateway.registry.get_active("agent:main:telegram:direct:5001")
         assert record is not None
