@@ -5,7 +5,11 @@ A gateway with 5,000 sessions in state.db and one session whose transcript holds
 baseline is the same registry query or transcript read called directly in the same
 process, in the same run (what HTTP, auth, validation and JSON add is the ratio).
 
-Prints one JSON object: per endpoint p50/p95 in ms, and the baseline's.
+Prints one JSON object: per endpoint p50/p95 in ms, and the baseline's;
+``last_page_vs_first``, the transcript's last page over its first (p50, over HTTP):
+a late page must not cost a scan of the file (issue 22), and
+``transcript_last_page_cold_ms``, the one request that built the line index it pages
+from (the first page past what the open transcript had indexed).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import aiohttp
 from turn_overhead import LONG_PREFIX, InstantProvider, SignalChannel, percentile, write_transcript
 
-from parley.core.transcript import Transcript
+from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.service import encode_cursor
 from parley.gateway.app import Gateway
 from parley.gateway.config import load_config
@@ -130,8 +134,11 @@ async def run(requests: int) -> dict[str, object]:
                     lambda: gateway.context_report(record, transcript, "direct"),
                 ),
             }
+            cold: dict[str, float] = {}
             for name, (api_call, baseline_call) in cases.items():
+                started = time.perf_counter()
                 await api_call()  # warm caches on both sides
+                cold[name] = round((time.perf_counter() - started) * 1000, 3)
                 await baseline_call()
                 api = await _time(api_call, requests)
                 base = await _time(baseline_call, requests)
@@ -141,6 +148,10 @@ async def run(requests: int) -> dict[str, object]:
                     "baseline_p95_ms": base["p95_ms"],
                     "ratio_p50": round(api["p50_ms"] / max(base["p50_ms"], 1e-3), 2),
                 }
+            first, last = results["transcript_first_page"], results["transcript_last_page"]
+            assert isinstance(first, dict) and isinstance(last, dict)
+            results["last_page_vs_first"] = round(last["p50_ms"] / first["p50_ms"], 2)
+            results["transcript_last_page_cold_ms"] = cold["transcript_last_page"]
         await gateway.stop()
     return {
         "sessions": SESSIONS,
@@ -152,7 +163,7 @@ async def run(requests: int) -> dict[str, object]:
     }
 
 
-def _read(transcript: Transcript, offset: int) -> list[Any]:
+def _read(transcript: SessionTranscript, offset: int) -> list[Any]:
     return [e.to_dict() for _, e in transcript.numbered_entries(offset, TRANSCRIPT_PAGE)]
 
 

@@ -14,7 +14,10 @@ the next time the file is opened, and a failed append truncates its own remains.
 Cost: an open ``Transcript`` keeps the live window (from the latest compaction's first
 kept entry to the end) in memory and appends to it, so a turn never re-reads the file.
 Opening reads the file backwards in blocks only until it has found the latest
-compaction and its first kept entry; the lines before are never parsed.
+compaction and its first kept entry; the lines before are never parsed. A page of
+``entries(offset, limit)`` starts from a sparse index of line offsets
+(``core.transcript.line_index``), built by the first page past what it knows and kept
+up by every append, so the last page of a long file costs what the first one does.
 
 What is not about files (building and checking entries, the live window, the entry
 payloads) sits in ``core.transcript.base``, which the PostgreSQL backend shares, so
@@ -47,11 +50,14 @@ from parley.core.transcript.entries import (
     encode_header,
     parse_entry_or_none,
 )
+from parley.core.transcript.line_index import STRIDE, LineIndex, scan
 
 log = logging.getLogger("parley.core.transcript")
 
 DEFAULT_READ_BLOCK = 64 * 1024  # backward reads at open
 DEFAULT_SCAN_BLOCK = 1024 * 1024  # forward reads (entries(), newline counting)
+PAGE_READ_BLOCK = 64 * 1024  # forward reads of a page: a few dozen lines, not a megabyte
+INDEX_STRIDE = STRIDE  # entry lines between two marks of the line index
 FILE_MODE = 0o600
 
 # Pre-filters: only lines that match are parsed while looking for the live window.
@@ -167,6 +173,8 @@ class Transcript(TranscriptBase):
         self._live_start = live_start  # byte offset of the live region found at open
         self._lines_since_start = live_lines  # lines from _live_start on, appends included
         self._prefix_newlines: int | None = 1 if live_start == header_end else None
+        # Where entry lines start, for pages past the first (built on the first such page).
+        self._index = LineIndex(header_end, INDEX_STRIDE)
         self._report = report
         self._fsync = fsync
         self._read_only = read_only
@@ -290,9 +298,10 @@ class Transcript(TranscriptBase):
         with self._lock:
             self._check_open()
             end = self._size
+        first, start = self._seek(offset, end)
         stop = None if limit is None else offset + limit
-        lines = _lines_forward(self._read, self._header_end, end, DEFAULT_SCAN_BLOCK)
-        for index, line in enumerate(lines):
+        block = DEFAULT_SCAN_BLOCK if limit is None or limit > 1000 else PAGE_READ_BLOCK
+        for index, line in enumerate(_lines_forward(self._read, start, end, block), first):
             if stop is not None and index >= stop:
                 return
             if index >= offset and (entry := parse_entry_or_none(line)) is not None:
@@ -326,8 +335,10 @@ class Transcript(TranscriptBase):
             if self._read_only:
                 raise TranscriptError(f"transcript opened read-only: {self._path}")
             pending = self._window.prepare(kind, payload, ts=ts)
+            start = self._size
             self._write(fd, pending.line + b"\n")
             self._window.commit(pending)
+            self._index.note(start, self._size - start)
             self._lines_since_start += 1
             if self._fsync:
                 try:
@@ -363,6 +374,21 @@ class Transcript(TranscriptBase):
         # Under the lock, so a concurrent close cannot hand the fd number to another file.
         with self._lock:
             return _pread(self._check_open(), offset, size)
+
+    def _seek(self, line: int, end: int) -> tuple[int, int]:
+        """The (line number, byte offset) nearest at or before entry line ``line`` that
+        the index knows, extending it first when ``line`` lies beyond it. The scan reads
+        outside the lock (``_read`` takes it per block), so appends go on meanwhile."""
+        with self._lock:
+            if line <= self._index.lines or self._index.end >= end:
+                return self._index.seek(line)
+            frontier = self._index.frontier
+        found = scan(self._read, frontier, self._index.stride, end, line, DEFAULT_SCAN_BLOCK)
+        with self._lock:
+            self._index.extend(found)
+            if found.lines <= line:
+                return found.lines, found.end
+            return self._index.seek(line)
 
     def _lines_before_live(self) -> int:
         if self._prefix_newlines is None:
