@@ -164,9 +164,13 @@ class MemoryFileWatcher:
             await self._debounce(wake, exited)
         finally:
             stop.set()
+            # Its thread sees the stop within a step and closes its watches: wait for that
+            # (asyncio.wait, not wait_for: a timeout must not cancel the future), then for
+            # the thread itself, which only has to return by then.
             if not exited.done():
-                # Not cancelled by a wait: its thread sees the stop within a step.
                 await asyncio.wait({exited}, timeout=_STOP_WAIT_SECONDS)
+            with contextlib.suppress(RuntimeError):  # the loop's executor is shut down
+                await asyncio.to_thread(watcher.thread.join, _STOP_WAIT_SECONDS)
         error = exited.result() if exited.done() else None
         if error is not None:
             raise _NotifyFailed(error, self._baseline)
