@@ -193,8 +193,11 @@ class Runtime:
         *,
         compacted: bool = False,
     ) -> CompactionStats:
-        """Refresh the session's figures (and its metrics) after a turn or compaction."""
-        stats = await self.figures.stats(record.session_id, transcript, changed=compacted)
+        """Refresh the session's figures (and its metrics) after a turn or compaction.
+        Whatever was appended since the last refresh is folded in, a compaction among
+        it or not, so ``compacted`` needs no special path (it reads the new entries
+        only, ``SessionFiguresCache``)."""
+        stats = await self.figures.stats(record.session_id, transcript)
         self.metrics.session(
             record.session_id, session_figures(stats, used, self.window_for(record))
         )

@@ -3,6 +3,10 @@
 Derived rather than counted in memory: the transcript is the source of truth, so the
 figures survive restarts and agree with what an inspector shows. Entries written
 before strategies existed count as ``summary`` (that is what made them).
+
+The figures of a transcript's first N entries and those of the entries after them
+merge into the figures of the whole (``merge_stats``, ``fold_stats``), so a cache
+brings its figures up to date from the entries appended since, never the whole file.
 """
 
 from __future__ import annotations
@@ -62,6 +66,37 @@ def compaction_stats(entries: Iterable[Entry]) -> CompactionStats:
         tokens_saved=saved,
         last_at=last_at,
     )
+
+
+def merge_stats(earlier: CompactionStats, later: CompactionStats) -> CompactionStats:
+    """The figures over two consecutive runs of entries, from the figures of each:
+    ``compaction_stats(a + b) == merge_stats(compaction_stats(a), compaction_stats(b))``."""
+    if later.count == 0:
+        return earlier
+    if earlier.count == 0:
+        return later
+    return CompactionStats(
+        count=earlier.count + later.count,
+        by_strategy=_summed(earlier.by_strategy, later.by_strategy),
+        by_trigger=_summed(earlier.by_trigger, later.by_trigger),
+        with_fallbacks=earlier.with_fallbacks + later.with_fallbacks,
+        last_tokens_before=later.last_tokens_before,
+        last_tokens_after=later.last_tokens_after,
+        tokens_saved=earlier.tokens_saved + later.tokens_saved,
+        last_at=later.last_at,
+    )
+
+
+def fold_stats(stats: CompactionStats, entries: Iterable[Entry]) -> CompactionStats:
+    """``stats`` (the figures of the entries before) brought up to date with ``entries``."""
+    return merge_stats(stats, compaction_stats(entries))
+
+
+def _summed(a: Mapping[str, int], b: Mapping[str, int]) -> Mapping[str, int]:
+    total = dict(a)
+    for key, value in b.items():
+        total[key] = total.get(key, 0) + value
+    return MappingProxyType(total)
 
 
 def utilisation(used: int, window: int) -> float:
