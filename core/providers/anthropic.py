@@ -284,6 +284,8 @@ class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
             max_retries=0,
             timeout=timeouts.for_http(),
             open_telemetry=False,
+            # The SDK's aiohttp transport (see ``streaming.py``: why not httpcore's pool).
+            http_client=anthropic.DefaultAioHttpClient(timeout=timeouts.for_http()),
         )
 
     async def _stream(

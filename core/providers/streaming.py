@@ -21,6 +21,17 @@ tokens is never cut:
 - ``total``: an optional cap on the whole call (unset: none), the old behaviour.
 
 Each ``ProviderTimeoutError`` says which limit fired.
+
+The Anthropic SDK is given its aiohttp transport (``DefaultAioHttpClient``) instead of its
+default httpx one: httpcore's pool probes every idle pooled connection (a syscall each) on
+every request and every response's end, which with the 64 streams a busy gateway keeps
+open cost about a sixth of the gateway's CPU under ``bench/load.py``; aiohttp's connector
+takes a connection in O(1). The timeouts map across (connect → socket connect, read →
+socket read, pool → connect with the pool wait), and the per-event deadline below does not
+depend on the transport. The OpenAI-compatible provider keeps httpx: llama.cpp's server
+advertises keep-alive but closes the connection after each streamed reply, and aiohttp,
+which does not probe, then sends every other request on a dead connection (httpcore's
+probe is what catches it).
 """
 
 from __future__ import annotations
