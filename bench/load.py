@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -178,6 +179,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             fds: list[tuple[float, int]] = []
             # CPU over the measured window only: start-up (imports, config) is not load.
             bot_cpu_start = cpu_seconds(pid)
+            round_cpu = [bot_cpu_start]  # the bot's CPU seconds at each round's end
             driver_cpu_start = time.process_time()
             started = time.perf_counter()
             rounds = 0
@@ -205,6 +207,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
                 answered += matched
                 errors += len(chats) - matched
                 rounds += 1
+                round_cpu.append(cpu_seconds(pid))
             elapsed = time.perf_counter() - started
             driver_cpu = time.process_time() - driver_cpu_start
             bot_cpu = cpu_seconds(pid) - bot_cpu_start
@@ -232,12 +235,34 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         "seconds": round(elapsed, 1),
         "driver_cpu_s": round(driver_cpu, 1),
         "bot_cpu_s": round(bot_cpu, 1),
+        # Round n is each chat's n-th message: how the cost moves with session length.
+        "cpu_ms_per_msg_by_round": [
+            round((b - a) * 1000 / len(chats), 2) for a, b in itertools.pairwise(round_cpu)
+        ],
+        **length_figures(round_cpu, len(chats)),
         # 0 is a clean shutdown on SIGTERM; null means it had to be killed.
         "exit_code": exit_code,
     }
     if errors or violations or exit_code != 0:
         result["log_tail"] = log_tail
     return result
+
+
+def length_figures(round_cpu: list[float], chats: int) -> dict[str, float | None]:
+    """CPU per message around the 7th and the 21st message of each chat (the mean of
+    rounds 6–8 and 20–22, for noise) and their ratio; None where the run was shorter."""
+
+    def around(turn: int) -> float | None:
+        if len(round_cpu) < turn + 2:
+            return None
+        return (round_cpu[turn + 1] - round_cpu[turn - 2]) * 1000 / (3 * chats)
+
+    at_7, at_21 = around(7), around(21)
+    return {
+        "cpu_ms_per_msg_at_7": None if at_7 is None else round(at_7, 2),
+        "cpu_ms_per_msg_at_21": None if at_21 is None else round(at_21, 2),
+        "cpu_21_vs_7": None if at_7 is None or at_21 is None else round(at_21 / at_7, 3),
+    }
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
