@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from parley.core.context.budget import (
     shrunk_scale,
 )
 from parley.core.context.compaction.compactor import (
+    TRIGGER_HISTORY,
     TRIGGER_MANUAL,
     TRIGGER_OVERFLOW,
     TRIGGER_THRESHOLD,
@@ -330,11 +332,18 @@ class ContextEngine:
                 transcript.live_entries(),
                 self.config.compaction,
                 self.now(),
-                history_limit=self.max_messages(request.chat_type, window),
+                history_limit=(history_limit := self.max_messages(request.chat_type, window)),
             )
         ):
             outcome = await self._compact_due(
-                transcript, request, messages, budget, size.tokens, trigger, events
+                transcript,
+                request,
+                messages,
+                budget,
+                size.tokens,
+                trigger,
+                events,
+                history_limit=history_limit,
             )
         if outcome is not None and outcome.compacted:
             messages, key = self.view(transcript.live_entries(), request.chat_type, window=window)
@@ -470,11 +479,15 @@ class ContextEngine:
         view_tokens: int,
         trigger: str,
         events: TurnEvents,
+        *,
+        history_limit: int = 0,
     ) -> CompactionOutcome:
-        """A count or age compaction: flushed first like ``/compact`` (once per cycle),
-        since the session may be far below the flush's own token trigger."""
+        """A count, age or history compaction: flushed first like ``/compact`` (once per
+        cycle), since the session may be far below the flush's own token trigger."""
         async with self.gate.hold(request.session_key):
             entries = transcript.live_entries()
+            if trigger == TRIGGER_HISTORY:
+                budget = keep_under_history_limit(budget, entries, history_limit, self.counter)
             plan = self.compactor.plan(
                 entries, threshold=budget.threshold, trigger=trigger, budget=budget
             )
@@ -619,3 +632,27 @@ class ContextEngine:
 def _last_entry_id(transcript: SessionTranscript) -> str | None:
     last = transcript.last_entry
     return last.id if last is not None else None
+
+
+def keep_under_history_limit(
+    budget: ContextBudget, entries: Sequence[Entry], limit: int, counter: TokenCounter
+) -> ContextBudget:
+    """``budget`` with its keep figures capped at the tokens of the newest ``limit // 2``
+    messages, for a compaction the history limit triggered.
+
+    The keep figures are token counts, and a chat of short messages fits hundreds of
+    them in ``keep_recent_tokens``: a cut by tokens alone kept more messages than the
+    limit shows, so the trigger fired again on the very next turn, and every turn paid
+    a summary, a flush and a checkpoint copy of the whole transcript. Capped, the kept
+    part is at most half the limit (every strategy's cut honours ``max_keep_tokens``),
+    so the next history compaction is ``limit // 2`` messages away."""
+    keep = max(1, limit // 2)
+    messages = [e for e in entries if e.type == ENTRY_MESSAGE]
+    if limit <= 0 or len(messages) <= keep:
+        return budget
+    cap = max(1, sum(counter.entry(e) for e in messages[-keep:]))
+    return replace(
+        budget,
+        keep_recent_tokens=min(budget.keep_recent_tokens, cap),
+        max_keep_tokens=min(budget.max_keep_tokens, cap),
+    )

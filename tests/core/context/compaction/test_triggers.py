@@ -189,6 +189,30 @@ async def test_messages_the_derived_limit_would_hide_are_folded_instead(tmp_path
     assert len(compactions(transcript)) == 1
 
 
+async def test_a_history_compaction_keeps_at_most_half_the_limit(tmp_path: Path) -> None:
+    """Short messages under the default keep figures: 20,000 tokens would keep hundreds
+    of them, more than the 200 a 200k window shows, so the history trigger fired again
+    on every turn (a summary, a flush and a checkpoint each). The kept part is capped at
+    half the limit, and the next history compaction is that many messages away."""
+    transcript = new_transcript(tmp_path)
+    chat(transcript, 110)  # 221 messages: past the derived limit of 200
+    limit = derived_history_messages(200_000)
+    eng = engine(SummaryProvider(summary_reply()), tmp_path, compaction={"max_messages": 0})
+    await eng.prepare(transcript, REQUEST, TurnEvents())
+    [made] = compactions(transcript)
+    assert made["trigger"] == TRIGGER_HISTORY
+    kept = [e for e in transcript.live_entries() if e.type == "message"]
+    assert 0 < len(kept) <= limit // 2
+    turns = 0
+    while len(compactions(transcript)) == 1 and turns < limit:
+        transcript.append_message(Message.assistant("ok"))
+        transcript.append_message(Message.user(f"next {turns}"))
+        await eng.prepare(transcript, REQUEST, TurnEvents())
+        turns += 1
+    # The next one only when the kept part and the new turns pass the limit again.
+    assert turns == (limit - len(kept)) // 2 + 1
+
+
 async def test_prepare_does_not_compact_on_count_mid_tool_loop(tmp_path: Path) -> None:
     transcript = new_transcript(tmp_path)
     chat(transcript, 10)
