@@ -6,6 +6,12 @@ it. Turns alternate between the two through the whole gateway path (inbox, lane,
 transcript, runner, delivery, registry), so both see the same machine noise. The
 cost of a turn must follow the live window, not the transcript's length.
 
+The live window grows by a turn's two messages each turn (300 after 100 turns, 500
+after the default 200): past the view's history limit (200 messages at the default
+window) a history compaction folds the older ones, as it would in a real chat, and
+keeps at most half the limit, so there are a few in a run, not one per turn.
+``--memory off`` leaves the memory index out (its indexing runs on every turn).
+
 Prints one JSON object:
 {"p50_ms_100", "p95_ms_100", "p50_ms_10000", "p95_ms_10000", "ratio_p50", ...}
 """
@@ -112,12 +118,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run(turns: int, warmup: int) -> dict[str, object]:
+async def run(turns: int, warmup: int, *, memory: bool = True) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="parley-bench-") as home:
         env = {
             "PARLEY_HOME": home,
             "PARLEY_SESSION__RESET__MODE": "off",
             "PARLEY_SESSION__TIMEZONE": "UTC",
+            "PARLEY_MEMORY__ENABLED": "true" if memory else "false",
         }
         loaded = load_config(env=env)
         channel = SignalChannel()
@@ -166,6 +173,7 @@ async def run(turns: int, warmup: int) -> dict[str, object]:
         "p95_ms_10000": round(percentile(timings[10_000], 0.95), 3),
         "ratio_p50": round(p50_long / p50_100, 3),
         "turns": turns,
+        "memory": memory,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }
@@ -175,8 +183,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--memory",
+        choices=("on", "off"),
+        default="on",
+        help="the memory index (the default configuration: on); off isolates the rest",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.turns, args.warmup))))
+    result = asyncio.run(run(args.turns, args.warmup, memory=args.memory == "on"))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
