@@ -377,17 +377,20 @@ class Transcript(TranscriptBase):
 
     def _seek(self, line: int, end: int) -> tuple[int, int]:
         """The (line number, byte offset) nearest at or before entry line ``line`` that
-        the index knows, extending it first when ``line`` lies beyond it. The scan reads
-        outside the lock (``_read`` takes it per block), so appends go on meanwhile."""
+        the index knows, extending it first when ``line`` lies beyond it.
+
+        The extension runs to ``end``, not only to ``line``: the index then reaches the
+        end of the file, and every later append keeps it there without another scan.
+        It reads outside the lock (``_read`` takes it per block), so appends go on
+        meanwhile; the next page past them finds those lines."""
         with self._lock:
             if line <= self._index.lines or self._index.end >= end:
                 return self._index.seek(line)
             frontier = self._index.frontier
-        found = scan(self._read, frontier, self._index.stride, end, line, DEFAULT_SCAN_BLOCK)
+        found = scan(self._read, frontier, self._index.stride, end, None, DEFAULT_SCAN_BLOCK)
         with self._lock:
+            # Refused when another reader's scan got there first: its index serves.
             self._index.extend(found)
-            if found.lines <= line:
-                return found.lines, found.end
             return self._index.seek(line)
 
     def _lines_before_live(self) -> int:

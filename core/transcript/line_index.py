@@ -84,13 +84,21 @@ class LineIndex:
 
 
 def scan(
-    read: Reader, frontier: tuple[int, int], stride: int, size: int, until_line: int, block: int
+    read: Reader,
+    frontier: tuple[int, int],
+    stride: int,
+    size: int,
+    until_line: int | None,
+    block: int,
 ) -> Extension:
     """Find the lines from ``frontier`` (an index's ``lines`` and ``end``, taken under its
-    owner's lock) until ``until_line`` is known or ``size`` (a line boundary) is
-    reached. Reads only, so it may run outside the lock; ``extend`` applies the result."""
+    owner's lock) until ``until_line`` is known (None: no limit) or ``size`` (a line
+    boundary) is reached. Reads only, so it may run outside the lock; ``extend``
+    applies the result."""
     marks: list[int] = []
     lines, pos = frontier
+    if until_line is None:
+        until_line = size  # a line holds a byte at least: never fewer bytes than lines
     while pos < size and lines < until_line:
         buf = read(pos, min(block, size - pos))
         at = 0
