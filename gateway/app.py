@@ -119,6 +119,7 @@ class Gateway:
             self.state.transcripts,
             max_open=self.config.storage.max_open_transcripts,
             shared=self.state.locks is not None,
+            warm_bytes=self.config.storage.warm_transcripts_mib * 1024 * 1024,
         )
         self.sessions = Sessions(rt, self.transcripts)
         self.delivery = Delivery(rt, self.transcripts)

@@ -84,6 +84,12 @@ class StorageConfig(_Strict):
     # cost of milliseconds per transcript append and per state.db commit.
     fsync: bool = Field(False, description="fsync transcripts and state.db on every write")
     max_open_transcripts: int = Field(256, ge=1, le=100_000, description="kept in memory, LRU")
+    # Past max_open_transcripts a session's file is closed but its live window stays in
+    # memory, within this many MiB (file bytes, an upper bound), so picking it up again
+    # reads nothing; 0 turns that off.
+    warm_transcripts_mib: int = Field(
+        64, ge=0, le=65_536, description="live windows kept after their file is closed (MiB)"
+    )
     # pgvector's HNSW index answers by the server's distance operators; some pgvector
     # builds cannot run them (SIGILL on CPUs without the instructions they were built for).
     vector_index: Literal["hnsw", "exact"] = Field(

@@ -179,6 +179,8 @@ class Transcript(TranscriptBase):
         self._fsync = fsync
         self._read_only = read_only
         self._lock = threading.RLock()
+        # (device, inode, size, mtime) of the file when ``suspend`` let go of it.
+        self._suspended_at: tuple[int, int, int, int] | None = None
 
     # -- construction -------------------------------------------------------------------
 
@@ -320,9 +322,58 @@ class Transcript(TranscriptBase):
 
     def close(self) -> None:
         with self._lock:
+            self._suspended_at = None
             if self._fd is not None:
                 fd, self._fd = self._fd, None
                 os.close(fd)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of the file from where the live window started when it was opened: an
+        upper bound of what keeping the window costs (a compaction since then dropped
+        the entries before its kept ones from memory, not from this count)."""
+        with self._lock:
+            return self._size - self._live_start
+
+    def suspend(self) -> None:
+        """Let go of the file but keep the live window (closed until ``resume``). A
+        gateway keeps more sessions warm than it keeps files open: picking a session up
+        again then reads nothing, where a reopen parses its whole live window again (and
+        every message's token count with it), a cost that grows with the session."""
+        with self._lock:
+            if self._fd is None:
+                return
+            stat = os.fstat(self._fd)
+            self._suspended_at = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def resume(self) -> bool:
+        """Take the file up again after ``suspend``. False, and still closed, when it
+        is not exactly as it was left (another writer appended, it was rewritten or
+        removed): then it must be opened afresh."""
+        with self._lock:
+            if self._fd is not None:
+                return True
+            left = self._suspended_at
+            if left is None:
+                return False
+            flags = (os.O_RDONLY if self._read_only else os.O_RDWR | os.O_APPEND) | os.O_CLOEXEC
+            try:
+                fd = os.open(self._path, flags)
+            except OSError:
+                return False
+            try:
+                stat = os.fstat(fd)
+            except OSError:
+                os.close(fd)
+                return False
+            now = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if now != left or stat.st_size != self._size:
+                os.close(fd)
+                return False
+            self._fd, self._suspended_at = fd, None
+            return True
 
     def __repr__(self) -> str:
         return f"<Transcript {self._path} id={self._header.id} live={len(self._window)}>"

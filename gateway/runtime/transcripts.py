@@ -5,6 +5,13 @@ it open between turns; readers outside the lane (``/context``, the admin API) us
 ``cached`` and open read-only copies of their own when it has none. With several
 replicas another process may have appended since this one cached a transcript:
 ``current`` reopens it then.
+
+Past ``max_open``, the least recently used transcript lets go of its file but, when its
+store supports it (the file store: ``suspend``/``resume``), stays warm in memory up to
+``warm_bytes`` of live windows: with more active chats than open files, a turn then
+picks its session up without parsing the live window again, a cost that grew with
+every turn of the session (bench/load.py: CPU per message doubled from the 1st to the
+16th message of each of 1,000 chats with 256 files open).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from parley.core.errors import TranscriptError
 from parley.core.transcript_store import SessionTranscript, TranscriptStore
@@ -25,13 +33,20 @@ CreateTranscript = Callable[[SessionRecord], Awaitable[SessionTranscript]]
 
 
 class TranscriptCache:
-    def __init__(self, store: TranscriptStore, *, max_open: int, shared: bool) -> None:
+    def __init__(
+        self, store: TranscriptStore, *, max_open: int, shared: bool, warm_bytes: int = 0
+    ) -> None:
         self.store = store
         self.max_open = max_open
+        self.warm_bytes = warm_bytes
         self.shared = shared  # several replicas append to the same transcripts
         self.create_missing: CreateTranscript | None = None  # set by the session stage
         self._open: OrderedDict[str, SessionTranscript] = OrderedDict()
         self._opening: dict[str, asyncio.Future[SessionTranscript]] = {}
+        # Suspended transcripts (no file held), least recently used first, and the
+        # bytes of live window they keep.
+        self._warm: OrderedDict[str, WarmTranscript] = OrderedDict()
+        self._warm_total = 0
 
     def __len__(self) -> int:
         return len(self._open)
@@ -53,6 +68,12 @@ class TranscriptCache:
         return await asyncio.shield(opening)
 
     async def _open_one(self, record: SessionRecord) -> SessionTranscript:
+        warm = self._take_warm(record.session_id)
+        if warm is not None:
+            if await asyncio.to_thread(warm.resume):
+                self.keep(record.session_id, warm)
+                return warm
+            warm.close()  # changed on disk meanwhile: read it afresh
         try:
             transcript = await asyncio.to_thread(self.store.open, record.session_id)
         except TranscriptError:
@@ -92,15 +113,61 @@ class TranscriptCache:
         self._open[session_id] = transcript
         self._open.move_to_end(session_id)
         while len(self._open) > self.max_open:
-            _, evicted = self._open.popitem(last=False)
-            evicted.close()
+            evicted_id, evicted = self._open.popitem(last=False)
+            self._keep_warm(evicted_id, evicted)
 
     def forget(self, session_id: str) -> None:
         transcript = self._open.pop(session_id, None)
         if transcript is not None:
             transcript.close()
+        warm = self._take_warm(session_id)
+        if warm is not None:
+            warm.close()
 
     def close_all(self) -> None:
         for transcript in self._open.values():
             transcript.close()
         self._open.clear()
+        for warm in self._warm.values():
+            warm.close()
+        self._warm.clear()
+        self._warm_total = 0
+
+    def _keep_warm(self, session_id: str, transcript: SessionTranscript) -> None:
+        """Suspend an evicted transcript and keep it warm, within ``warm_bytes``; one
+        that cannot be suspended (or would not fit) is closed."""
+        size = transcript.live_bytes if isinstance(transcript, WarmTranscript) else None
+        if size is None or size > self.warm_bytes:
+            transcript.close()
+            return
+        assert isinstance(transcript, WarmTranscript)
+        try:
+            transcript.suspend()  # a blocking close(2), as ``close`` here always was
+        except OSError as exc:
+            log.debug("transcript %s not kept warm: %s", session_id, exc)
+            transcript.close()
+            return
+        self._warm[session_id] = transcript
+        self._warm_total += size
+        while self._warm_total > self.warm_bytes:
+            _, coldest = self._warm.popitem(last=False)
+            self._warm_total -= coldest.live_bytes
+            coldest.close()
+
+    def _take_warm(self, session_id: str) -> WarmTranscript | None:
+        warm = self._warm.pop(session_id, None)
+        if warm is not None:
+            self._warm_total -= warm.live_bytes
+        return warm
+
+
+@runtime_checkable
+class WarmTranscript(SessionTranscript, Protocol):
+    """A transcript that can let go of its file and take it up again (the file store)."""
+
+    @property
+    def live_bytes(self) -> int: ...
+
+    def suspend(self) -> None: ...
+
+    def resume(self) -> bool: ...
