@@ -5,6 +5,12 @@ the inbox, the transcript and the registry.
 When the state cannot take the reply it is still sent (the transcript holds it and
 its delivery, which recovery checks); nothing after the send raises for storage, so a
 reply never gets a second, error, message.
+
+A chat's replies go out in the order of its messages. A reply the platform could not
+take (a timeout, an outage) is kept in the inbox for ``runtime/redelivery.py``; until
+it is out (or given up on), a later reply to the same chat is kept too instead of
+overtaking it (``keep_order``), and the lane sends the kept ones first on the chat's
+next run (``Dispatch.run_batch``).
 """
 
 from __future__ import annotations
@@ -32,11 +38,50 @@ log = logging.getLogger("parley.gateway")
 DELIVERY_ATTEMPTS = 3
 DELIVERY_BACKOFF_SECONDS = (0.5, 2.0)
 
+# Where replies go in order: one chat (and thread) of one channel account.
+ChatKey = tuple[str, str, str, str | None]
+
+
+def chat_of(message: InboundMessage) -> ChatKey:
+    return (message.channel, message.account, message.chat_id, message.thread_id)
+
 
 class Delivery:
     def __init__(self, rt: Runtime, transcripts: TranscriptCache) -> None:
         self.rt = rt
         self.transcripts = transcripts
+        # Per chat: inbox ids whose reply this process kept for another send. Only a
+        # hint (another replica may send one meanwhile): ``kept_before`` reads the
+        # inbox before trusting it, and it costs nothing while no send has failed.
+        self._kept: dict[ChatKey, set[int]] = {}
+
+    async def kept_before(self, message: InboundMessage, ids: list[int]) -> list[InboxItem]:
+        """The replies to ``message``'s chat kept for another send that answer earlier
+        messages than ``ids``, in order: sent before ``ids``' own reply, or it waits."""
+        chat = chat_of(message)
+        kept = self._kept.get(chat)
+        if not kept:
+            return []
+        first = min(ids)
+        waiting: list[InboxItem] = []
+        for item_id in sorted(i for i in kept if i < first and i not in ids):
+            item = await self.rt.inbox.get(item_id)
+            if item is not None and item.status == "replied" and item.error:
+                waiting.append(item)
+            else:  # sent (maybe by another replica) or given up on
+                kept.discard(item_id)
+        if not kept:
+            self._kept.pop(chat, None)
+        return waiting
+
+    def _note_kept(self, message: InboundMessage, ids: list[int], kept: bool) -> None:
+        chat = chat_of(message)
+        if kept:
+            self._kept.setdefault(chat, set()).update(ids)
+        elif (known := self._kept.get(chat)) is not None:
+            known.difference_update(ids)
+            if not known:
+                del self._kept[chat]
 
     async def deliver(
         self,
@@ -49,13 +94,16 @@ class Delivery:
         failure: str | None = None,
         resumed: InboxItem | None = None,
         first_message: InboundMessage | None = None,
+        keep_order: bool = False,
     ) -> None:
         """Store the reply to inbox items ``ids`` in the inbox, send it, record the
         result. ``resumed``: the open item of a reply stored before (a restart, a
         failed send); the parts the platform already has are not sent again
         (``gateway.runtime.send_recovery``). The reply's idempotency key names the first
         message it answers (``first_message``, else ``message``): every send of this
-        reply, and only of this one, carries it."""
+        reply, and only of this one, carries it. ``keep_order`` (a lane's reply): while
+        an earlier reply to the chat waits for another send, this one is stored and
+        kept behind it rather than sent."""
         rt = self.rt
         session_id = record.session_id if record else None
         channel = rt.channels.get(message.channel)
@@ -75,6 +123,21 @@ class Delivery:
         if channel is None:
             log.warning("no running channel %s: reply kept for later", message.channel)
             return
+        if keep_order and final_status == "delivered":
+            waiting = await self.kept_before(message, ids)
+            if waiting:
+                # Sent now, it would reach the chat before the earlier reply: kept as
+                # that one is, and the redelivery (or the chat's next run) sends both
+                # in order. Nothing was tried, so no delivery entry is recorded.
+                await rt.bookkeep(
+                    "keep the reply behind an earlier one",
+                    rt.inbox.note_undelivered(
+                        ids, f"waiting for the reply to inbox {waiting[0].id} to go out first"
+                    ),
+                )
+                self._note_kept(message, ids, kept=True)
+                log.info("inbox %s: reply kept behind inbox %s", ids, waiting[0].id)
+                return
         found: tuple[str, ...] = ()
         if resumed is not None:
             found = await parts_already_sent(channel, rt.inbox, resumed, outbound)
@@ -113,7 +176,9 @@ class Delivery:
         def sent(platform_ids: tuple[str, ...]) -> SentMessages:
             return SentMessages(outbound.channel, outbound.account, platform_ids)
 
-        if result is None and retryable and final_status == "delivered":
+        kept = result is None and retryable and final_status == "delivered"
+        self._note_kept(message, ids, kept=kept)
+        if kept:
             # The platform is unreachable for now: keep the reply and send it later.
             await rt.bookkeep(
                 "keep the reply for another send",

@@ -4,11 +4,17 @@ Plain messages next to each other share one turn (collect mode); a reset, a
 ``/compact``, a recovered message or a task runs on its own. A recovered message
 whose reply was stored before the crash is delivered, not answered again; one whose
 delivery the transcript records is marked delivered, not sent twice.
+
+Replies go out in the order of the chat's messages: a run first sends the chat's
+replies kept after a failed send, and a reply that would overtake one still kept is
+kept behind it (``Delivery.deliver(keep_order=True)``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from parley.channels.base import InboundMessage
@@ -29,6 +35,11 @@ from parley.gateway.storage.sessions import SessionRecord
 log = logging.getLogger("parley.gateway")
 
 
+class SessionLost(Exception):
+    """This replica no longer holds the session (its lock connection went mid-run):
+    another replica may be answering the same messages, so nothing more is sent."""
+
+
 class Dispatch:
     def __init__(
         self,
@@ -45,6 +56,9 @@ class Dispatch:
         self.turns = turns
         self.delivery = delivery
         self.redelivering: set[int] = set()  # inbox ids queued for another send
+        # Several replicas: does this replica still hold the session (its lock)? Asked
+        # before each reply is stored and sent; None with one process (SQLite).
+        self.fence: Callable[[str], Awaitable[bool]] | None = None
 
     def lane_item(
         self,
@@ -70,6 +84,7 @@ class Dispatch:
 
     async def run_batch(self, key: str, items: list[LaneItem | LaneTask]) -> None:
         """Process a batch in order; plain messages next to each other share one turn."""
+        await self._send_kept_first(key, items)
         group: list[LaneItem] = []
         # A batch holds several messages in collect mode, or (several replicas) when the
         # session's lock holder answers what other replicas received: queue mode still
@@ -111,14 +126,40 @@ class Dispatch:
         finally:
             self.redelivering.difference_update(i.inbox_id for i in items)
 
+    async def _deliver(self, key: str, *args: Any, **kwargs: Any) -> None:
+        """A lane run's reply: in the chat's order, and only while the session is ours."""
+        if self.fence is not None and not await self.fence(key):
+            raise SessionLost(key)
+        await self.delivery.deliver(*args, keep_order=True, **kwargs)
+
+    async def _send_kept_first(self, key: str, items: list[LaneItem | LaneTask]) -> None:
+        """Send the replies kept after a failed send that answer earlier messages of
+        the batch's chats, oldest first: the batch's own replies must not overtake
+        them (those that still cannot go keep the batch's replies behind them)."""
+        batch = [i for i in items if isinstance(i, LaneItem)]
+        ids = [i.inbox_id for i in batch]
+        seen: set[int] = set()
+        for item in batch:
+            for kept in await self.delivery.kept_before(item.message, ids):
+                if kept.id in seen:
+                    continue
+                seen.add(kept.id)
+                try:
+                    await self._deliver_stored(key, kept, [kept.id], kept.message)
+                except SessionLost:
+                    raise
+                except Exception:  # the batch's replies then wait behind it: order holds
+                    log.exception("sending the kept reply to inbox %s failed", kept.id)
+
     async def _answer_items(self, key: str, items: list[LaneItem]) -> None:
-        rt, deliver = self.rt, self.delivery.deliver
+        rt = self.rt
+        deliver = functools.partial(self._deliver, key)
         first, last = items[0], items[-1]
         ids = [i.inbox_id for i in items]
         try:
             recovered = first.recovered
             if recovered is not None and recovered.status == "replied":
-                await self._deliver_stored(recovered, ids, last.message)
+                await self._deliver_stored(key, recovered, ids, last.message)
                 return
             if first.compact_focus is not None:
                 # A compaction can take minutes on a small model: show that work goes on.
@@ -142,6 +183,8 @@ class Dispatch:
                 return
             reply = await self.turns.run(record, items, text)
             await deliver(ids, last.message, record, reply, first_message=first.message)
+        except SessionLost:
+            raise  # another replica answers these now: no error message either
         except Exception as exc:
             detail = storage_failure(exc)
             if detail is None:
@@ -171,7 +214,7 @@ class Dispatch:
             )
 
     async def _deliver_stored(
-        self, recovered: InboxItem, ids: list[int], message: InboundMessage
+        self, key: str, recovered: InboxItem, ids: list[int], message: InboundMessage
     ) -> None:
         """Deliver a reply stored before a restart or a failed send."""
         rt = self.rt
@@ -186,7 +229,8 @@ class Dispatch:
             return
         text = (stored.reply or [""])[0]
         head = stored if ids[0] == stored.id else await rt.inbox.get(ids[0])
-        await self.delivery.deliver(
+        await self._deliver(
+            key,
             ids,
             message,
             record,

@@ -20,6 +20,12 @@ as with SQLite. What changes is the lane's run:
 3. An item whose turn a dead replica had started (its user message is in the
    transcript already, or its reply is stored) runs as *recovered*, through the same
    code that resumes a turn after a restart, so nothing is written or sent twice.
+4. Before each reply is stored and sent, the run checks that the lock is still its
+   own (``SessionLocks.still_held``): a lock has no lease that a slow replica could
+   outlive, but its connection can break mid-turn, and then another replica may
+   take the session and answer the same messages. The run then stops without
+   sending; its messages are answered under the lock by whoever holds it (queued
+   here again by the next scan, as the stranded ones are).
 
 A replica that dies leaves items nobody's lane holds: ``adopt_orphans`` claims the
 open items whose claimant's connection is gone (PostgreSQL's ``pg_stat_activity``
@@ -37,10 +43,11 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from parley.gateway.errors import StateError
 from parley.gateway.lanes import LaneManager
 from parley.gateway.runtime.commands.parsing import parse_info_command
 from parley.gateway.runtime.context import Runtime
-from parley.gateway.runtime.dispatch import Dispatch
+from parley.gateway.runtime.dispatch import Dispatch, SessionLost
 from parley.gateway.runtime.lane_items import LaneItem, LaneTask
 from parley.gateway.runtime.redelivery import Redelivery
 from parley.gateway.runtime.transcripts import TranscriptCache
@@ -80,6 +87,7 @@ class ReplicaCoordinator:
         # down): queued again by the next scan instead of waiting for a restart.
         self._stranded: dict[int, LaneItem] = {}
         self._task: asyncio.Task[None] | None = None
+        dispatch.fence = locks.still_held
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -112,6 +120,17 @@ class ReplicaCoordinator:
         try:
             batch = await self._claim_batch(key, items)
             await self.dispatch.run_batch(key, batch)
+        except SessionLost:
+            # Whatever this run had not sent is still open in the inbox: queued here
+            # again by the next scan (the status check under the lock drops what the
+            # new holder answered meanwhile).
+            log.warning("lost the lock of session %s mid-run; its replies were not sent", key)
+            self.rt.metrics.error("storage")
+            for item in items:
+                if isinstance(item, LaneItem):
+                    self._stranded[item.inbox_id] = item
+                elif not item.done.done():
+                    item.done.set_exception(StateError(f"lost the lock of session {key}"))
         finally:
             await self.locks.release(key)
 
@@ -136,8 +155,7 @@ class ReplicaCoordinator:
                 # Another replica's, or claimed here but older than a message of this
                 # batch: queued behind it out of arrival order (an adopted orphan, a
                 # resend), so answered now, first; its own run finds it answered later.
-                mine = row.claimed_by == me
-                item = self._foreign_item(key, row, mine=mine) if foreign_ok else None
+                item = self._foreign_item(key, row) if foreign_ok else None
                 if item is None:
                     continue
             if item.recovered is not None or row.status != "received" or row.id in started:
@@ -150,11 +168,12 @@ class ReplicaCoordinator:
             self.dispatch.redelivering.difference_update(dropped)
         return batch
 
-    def _foreign_item(self, key: str, row: InboxItem, *, mine: bool) -> LaneItem | None:
+    def _foreign_item(self, key: str, row: InboxItem) -> LaneItem | None:
         """A lane item for an open item outside this batch (received by another replica,
         or queued behind it here), or None when it is not this lane's to answer."""
-        if row.status == "replied" and row.error and not mine:
-            return None  # a failed send: its claimant's redelivery schedule owns it
+        # A failed send (kept for another one) is taken too, whoever's it is: left to
+        # its claimant's redelivery, it would reach the chat after this batch's
+        # replies. Under this lock it is sent once, and that redelivery finds it done.
         if parse_info_command(row.message.text) is not None:
             return None  # /status and the like: answered by the receiver, outside lanes
         if row.message.channel not in self.rt.channels:

@@ -7,6 +7,13 @@ that replica's release NOTIFYs the key, or ``poll_seconds`` pass. A replica that
 loses its connection and PostgreSQL drops its locks; no NOTIFY comes then, so the
 waiters find out by polling. Within a replica the lanes already run one turn per
 session, so these locks only ever contend with other replicas.
+
+A lock has no lease: nothing expires it while its connection lives, however starved
+the replica is (PostgreSQL keeps an idle connection; the kernel answers keepalives).
+The connection itself can still go (a network cut, a server restart, an operator's
+``idle_session_timeout``, which the lock connection turns off for itself), and with
+it every lock, in the middle of a turn. ``still_held`` says whether a lock is still
+this replica's: the lane asks it before each reply goes out.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ class SessionLocks:
 
     async def open(self) -> None:
         try:
-            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            self._conn = await _connect(self._url)
             self._listener = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
             await self._listener.execute(f"LISTEN {CHANNEL}")
             row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
@@ -101,6 +108,25 @@ class SessionLocks:
             # The connection is gone, and with it the lock: nothing left to release.
             log.error("releasing the session lock of %s failed: %s", key, exc)
 
+    async def still_held(self, key: str) -> bool:
+        """Is ``key``'s lock still this replica's? Taken on the lock connection and
+        released only by ``release``, it is as long as that connection lives: one
+        round trip tells. False once the connection broke (every lock went with it;
+        the next ``acquire`` reconnects)."""
+        if key not in self.held:
+            return False  # released, or a reconnect since dropped it
+        async with self._statement:
+            conn = self._conn
+            if conn is None:
+                return False
+            try:
+                await conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                log.error("the session lock connection is gone (%s): its locks with it", exc)
+                self.held.clear()
+                return False
+        return key in self.held
+
     async def _try(self, key: str) -> bool:
         async with self._statement:
             for attempt in (1, 2):
@@ -128,7 +154,7 @@ class SessionLocks:
             with contextlib.suppress(psycopg.Error):
                 await old.close()
         try:
-            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            self._conn = await _connect(self._url)
             row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
         except psycopg.Error as exc:
             raise StateError(f"cannot reopen the session lock connection: {exc}") from exc
@@ -149,3 +175,14 @@ class SessionLocks:
         except psycopg.Error as exc:
             # Waiters fall back to polling; nothing is lost but promptness.
             log.warning("session lock notifications stopped: %s", exc)
+
+
+async def _connect(url: str) -> psycopg.AsyncConnection[TupleRow]:
+    """The lock connection: autocommit, and exempt from a server-wide
+    ``idle_session_timeout`` (it idles between a turn's lock and its release, and its
+    end would drop the locks mid-turn)."""
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    # Before PostgreSQL 14 there is no such timeout to turn off.
+    with contextlib.suppress(psycopg.errors.UndefinedObject):
+        await conn.execute("SET idle_session_timeout = 0")
+    return conn
