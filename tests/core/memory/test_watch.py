@@ -83,10 +83,12 @@ async def running(
     if make_memory:
         (workspace / "memory").mkdir()
         (workspace / "memory" / "2026-01-01.md").write_text("First.\n")
+    # A debounce long enough that one step's events (which may come in two batches on a
+    # loaded machine) make one sync, so each step waits for its own.
     settings = MemorySettings(
         extra_paths=tuple(extra),
         sync=SyncSettings(
-            on_start=False, watch=True, watch_poll_seconds=0.05, watch_debounce_seconds=0.1
+            on_start=False, watch=True, watch_poll_seconds=0.05, watch_debounce_seconds=0.25
         ),
     )
     state = IndexState(dirty=False)
