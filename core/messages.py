@@ -100,7 +100,8 @@ def block_from_dict(raw: dict[str, Any]) -> Block:
     raise ValueError(f"unknown content block type: {kind!r}")
 
 
-@dataclass(frozen=True, slots=True)
+# weakref_slot: the token counter keeps each message's count only while it lives.
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Message:
     role: Role
     content: tuple[Block, ...]

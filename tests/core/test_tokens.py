@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import gc
 import json
 import math
 import threading
+import weakref
 
 import pytest
 from hypothesis import given
@@ -486,3 +488,21 @@ def test_measure_never_negative(texts: list[str], reported: int) -> None:
     assert size.tokens >= 0
     assert size.estimated >= 0
     assert size.tokens >= size.reported
+
+
+def test_message_counts_live_as_long_as_their_messages_however_many() -> None:
+    counter = TokenCounter(entry_cache_entries=8)
+    history = [Message.user(f"message number {i} " + "word " * 40) for i in range(100)]
+    first = [counter.message(m) for m in history]
+    # Far more live messages than any fixed bound: each is still counted only once.
+    encoded: list[str] = []
+    real_encode = counter._encode_len
+    counter._encode_len = lambda s: encoded.append(s) or real_encode(s)  # type: ignore[method-assign]
+    assert [counter.message(m) for m in history] == first
+    assert encoded == []
+    # A message that goes takes its count with it (nothing kept alive by the cache).
+    gone = weakref.ref(history[0])
+    del history[0]
+    gc.collect()
+    assert gone() is None
+    assert len(counter._messages) == 99
