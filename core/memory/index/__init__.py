@@ -18,7 +18,7 @@ Another ``StoreBackend`` (PostgreSQL) keeps its rows elsewhere and swaps its own
 transcripts come through a ``TranscriptSource`` (files, or a transcript store's rows).
 
 Triggers: start-up, a search on a dirty index (an empty index waits for its first
-sync), the watcher on memory files (polling, debounced), transcript appends (debounced,
+sync), the watcher on memory files (file events, or polling as the fallback; debounced), transcript appends (debounced,
 or at once past a size/count threshold), compactions and new task records.
 
 Forgetting (``core.memory.forgetting``): after a sync, once ``schedule_hours`` have
@@ -36,7 +36,7 @@ Where each job lives:
 - ``rebuild``: the shadow index built and swapped in;
 - ``forgetting_schedule``: when and how forgetting's plan is applied;
 - ``triggers``: transcript, compaction, note and task-record syncs (debounced);
-- ``watch``: the polling watcher on the memory files;
+- ``watch``: the watcher on the memory files (inotify through watchfiles, polling as the fallback);
 - ``search``: catch up, embed the query, run the hybrid search; ``SearchResult``;
 - ``status``: ``MemoryStatus``, the scopes a viewer sees, the integrity check;
 - ``access``: ``memory_get``, ``/remember`` and ``/forget``.
