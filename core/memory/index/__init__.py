@@ -18,8 +18,9 @@ Another ``StoreBackend`` (PostgreSQL) keeps its rows elsewhere and swaps its own
 transcripts come through a ``TranscriptSource`` (files, or a transcript store's rows).
 
 Triggers: start-up, a search on a dirty index (an empty index waits for its first
-sync), the watcher on memory files (file events, or polling as the fallback; debounced), transcript appends (debounced,
-or at once past a size/count threshold), compactions and new task records.
+sync), the watcher on memory files (file events, or polling as the fallback;
+debounced), transcript appends (debounced, or at once past a size/count threshold),
+compactions and new task records.
 
 Forgetting (``core.memory.forgetting``): after a sync, once ``schedule_hours`` have
 passed since the last run (kept in the store), and on demand (``forget``). Evicted
