@@ -6,7 +6,8 @@ migrate`` never depend on which store holds the rows. Plain values only: no I/O,
 no import of any store.
 
 - ``IndexMeta``: what the rows were built with (a difference means a rebuild).
-- ``FileRow``, ``NewChunk``, ``ChunkRow``: an indexed file, a chunk to write, a chunk read.
+- ``FileRow``, ``NewChunk``, ``ChunkRow``: an indexed file, a chunk to write, a chunk read;
+  ``PendingChunk``: one still waiting for its vector.
 - ``StoredChunk``, ``CacheEntry``: a chunk and a cached embedding as stored, for copying
   an index to another store without re-embedding.
 - ``ForgettableChunk``, ``Tombstone``: what forgetting weighs, and what an eviction leaves.
@@ -95,6 +96,17 @@ class NewChunk:
     ts: str | None = None
     entry_ids: tuple[str, ...] = ()
     cjk_text: str = ""  # the bigrams for chunks_cjk; empty when the text has no CJK
+
+
+@dataclass(frozen=True, slots=True)
+class PendingChunk:
+    """A chunk written without its vector yet: what the vector pass embeds."""
+
+    id: int
+    path: str
+    scope: str
+    hash: str
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from parley.core.memory.rows import (
     FileRow,
     ForgettableChunk,
     IndexMeta,
-    NewChunk,
     SourceCount,
     StoreCounts,
     StoredChunk,
@@ -38,6 +37,7 @@ from parley.core.memory.rows import (
     blob_vector,
     vector_blob,
 )
+from parley.core.memory.store_chunks import IN_BATCH, ChunkWrites, in_batches
 from parley.core.memory.store_schema import STORE_VERSION as STORE_VERSION
 from parley.core.memory.store_schema import create_tables
 
@@ -45,17 +45,13 @@ from parley.core.memory.store_schema import create_tables
 # reads it from this module with getattr, so it must stay here. The row types come from
 # core.memory.rows.
 META_KEY = "index"
-# SQLite's default limit on host parameters is 32766 in new builds, 999 in old ones.
-_IN_BATCH = 500
+_IN_BATCH = IN_BATCH
+_chunked = in_batches
 
 
-def _chunked(items: Sequence[Any], size: int = _IN_BATCH) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-class MemoryStore:
-    """One connection to one memory.db. Not thread-safe: give each thread its own."""
+class MemoryStore(ChunkWrites):
+    """One connection to one memory.db. Not thread-safe: give each thread its own.
+    Writing chunks and their late vectors: ``ChunkWrites`` (``core.memory.store_chunks``)."""
 
     def __init__(self, conn: Any, info: DriverInfo, path: Path) -> None:
         self._conn = conn
@@ -153,98 +149,6 @@ class MemoryStore:
         self._conn.execute(
             "UPDATE files SET mtime = ?, size = ? WHERE path = ?", (mtime, size, path)
         )
-
-    def replace_file(
-        self,
-        file: FileRow,
-        chunks: Sequence[NewChunk],
-        vectors: np.ndarray | None,
-    ) -> None:
-        """Swap a file's chunks for ``chunks`` (with ``vectors`` row for row, or None)."""
-        if vectors is not None and len(vectors) != len(chunks):
-            raise MemoryIndexError("one vector per chunk is required")
-        now = time.time()
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._delete_chunks(file.path)
-            for index, chunk in enumerate(chunks):
-                cursor = conn.execute(
-                    "INSERT INTO chunks(path, source, scope, start_line, end_line, hash, text,"
-                    " ts, entry_ids, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        file.path,
-                        file.source,
-                        file.scope,
-                        chunk.start_line,
-                        chunk.end_line,
-                        chunk.hash,
-                        chunk.text,
-                        chunk.ts,
-                        json.dumps(list(chunk.entry_ids)),
-                        now,
-                        now,
-                    ),
-                )
-                chunk_id = cursor.lastrowid
-                conn.execute(
-                    "INSERT INTO chunks_fts(rowid, text) VALUES (?, ?)", (chunk_id, chunk.text)
-                )
-                if chunk.cjk_text:
-                    conn.execute(
-                        "INSERT INTO chunks_cjk(rowid, text) VALUES (?, ?)",
-                        (chunk_id, chunk.cjk_text),
-                    )
-                if vectors is not None:
-                    conn.execute(
-                        "INSERT INTO chunks_vec(rowid, scope, embedding) VALUES (?, ?, ?)",
-                        (chunk_id, file.scope, vector_blob(vectors[index])),
-                    )
-            conn.execute(
-                "INSERT INTO files(path, source, scope, hash, mtime, size, chunks,"
-                " vectors_pending, indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT(path) DO UPDATE SET source = excluded.source,"
-                " scope = excluded.scope, hash = excluded.hash, mtime = excluded.mtime,"
-                " size = excluded.size, chunks = excluded.chunks,"
-                " vectors_pending = excluded.vectors_pending, indexed_at = excluded.indexed_at",
-                (
-                    file.path,
-                    file.source,
-                    file.scope,
-                    file.hash,
-                    file.mtime,
-                    file.size,
-                    len(chunks),
-                    int(file.vectors_pending),
-                    now,
-                ),
-            )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    def delete_file(self, path: str) -> None:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._delete_chunks(path)
-            conn.execute("DELETE FROM files WHERE path = ?", (path,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    def _delete_chunks(self, path: str) -> None:
-        ids = [r[0] for r in self._conn.execute("SELECT id FROM chunks WHERE path = ?", (path,))]
-        for batch in _chunked(ids):
-            marks = ",".join("?" * len(batch))
-            self._conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({marks})", batch)
-            self._conn.execute(f"DELETE FROM chunks_cjk WHERE rowid IN ({marks})", batch)
-            if self.vector_dims is not None:
-                self._conn.execute(f"DELETE FROM chunks_vec WHERE rowid IN ({marks})", batch)
-        self._conn.execute("DELETE FROM chunks WHERE path = ?", (path,))
 
     # -- embedding cache ----------------------------------------------------------------
 
@@ -380,23 +284,6 @@ class MemoryStore:
         )
         return [(int(i), str(h), str(t)) for i, h, t in rows]
 
-    def add_vectors(self, path: str, scope: str, items: Sequence[tuple[int, np.ndarray]]) -> None:
-        """Fill in the vectors of a file indexed while the embedder was down."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for chunk_id, vector in items:
-                conn.execute("DELETE FROM chunks_vec WHERE rowid = ?", (chunk_id,))
-                conn.execute(
-                    "INSERT INTO chunks_vec(rowid, scope, embedding) VALUES (?, ?, ?)",
-                    (chunk_id, scope, vector_blob(vector)),
-                )
-            conn.execute("UPDATE files SET vectors_pending = 0 WHERE path = ?", (path,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
     # -- export (read-only) -------------------------------------------------------------
 
     def stored_chunks(self, path: str) -> list[StoredChunk]:
@@ -498,15 +385,7 @@ class MemoryStore:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            ids = [chunk_id for chunk_id, _ in evictions]
-            deleted = 0
-            for batch in _chunked(ids):
-                marks = ",".join("?" * len(batch))
-                conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({marks})", batch)
-                conn.execute(f"DELETE FROM chunks_cjk WHERE rowid IN ({marks})", batch)
-                if self.vector_dims is not None:
-                    conn.execute(f"DELETE FROM chunks_vec WHERE rowid IN ({marks})", batch)
-                deleted += conn.execute(f"DELETE FROM chunks WHERE id IN ({marks})", batch).rowcount
+            deleted = self.delete_chunk_rows([chunk_id for chunk_id, _ in evictions])
             self._insert_tombstones([t for _, t in evictions])
             # files.chunks counts what is indexed now.
             conn.executemany(

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 # memory.db's table layout (PRAGMA user_version); 1 is the layout of issue 8.
-STORE_VERSION = 2
+STORE_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,6 +93,12 @@ CREATE TABLE IF NOT EXISTS forgotten (
     PRIMARY KEY (path, hash)
 );
 CREATE INDEX IF NOT EXISTS forgotten_when ON forgotten(evicted_at);
+""",
+    3: """
+CREATE TABLE IF NOT EXISTS chunks_pending (id INTEGER PRIMARY KEY);
+INSERT OR IGNORE INTO chunks_pending(id) SELECT c.id FROM chunks AS c
+    JOIN files AS f ON f.path = c.path WHERE f.vectors_pending = 1;
+CREATE INDEX IF NOT EXISTS chunks_path_line ON chunks(path, start_line);
 """,
 }
 

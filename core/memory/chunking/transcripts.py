@@ -128,6 +128,36 @@ def _visible(entry: Entry) -> tuple[str, str | None]:
     return _collapse(redact_secrets("\n".join(parts))), sender
 
 
+class TurnReader:
+    """Reads a transcript's turns one line at a time, remembering what earlier lines said
+    (the agent's name from a header line), so that reading can stop and resume at any
+    line (``core.memory.chunking.resume``)."""
+
+    def __init__(self, *, agent_name: str | None = None, header_name: str | None = None) -> None:
+        self.agent_name = agent_name
+        self.header_name = header_name  # from a header line read so far
+
+    def read(self, line_no: int, raw: str) -> Turn | None:
+        """The turn on this line, or None (see ``transcript_turns``)."""
+        if not raw.strip():
+            return None
+        try:
+            entry = Entry.from_json(raw)
+        except TranscriptError:
+            self.header_name = _header_agent_name(raw) or self.header_name
+            return None
+        if entry.type != ENTRY_MESSAGE or entry.message.role not in ("user", "assistant"):
+            return None
+        text, sender = _visible(entry)
+        if not text or (entry.message.role == "assistant" and text == SILENT_REPLY):
+            return None
+        if entry.message.role == "user":
+            speaker = sender or USER_NAME
+        else:
+            speaker = self.agent_name or self.header_name or ASSISTANT_NAME
+        return Turn(line_no, entry.id, entry.message.role, speaker, entry.ts, text)
+
+
 def transcript_turns(
     lines: Iterable[tuple[int, str]], *, agent_name: str | None = None
 ) -> list[Turn]:
@@ -137,27 +167,8 @@ def transcript_turns(
     ``agent_name`` is given; pass it when indexing only new lines of a file. Corrupt
     lines, compaction and custom entries, tool results, silent replies and turns without
     visible text are skipped."""
-    header_name: str | None = None
-    turns: list[Turn] = []
-    for line_no, raw in lines:
-        if not raw.strip():
-            continue
-        try:
-            entry = Entry.from_json(raw)
-        except TranscriptError:
-            header_name = _header_agent_name(raw) or header_name
-            continue
-        if entry.type != ENTRY_MESSAGE or entry.message.role not in ("user", "assistant"):
-            continue
-        text, sender = _visible(entry)
-        if not text or (entry.message.role == "assistant" and text == SILENT_REPLY):
-            continue
-        if entry.message.role == "user":
-            speaker = sender or USER_NAME
-        else:
-            speaker = agent_name or header_name or ASSISTANT_NAME
-        turns.append(Turn(line_no, entry.id, entry.message.role, speaker, entry.ts, text))
-    return turns
+    reader = TurnReader(agent_name=agent_name)
+    return [turn for line_no, raw in lines if (turn := reader.read(line_no, raw)) is not None]
 
 
 @lru_cache(maxsize=4096)
@@ -209,11 +220,37 @@ def chunk_turns(
 ) -> list[Chunk]:
     """Consecutive turns packed into chunks of at most ``max_tokens``; the last
     ``overlap_turns`` turns of a chunk open the next one (never all of them)."""
+    packed = pack_turns(turns, max_tokens=max_tokens, overlap_turns=overlap_turns)
+    return packed.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """What ``pack_turns`` made: the chunks (the last one, ``open``, may still grow), and
+    where packing can resume: the turns from index ``current`` on are the open chunk's
+    (``carried`` of them repeated from the chunk before), the turns before are done."""
+
+    chunks: list[Chunk]
+    open: bool  # the last chunk is the open one (more turns may join it)
+    current: int
+    carried: int
+
+
+def pack_turns(
+    turns: Sequence[Turn],
+    *,
+    max_tokens: int = DEFAULT_TURN_CHUNK_TOKENS,
+    overlap_turns: int = DEFAULT_TURN_OVERLAP,
+    resume: tuple[int, int] = (0, 0),
+) -> Packed:
+    """``chunk_turns``, resumable. ``resume`` (n, carried): the first n turns are the open
+    chunk a previous call left (``Packed.current`` onwards, ``Packed.carried``), so the
+    chunks are exactly those packing the whole transcript would make from there on."""
     check_limits(max_tokens, overlap_turns)
     chunks: list[Chunk] = []
-    current: list[Turn] = []
-    carried = 0  # leading turns of `current` repeated from the previous chunk
-    for turn in turns:
+    start, carried = resume
+    current: list[Turn] = list(turns[:start])
+    for turn in turns[start:]:
         if len(current) > carried:
             if fits(_render([*current, turn]), max_tokens):
                 current.append(turn)
@@ -231,6 +268,8 @@ def chunk_turns(
         # max_tokens and marked: its head carries the topic, and a search hit on the tail
         # is the accepted loss (the transcript keeps the whole turn).
         chunks.append(_turn_chunk([turn], cut_with_marker(_render([turn]), max_tokens)))
-    if len(current) > carried:
+    is_open = len(current) > carried
+    if is_open:
         chunks.append(_turn_chunk(current, _render(current)))
-    return chunks
+    # ``current`` is always the tail of the turns seen (empty after a cut turn).
+    return Packed(chunks, is_open, len(turns) - len(current), carried)

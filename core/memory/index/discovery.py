@@ -24,6 +24,7 @@ from parley.core.memory.sources import (
     SourceFile,
     TranscriptSource,
     memory_files,
+    read_file_range,
     task_files,
 )
 from parley.core.memory.tasks import TaskLog
@@ -91,6 +92,12 @@ class IndexSources:
             return self.transcripts.read(source, limit)
         with source.abs_path.open("rb") as handle:
             return handle.read(limit)
+
+    def read_range(self, source: SourceFile, start: int, limit: int) -> bytes:
+        """At most ``limit`` bytes of a source from offset ``start``; blocking."""
+        if source.source == SESSIONS_SOURCE:
+            return self.transcripts.read_range(source, start, limit)
+        return read_file_range(source.abs_path, start, limit)
 
 
 def inside(path: Path, roots: Sequence[Path]) -> bool:

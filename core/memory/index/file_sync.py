@@ -1,12 +1,15 @@
 """Sync, file by file: bring one store up to date with the index's sources.
 
-A file whose (mtime, size) and then content hash are unchanged is skipped; a changed
-one is read, chunked (Markdown lines, transcript turns, or one chunk per task record),
-embedded (from the cache by content hash first, the live index's cache during a
-rebuild, then the embedder) and its chunks replaced in one transaction, so a kill at
-any moment leaves every file either fully old or fully new and the next sync resumes.
-Chunks that forgetting evicted (tombstones) stay out. A file that fails is reported in
-the ``SyncReport`` and leaves the index dirty; the others carry on.
+A file whose (mtime, size) and then content hash are unchanged is skipped. A transcript
+that grew is chunked from where the previous sync stopped (``transcript_sync``): only
+its open chunk and what was appended; every other changed file (Markdown memory files,
+notes, task logs: small) is read and chunked whole. Its chunks are written (text and
+keyword rows, with the resume point) in one transaction, so a kill at any moment leaves
+every file either fully old or fully new and the next sync resumes; they are findable
+by keyword at once. Their vectors come after, from the vector pass (``vectors``), which
+embeds the pending chunks of every file in batches. Chunks that forgetting evicted
+(tombstones) stay out. A file that fails is reported in the ``SyncReport`` and leaves the
+index dirty; the others carry on.
 """
 
 from __future__ import annotations
@@ -17,24 +20,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from parley.core.errors import EmbedderError, MemoryIndexError, TranscriptError
+from parley.core.errors import MemoryIndexError, TranscriptError
 from parley.core.memory.audience import parse_scope
-from parley.core.memory.chunking import (
-    Chunk,
-    chunk_markdown,
-    chunk_turns,
-    header_agent_name,
-    transcript_turns,
-)
+from parley.core.memory.chunking import Chunk, chunk_markdown
+from parley.core.memory.chunking.resume import ResumePoint
 from parley.core.memory.embedders import ResilientEmbedder
 from parley.core.memory.forgetting import FORGETTABLE_SOURCES
 from parley.core.memory.index.discovery import IndexSources
-from parley.core.memory.index.state import IndexState, made_by
+from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.transcript_sync import (
+    MAX_FILE_BYTES,
+    TranscriptUpdate,
+    chunk_whole_transcript,
+    new_chunks,
+    resume_transcript,
+)
 from parley.core.memory.index.workers import StoreThreads
 from parley.core.memory.memory_config import MemorySettings
-from parley.core.memory.query import cjk_index_text
 from parley.core.memory.rows import FileRow, IndexMeta, NewChunk
 from parley.core.memory.sources import (
     AGENT_SCOPE,
@@ -42,13 +44,10 @@ from parley.core.memory.sources import (
     TASKS_SOURCE,
     ScopeResolver,
     SourceFile,
-    read_header,
 )
 from parley.core.memory.store_protocol import MemoryStoreProtocol
 from parley.core.memory.tasks import task_chunks
 
-# Bounds a file the index will read: bigger memory files are indexed up to this size.
-MAX_FILE_BYTES = 64 * 1024 * 1024
 UNSCOPED = "unscoped"
 ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, path)
 
@@ -58,6 +57,7 @@ class SyncReport:
     reason: str
     files_seen: int = 0
     files_indexed: int = 0
+    files_resumed: int = 0  # of those, transcripts chunked from where they had stopped
     files_unchanged: int = 0
     files_deleted: int = 0
     chunks_written: int = 0
@@ -155,56 +155,80 @@ class FileSync:
                 report.files_deleted += 1
             return
         mtime, size = marker
-        retry_vectors = row is not None and row.vectors_pending and meta.embedder != "none"
-        if row is not None and row.mtime == mtime and row.size == size and not retry_vectors:
+        if row is not None and row.mtime == mtime and row.size == size:
             report.files_unchanged += 1
             return
+        # Chunks are written without vectors: the vector pass adds them after.
+        wants_vectors = meta.embedder != "none" and self.embedder is not None
+        point = ResumePoint.decode(row.hash) if row is not None else None
+        if row is not None and point is not None and source.source == SESSIONS_SOURCE:
+            update = await asyncio.to_thread(
+                resume_transcript,
+                self.sources,
+                source,
+                point,
+                row.scope,
+                self.settings.chunking,
+                self.scope_for,
+            )
+            if update is True:
+                await w(store.touch_file, source.path, mtime, size)
+                report.files_unchanged += 1
+                return
+            if isinstance(update, TranscriptUpdate):
+                chunks = await self._remembered(store, source, update.chunks)
+                file = FileRow(
+                    source.path, source.source, update.scope, update.digest, mtime, size,
+                    0, wants_vectors,
+                )  # fmt: skip
+                await w(store.replace_tail, file, update.from_line or 0, chunks)
+                report.files_indexed += 1
+                report.files_resumed += 1
+                report.chunks_written += len(chunks)
+                return
         data = await asyncio.to_thread(self.sources.read, source, MAX_FILE_BYTES)
-        digest = hashlib.sha256(data).hexdigest()
+        chunks, scope, digest = await asyncio.to_thread(self.chunk_file, source, data)
         if row is not None and row.hash == digest:
-            if retry_vectors:
-                await self._fill_vectors(store, meta, row, report)
             await w(store.touch_file, source.path, mtime, size)
             report.files_unchanged += 1
             return
-        chunks, scope = await asyncio.to_thread(self.chunk, source, data)
-        if source.source in FORGETTABLE_SOURCES:
-            # Evicted chunks stay evicted: a transcript that grows is re-chunked whole.
-            forgotten = await w(store.forgotten_hashes, source.path)
-            chunks = [c for c in chunks if c.hash not in forgotten]
-        vectors, pending = await self._vectors(
-            store, meta, [(c.hash, c.text) for c in chunks], report
-        )
+        chunks = await self._remembered(store, source, chunks)
+        pending = wants_vectors and bool(chunks)
         file = FileRow(source.path, source.source, scope, digest, mtime, size, len(chunks), pending)
-        await w(store.replace_file, file, chunks, vectors)
+        await w(store.replace_file, file, chunks, None)
         report.files_indexed += 1
         report.chunks_written += len(chunks)
-        report.vectors_pending += int(pending)
+
+    async def _remembered(
+        self, store: MemoryStoreProtocol, source: SourceFile, chunks: list[NewChunk]
+    ) -> list[NewChunk]:
+        """``chunks`` less those forgetting evicted: evicted chunks stay evicted."""
+        if source.source not in FORGETTABLE_SOURCES or not chunks:
+            return chunks
+        forgotten = await self._threads.w(store.forgotten_hashes, source.path)
+        return [c for c in chunks if c.hash not in forgotten]
 
     def chunk(self, source: SourceFile, data: bytes) -> tuple[list[NewChunk], str]:
-        """Chunks of one file and its scope (runs in a worker thread: CPU-bound)."""
-        text = data.decode("utf-8", errors="replace")
+        """Chunks of one whole file and its scope (runs in a worker thread: CPU-bound)."""
+        chunks, scope, _ = self.chunk_file(source, data)
+        return chunks, scope
+
+    def chunk_file(self, source: SourceFile, data: bytes) -> tuple[list[NewChunk], str, str]:
+        """Chunks of one whole file, its scope, and the hash its file row keeps: for a
+        transcript, where the next sync resumes (else the content's sha256)."""
         chunking = self.settings.chunking
+        digest = hashlib.sha256(data).hexdigest()
         raw: Sequence[Chunk | NewChunk]
+        if source.source == SESSIONS_SOURCE:
+            result, scope = chunk_whole_transcript(data, chunking, self.scope_for)
+            if result.point is not None:
+                digest = result.point.encode()
+            return new_chunks(result.chunks), scope, digest
+        text = data.decode("utf-8", errors="replace")
         if source.source == TASKS_SOURCE:
             raw, found = task_chunks(text)
             # A log without a readable record cannot be attributed: nobody searches it.
             scope = found or UNSCOPED
-        elif source.source == SESSIONS_SOURCE:
-            lines = text.split("\n")
-            header = read_header(lines[0].encode()) if lines else None
-            scope = self.scope_for(header or {})
-            # The header is parsed once, here: its agent name labels the turns after it.
-            first = 1 if header is None else 2
-            turns = transcript_turns(
-                ((i, line) for i, line in enumerate(lines[first - 1 :], start=first)),
-                agent_name=header_agent_name(header) if header is not None else None,
-            )
-            raw = chunk_turns(
-                turns,
-                max_tokens=chunking.transcript_tokens,
-                overlap_turns=chunking.transcript_overlap_turns,
-            )
         else:
             scope = source.scope or AGENT_SCOPE
             raw = chunk_markdown(
@@ -212,64 +236,4 @@ class FileSync:
                 max_tokens=chunking.file_tokens,
                 overlap_tokens=chunking.file_overlap_tokens,
             )
-        chunks = [
-            NewChunk(
-                c.start_line, c.end_line, c.text, c.hash, c.ts, c.entry_ids, cjk_index_text(c.text)
-            )
-            for c in raw
-        ]
-        return chunks, scope
-
-    async def _vectors(
-        self,
-        store: MemoryStoreProtocol,
-        meta: IndexMeta,
-        items: Sequence[tuple[str, str]],
-        report: SyncReport,
-    ) -> tuple[np.ndarray | None, bool]:
-        """Vectors row for row of ``items`` ((content hash, text) pairs: the chunker's
-        sha256 is the cache key), and vectors_pending: None and True when the embedder
-        failed."""
-        if meta.embedder == "none" or self.embedder is None or not items:
-            return None, False
-        w = self._threads.w
-        hashes = [h for h, _ in items]
-        key = (meta.embedder, meta.model, meta.provider_key)
-        dims = meta.dimensions
-        cached = await w(store.cached_vectors, *key, hashes, dims)
-        live = self._threads.wstore
-        if live is not None and live is not store and len(cached) < len(hashes):
-            # A rebuild (e.g. new chunking) reuses the live index's vectors of the same model.
-            wanted = [h for h in hashes if h not in cached]
-            cached.update(await w(live.cached_vectors, *key, wanted, dims))
-        report.cache_hits += sum(1 for h in hashes if h in cached)
-        missing = list(dict.fromkeys(h for h in hashes if h not in cached))
-        if missing:
-            by_hash = dict(items)
-            try:
-                result = await self.embedder.embed([by_hash[h] for h in missing], kind="passage")
-            except EmbedderError as exc:
-                report.errors.append(f"embedding failed, keyword-only for now: {exc}")
-                return None, True
-            if not made_by(result.embedder, meta):
-                # A fallback model answered: its vectors cannot share a table with these.
-                return None, True
-            fresh = list(zip(missing, result.vectors, strict=True))
-            report.embedded += len(fresh)
-            cached.update(fresh)
-            await w(store.cache_vectors, *key, fresh, max_entries=self.settings.cache_max_entries)
-        await w(store.ensure_vectors, len(next(iter(cached.values()))))
-        return np.stack([cached[h] for h in hashes]), False
-
-    async def _fill_vectors(
-        self, store: MemoryStoreProtocol, meta: IndexMeta, row: FileRow, report: SyncReport
-    ) -> None:
-        """Vectors for a file indexed while the embedder was down (its text unchanged)."""
-        w = self._threads.w
-        existing = await w(store.chunk_texts, row.path)
-        vectors, pending = await self._vectors(
-            store, meta, [(h, t) for _, h, t in existing], report
-        )
-        if vectors is not None and not pending:
-            items = [(chunk_id, vectors[i]) for i, (chunk_id, _, _) in enumerate(existing)]
-            await w(store.add_vectors, row.path, row.scope, items)
+        return new_chunks(raw), scope, digest

@@ -37,6 +37,7 @@ from parley.core.memory.index.state import IndexState, wanted_meta
 from parley.core.memory.index.status import IndexStatus, MemoryStatus
 from parley.core.memory.index.sync import SyncRunner
 from parley.core.memory.index.triggers import SyncTriggers
+from parley.core.memory.index.vectors import VectorPass
 from parley.core.memory.index.watch import MemoryFileWatcher
 from parley.core.memory.index.workers import StoreThreads
 from parley.core.memory.memory_config import MemorySettings
@@ -119,10 +120,21 @@ class MemoryIndex:
         self._forgetting = ForgettingSchedule(
             settings.forgetting, threads=threads, state=state, now=now
         )
+        self._vectors = VectorPass(
+            settings,
+            embedder=embedder,
+            threads=threads,
+            state=state,
+            sync_lock=lambda: self._sync.lock,
+        )
+        rebuild = Rebuild(
+            self.backend, files=files, vectors=self._vectors, threads=threads, state=state
+        )
         self._sync = SyncRunner(
             files=files,
-            rebuild=Rebuild(self.backend, files=files, threads=threads, state=state),
+            rebuild=rebuild,
             forgetting=self._forgetting,
+            vectors=self._vectors,
             threads=threads,
             state=state,
             wanted_meta=self.wanted_meta,
@@ -196,6 +208,7 @@ class MemoryIndex:
     async def close(self) -> None:
         self._state.closed = True
         self._triggers.cancel()
+        await self._vectors.cancel()
         for task in (self._watch_task, self._sync.task):
             if task is not None and not task.done():
                 task.cancel()

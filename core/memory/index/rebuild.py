@@ -3,9 +3,10 @@
 When what the rows depend on changes (embedder, model, dimensions, chunking, tokenizer:
 ``IndexMeta``), the backend's *shadow* (``memory.db.reindex`` for SQLite) is filled by
 an ordinary sync while the live index keeps answering (keyword-only: its vectors belong
-to another model), then promoted in one step. A shadow already built for the same meta
-is a killed rebuild: it is resumed, not started over. Tombstones and the forgetting
-schedule's last run are carried over, so what was forgotten stays forgotten.
+to another model), then promoted in one step, vectors included. A shadow already built
+for the same meta is a killed rebuild: it is resumed, not started over. Tombstones and
+the forgetting schedule's last run are carried over, so what was forgotten stays
+forgotten.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from parley.core.memory.forgetting import LAST_RUN_KEY
 from parley.core.memory.index.file_sync import FileSync, ProgressCallback, SyncReport
 from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.vectors import VectorPass
 from parley.core.memory.index.workers import StoreThreads
 from parley.core.memory.rows import IndexMeta
 from parley.core.memory.store_protocol import StoreBackend
@@ -24,11 +26,13 @@ class Rebuild:
         backend: StoreBackend,
         *,
         files: FileSync,
+        vectors: VectorPass,
         threads: StoreThreads,
         state: IndexState,
     ) -> None:
         self.backend = backend
         self._files = files
+        self._vectors = vectors
         self._threads = threads
         self._state = state
 
@@ -54,6 +58,10 @@ class Rebuild:
                 if last_run is not None:  # and the schedule keeps its rhythm
                     await w(shadow.set_state, LAST_RUN_KEY, last_run)
                 await self._files.sync_into(shadow, wanted, report, progress)
+                # The new index is swapped in with its vectors (the live index's cache
+                # spares re-embedding what the same model embedded before).
+                live = threads.writer_store()
+                await self._vectors.fill(shadow, wanted, report, live=live)
                 await w(shadow.checkpoint)
             finally:
                 await w(shadow.close)

@@ -4,7 +4,10 @@
 (changes noticed during a sync are not lost, and never start a second one). ``sync``
 decides between an incremental sync of the live index (``FileSync``) and a rebuild
 (``Rebuild``: the wanted ``IndexMeta`` differs, or ``force``), then runs the forgetting
-schedule if it is due. The lock it holds is the one on-demand forgetting takes too:
+schedule if it is due. The chunks it wrote are findable by keyword when it returns; their
+vectors come from the vector pass (``vectors``): awaited by ``sync`` (the CLI, tests),
+in the background after a requested sync, so a search waiting for a sync never waits
+for the embedder. The lock it holds is the one on-demand forgetting takes too:
 evictions never interleave with a sync's writes.
 """
 
@@ -19,6 +22,7 @@ from parley.core.memory.index.file_sync import FileSync, ProgressCallback, SyncR
 from parley.core.memory.index.forgetting_schedule import ForgettingSchedule
 from parley.core.memory.index.rebuild import Rebuild
 from parley.core.memory.index.state import IndexState
+from parley.core.memory.index.vectors import VectorPass
 from parley.core.memory.index.workers import StoreThreads
 from parley.core.memory.rows import IndexMeta
 
@@ -32,6 +36,7 @@ class SyncRunner:
         files: FileSync,
         rebuild: Rebuild,
         forgetting: ForgettingSchedule,
+        vectors: VectorPass,
         threads: StoreThreads,
         state: IndexState,
         wanted_meta: Callable[[], IndexMeta],
@@ -40,6 +45,7 @@ class SyncRunner:
         self._files = files
         self._rebuild = rebuild
         self._forgetting = forgetting
+        self._vectors = vectors
         self._threads = threads
         self._state = state
         self._wanted_meta = wanted_meta
@@ -66,7 +72,9 @@ class SyncRunner:
         while True:
             self._again = False
             try:
-                report = await self.sync(reason=reason)
+                # An empty index's first sync brings its vectors too (searches wait for
+                # it whole, as they always did); later ones leave them to the background.
+                report = await self.sync(reason=reason, wait_vectors=self._state.empty)
             except Exception as exc:  # a background sync must not die silently
                 log.exception("memory sync failed")
                 report = SyncReport(reason=reason, errors=[str(exc)])
@@ -81,10 +89,12 @@ class SyncRunner:
         force: bool = False,
         progress: ProgressCallback | None = None,
         scheduled_forgetting: bool = True,
+        wait_vectors: bool = True,
     ) -> SyncReport:
         """Bring the index up to date (``force``: rebuild it), then run the forgetting
         schedule if it is due (``scheduled_forgetting=False``: not now, e.g. before a
-        dry run, which must change nothing)."""
+        dry run, which must change nothing). ``wait_vectors``: then add the vectors of
+        what was written before returning (else they come in the background)."""
         state = self._state
         async with self.lock:
             started = time.perf_counter()
@@ -112,10 +122,14 @@ class SyncRunner:
                 state.empty = False
             if scheduled_forgetting:
                 await self._forgetting.run_if_due(report)
-            report.seconds = round(time.perf_counter() - started, 3)
             state.known_scopes = None
-            self.last = report
             state.synced_once = True
-            for error in report.errors:
-                log.warning("memory sync (%s): %s", reason, error)
-            return report
+        if wait_vectors:
+            await self._vectors.drain(report)
+        else:
+            self._vectors.kick()
+        report.seconds = round(time.perf_counter() - started, 3)
+        self.last = report
+        for error in report.errors:
+            log.warning("memory sync (%s): %s", reason, error)
+        return report

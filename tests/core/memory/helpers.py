@@ -4,6 +4,7 @@ of memory.db read with a connection of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -102,6 +103,29 @@ async def open_index(
         yield index
     finally:
         await index.close()
+
+
+class HeldSync:
+    """Holds an index's sync once, as it is about to sync its file number ``after``
+    (0-based), until ``release`` is set: a test can cancel a sync between two files, or
+    act while one runs (the sync no longer waits for the embedder, which comes after)."""
+
+    def __init__(self, index: MemoryIndex, *, after: int) -> None:
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+        files = index._sync._files
+        original = files._sync_file
+        count = 0
+
+        async def holding(*args: Any, **kwargs: Any) -> None:
+            nonlocal count
+            count += 1
+            if count == after + 1:
+                self.held.set()
+                await self.release.wait()
+            await original(*args, **kwargs)
+
+        files._sync_file = holding  # type: ignore[method-assign]
 
 
 class KeepOpen:

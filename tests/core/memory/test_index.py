@@ -32,6 +32,7 @@ from parley.core.memory.memory_config import ChunkingSettings, SyncSettings
 from parley.core.memory.redact import REDACTED
 from parley.core.memory.sources import AGENT_SCOPE, SourceFile
 from tests.core.memory.helpers import (
+    HeldSync,
     KeepOpen,
     Layout,
     assert_consistent,
@@ -225,7 +226,7 @@ async def test_an_edit_reuses_the_cached_vectors_of_unchanged_chunks(
     assert_consistent(layout.db)
 
 
-async def test_an_appended_transcript_embeds_only_the_new_chunks(
+async def test_an_appended_transcript_chunks_and_embeds_only_the_new_chunks(
     layout: Layout, fake: HashingEmbedder
 ) -> None:
     turns = [
@@ -241,8 +242,9 @@ async def test_an_appended_transcript_embeds_only_the_new_chunks(
         found = await index.search("tomatoes", scopes=ALICE_SCOPES)
 
     assert first.chunks_written >= 3
-    assert second.files_indexed == 1
-    assert second.cache_hits >= first.chunks_written - 2
+    assert second.files_indexed == second.files_resumed == 1
+    # Resumed at the open chunk: the closed ones were neither re-chunked nor rewritten.
+    assert 1 <= second.chunks_written <= 2
     assert second.embedded <= 2
     assert "tomatoes" in found.hits[0].snippet
     assert_consistent(layout.db)
@@ -663,8 +665,21 @@ async def test_force_reindexes_without_a_change(corpus: Layout, fake: HashingEmb
 
 
 async def _cancel_when_held(index: MemoryIndex, embedder: HashingEmbedder) -> None:
+    """Start a sync and cancel it once ``embedder`` holds a passage call (a rebuild
+    embeds its shadow's chunks inside the sync)."""
     task = index.request_sync("start")
     await embedder.held.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def _cancel_at_file(index: MemoryIndex, files_done: int) -> None:
+    """Start a sync and cancel it as it is about to sync its file number ``files_done``
+    (0-based): the files before it are written, the rest are not."""
+    held = HeldSync(index, after=files_done)
+    task = index.request_sync("start")
+    await held.held.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -674,12 +689,12 @@ async def test_a_sync_killed_midway_leaves_a_consistent_index_that_resumes(
     corpus: Layout,
 ) -> None:
     first = HashingEmbedder()
-    first.hold_after = 2  # MEMORY.md and one note get in; the third file is held
     async with open_index(corpus, quiet_settings(), resilient(first)) as index:
-        await _cancel_when_held(index, first)
+        await _cancel_at_file(index, 2)  # MEMORY.md and one note get in; the third is held
 
-    partial = assert_consistent(corpus.db)
+    partial = assert_consistent(corpus.db, vectors=False)
     assert len(partial.files) == 2
+    assert first.passages_embedded == 0  # vectors come after a sync, which never finished
     resumed = HashingEmbedder()
     async with open_index(corpus, quiet_settings(), resilient(resumed)) as index:
         report = await index.sync()
@@ -688,9 +703,35 @@ async def test_a_sync_killed_midway_leaves_a_consistent_index_that_resumes(
     assert not report.reindexed
     assert report.files_unchanged == 2
     assert report.files_indexed == ALL_FILES - 2
-    assert len(resumed.passage_calls) == ALL_FILES - 2
+    facts = assert_consistent(corpus.db)
+    assert resumed.passages_embedded == len(facts.chunk_ids)  # the two files' too
+    assert len(resumed.passage_calls) == 1  # every file's chunks in one batch
     assert found.hits[0].path == "memory/2026-01-05.md"
-    assert len(assert_consistent(corpus.db).files) == ALL_FILES
+    assert len(facts.files) == ALL_FILES
+
+
+async def test_a_vector_pass_killed_midway_resumes_with_the_pending_chunks(
+    corpus: Layout,
+) -> None:
+    first = HashingEmbedder()
+    first.max_batch = 1  # one chunk per call: the pass can be stopped between chunks
+    first.hold_after = 2
+    async with open_index(corpus, quiet_settings(), resilient(first)) as index:
+        await index.request_sync("start")  # the text is written; vectors follow
+        await asyncio.wait_for(first.held.wait(), 5)
+        partial = read_db(corpus.db)
+        keyword = await index.search("kubernetes upgrade", scopes=ALICE_SCOPES, catch_up=False)
+    # closed while the third vector was being computed
+
+    assert keyword.hits[0].path == "memory/2026-01-05.md"  # findable before its vector
+    assert partial.vec_ids is not None and len(partial.vec_ids) == 2
+    resumed = HashingEmbedder()
+    async with open_index(corpus, quiet_settings(), resilient(resumed)) as index:
+        report = await index.sync()
+
+    facts = assert_consistent(corpus.db)
+    assert report.files_unchanged == ALL_FILES and report.files_indexed == 0
+    assert resumed.passages_embedded == len(facts.chunk_ids) - 2
 
 
 async def test_a_cancelled_sync_leaves_the_index_dirty(
@@ -699,9 +740,7 @@ async def test_a_cancelled_sync_leaves_the_index_dirty(
     async with open_index(corpus, quiet_settings(), resilient(fake)) as index:
         await index.sync()
         corpus.write("memory/2026-04-01.md", "Flight to Oslo on April 3rd.\n")
-        fake.hold_after = len(fake.passage_calls)  # hold the new file's embedding
-        await _cancel_when_held(index, fake)
-        fake.hold_after = None
+        await _cancel_at_file(index, 0)
 
         result = await index.search("flight Oslo", scopes=ALICE_SCOPES)
 
@@ -713,7 +752,8 @@ async def test_a_killed_reindex_resumes_from_its_shadow(corpus: Layout) -> None:
     async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
         await index.sync()
     killed = HashingEmbedder(model="hash-v2")
-    killed.hold_after = 2
+    killed.max_batch = 2
+    killed.hold_after = 1  # the shadow's chunks are written; its second batch is held
     async with open_index(corpus, quiet_settings(), resilient(killed)) as index:
         await _cancel_when_held(index, killed)
 
@@ -721,16 +761,18 @@ async def test_a_killed_reindex_resumes_from_its_shadow(corpus: Layout) -> None:
     live = assert_consistent(corpus.db)  # the old index is untouched
     assert json.loads(live.meta or "{}")["model"] == "hash-v1"
     assert len(live.files) == ALL_FILES
-    assert len(assert_consistent(shadow_of(corpus)).files) == 2
+    shadow = assert_consistent(shadow_of(corpus), vectors=False)
+    assert len(shadow.files) == ALL_FILES
+    assert shadow.vec_ids is not None and len(shadow.vec_ids) == 2
 
     resumed = HashingEmbedder(model="hash-v2")
     async with open_index(corpus, quiet_settings(), resilient(resumed)) as index:
         report = await index.sync()
 
     assert report.reindexed
-    assert report.files_unchanged == 2
-    assert report.files_indexed == ALL_FILES - 2
-    assert len(resumed.passage_calls) == ALL_FILES - 2
+    assert report.files_unchanged == ALL_FILES
+    assert report.files_indexed == 0
+    assert resumed.passages_embedded == len(shadow.chunk_ids) - 2  # only what was pending
     assert not shadow_of(corpus).exists()
     facts = assert_consistent(corpus.db)
     assert json.loads(facts.meta or "{}")["model"] == "hash-v2"
@@ -741,7 +783,7 @@ async def test_a_shadow_of_another_meta_is_thrown_away(corpus: Layout) -> None:
     async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
         await index.sync()
     stale = HashingEmbedder(model="hash-v2")
-    stale.hold_after = 2
+    stale.hold_after = 0
     async with open_index(corpus, quiet_settings(), resilient(stale)) as index:
         await _cancel_when_held(index, stale)
 
@@ -758,7 +800,7 @@ async def test_a_search_during_a_reindex_answers_from_the_old_index(corpus: Layo
     async with open_index(corpus, quiet_settings(), resilient(HashingEmbedder())) as index:
         await index.sync()
     slow = HashingEmbedder(model="hash-v2")
-    slow.hold_after = 1
+    slow.hold_after = 0
     async with open_index(corpus, quiet_settings(), resilient(slow)) as index:
         task = index.request_sync("start")
         await slow.held.wait()
@@ -798,7 +840,9 @@ async def test_an_embedder_failure_indexes_keyword_only_then_fills_the_vectors(
     assert status["files_awaiting_vectors"] == ALL_FILES
     assert status["vectors"] == 0
     assert status["chunks"] > 0
-    assert status["embedder"]["failures"] == ALL_FILES
+    # One call for every file's chunks (batched across files), and it failed: the pass
+    # stops there rather than ask a failing embedder again file after file.
+    assert status["embedder"]["failures"] == 1
     assert "fake is down" in status["embedder"]["last_error"]
     assert keyword.mode == "keyword"
     assert keyword.fallback is not None and "fake is down" in keyword.fallback
@@ -1213,20 +1257,19 @@ async def test_a_search_waits_for_the_sync_a_remember_started(
     embed_queries = fake.embed_queries
 
     async def spying(texts: Any) -> Any:
-        embedded = (t for call in fake.passage_calls for t in call)
-        note_indexed_at_query.append(any("CANARY-7731" in t for t in embedded))
+        note_indexed_at_query.append(any("CANARY-7731" in t for t in read_db(layout.db).texts))
         return await embed_queries(texts)
 
     fake.embed_queries = spying  # type: ignore[method-assign]
     async with open_index(layout, quiet_settings(), resilient(fake)) as index:
         await index.sync()
-        fake.hold_after = len(fake.passage_calls)  # the next embedding waits for release
+        held = HeldSync(index, after=1)  # MEMORY.md (unchanged), then the note: held
         await index.remember(Audience.person("alice"), "My locker code is CANARY-7731.")
-        await asyncio.wait_for(fake.held.wait(), 5)  # the note's sync is running
+        await asyncio.wait_for(held.held.wait(), 5)  # the note's sync is running
         # The search is scheduled before the sync can go on: it runs first, and must
         # wait for that sync rather than embed its query against the old rows.
         search = asyncio.create_task(index.search("locker code", scopes=["person:alice"]))
-        fake.release.set()
+        held.release.set()
         found = await asyncio.wait_for(search, 5)
     assert note_indexed_at_query == [True]
     assert any("CANARY-7731" in hit.snippet for hit in found.hits)

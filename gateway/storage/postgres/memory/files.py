@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from parley.core.errors import MemoryIndexError
-from parley.core.memory.rows import FileRow, NewChunk, blob_vector, vector_blob
+from parley.core.memory.rows import FileRow, NewChunk, PendingChunk, blob_vector, vector_blob
 from parley.gateway.storage.postgres.database import Connection
 from parley.gateway.storage.postgres.memory.base import StoreBase
 from parley.gateway.storage.postgres.memory.chunks import (
@@ -61,25 +62,62 @@ class FileMethods(StoreBase):
     def replace_file(
         self, file: FileRow, chunks: Sequence[NewChunk], vectors: np.ndarray | None
     ) -> None:
-        """Swap a file's chunks for ``chunks`` (with ``vectors`` row for row, or None)."""
+        """Swap a file's chunks for ``chunks`` (with ``vectors`` row for row, or None:
+        then, when ``file.vectors_pending``, the chunks wait for the vector pass)."""
         if vectors is not None and len(vectors) != len(chunks):
             raise MemoryIndexError("one vector per chunk is required")
-        now = time.time()
+        self._call(self._replace, file, chunks, vectors, None)
 
-        def write(conn: Connection) -> None:
-            ix = self._index(conn, lock=True)
-            self._lock_path(conn, ix, file.path)
+    def replace_tail(self, file: FileRow, from_line: int, chunks: Sequence[NewChunk]) -> None:
+        """Replace a file's chunks that start at ``from_line`` or later by ``chunks``
+        (a transcript resumed where its open chunk starts); the earlier ones stay."""
+        self._call(self._replace, file, chunks, None, from_line)
+
+    def _replace(
+        self,
+        conn: Connection,
+        file: FileRow,
+        chunks: Sequence[NewChunk],
+        vectors: np.ndarray | None,
+        from_line: int | None,
+    ) -> None:
+        now = time.time()
+        ix = self._index(conn, lock=True)
+        self._lock_path(conn, ix, file.path)
+        if from_line is None:
             conn.execute(
                 "DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (ix.id, file.path)
             )
-            rows = [
-                chunk_params(ix.id, file, c, None if vectors is None else vectors[i], now)
-                for i, c in enumerate(chunks)
-            ]
-            insert_chunks(conn, rows)
-            upsert_file_row(conn, ix.id, file, len(chunks), now)
+        else:
+            conn.execute(
+                "DELETE FROM memory_chunks WHERE index_id = %s AND path = %s AND start_line >= %s",
+                (ix.id, file.path, from_line),
+            )
+        rows = [
+            chunk_params(ix.id, file, c, None if vectors is None else vectors[i], now)
+            for i, c in enumerate(chunks)
+        ]
+        insert_chunks(conn, rows)
+        count = len(chunks)
+        if from_line is not None:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM memory_chunks WHERE index_id = %s AND path = %s"
+                " AND start_line < %s",
+                (ix.id, file.path, from_line),
+            ).fetchone()
+            count += int(row["n"] if row else 0)
+        # A chunk without a vector is pending (when the file wants vectors at all).
+        waiting = file.vectors_pending and self._has_pending(conn, ix.id, file.path)
+        upsert_file_row(conn, ix.id, replace(file, vectors_pending=waiting), count, now)
 
-        self._call(write)
+    @staticmethod
+    def _has_pending(conn: Connection, index_id: int, path: str) -> bool:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM memory_chunks WHERE index_id = %s AND path = %s"
+            " AND embedding IS NULL) AS e",
+            (index_id, path),
+        ).fetchone()
+        return bool(row and row["e"])
 
     def delete_file(self, path: str) -> None:
         def write(conn: Connection) -> None:
@@ -196,3 +234,57 @@ class FileMethods(StoreBase):
             )
 
         self._call(write)
+
+    def pending_vectors(self, limit: int) -> list[PendingChunk]:
+        """Up to ``limit`` chunks waiting for their vector, of any file, oldest first:
+        those without one in files marked ``vectors_pending``."""
+
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            ix = self._index(conn)
+            return conn.execute(
+                "SELECT c.id, c.path, c.scope, c.hash, c.text FROM memory_files AS f"
+                " JOIN memory_chunks AS c ON c.index_id = f.index_id AND c.path = f.path"
+                " WHERE f.index_id = %s AND f.vectors_pending AND c.embedding IS NULL"
+                " ORDER BY c.id LIMIT %s",
+                (ix.id, int(limit)),
+            ).fetchall()
+
+        return [
+            PendingChunk(int(r["id"]), r["path"], r["scope"], r["hash"], r["text"])
+            for r in self._call(read)
+        ]
+
+    def set_vectors(self, items: Sequence[tuple[int, str, np.ndarray]]) -> int:
+        """Add the vectors of pending chunks ((id, content hash, vector)); a chunk that was
+        replaced meanwhile is left alone. Files with nothing left pending are marked so.
+        The number of vectors added."""
+        if not items:
+            return 0
+
+        def write(conn: Connection) -> int:
+            ix = self._index(conn, lock=True)
+            ids = [int(i) for i, _, _ in items]
+            found = conn.execute(
+                "SELECT id, path FROM memory_chunks WHERE index_id = %s AND id = ANY(%s)",
+                (ix.id, ids),
+            ).fetchall()
+            paths = sorted({str(r["path"]) for r in found})
+            for path in paths:  # sorted: two writers take the locks in the same order
+                self._lock_path(conn, ix, path)
+            written = 0
+            for chunk_id, digest, vector in items:
+                written += conn.execute(
+                    "UPDATE memory_chunks SET embedding = %s::vector, dims = %s"
+                    " WHERE id = %s AND index_id = %s AND hash = %s",
+                    (vector_text(vector), len(vector), int(chunk_id), ix.id, digest),
+                ).rowcount
+            for path in paths:
+                if not self._has_pending(conn, ix.id, path):
+                    conn.execute(
+                        "UPDATE memory_files SET vectors_pending = false"
+                        " WHERE index_id = %s AND path = %s",
+                        (ix.id, path),
+                    )
+            return written
+
+        return int(self._call(write))
