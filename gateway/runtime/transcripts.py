@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast
 
 from parley.core.errors import TranscriptError
 from parley.core.transcript_store import SessionTranscript, TranscriptStore
@@ -136,11 +136,15 @@ class TranscriptCache:
     def _keep_warm(self, session_id: str, transcript: SessionTranscript) -> None:
         """Suspend an evicted transcript and keep it warm, within ``warm_bytes``; one
         that cannot be suspended (or would not fit) is closed."""
-        size = transcript.live_bytes if isinstance(transcript, WarmTranscript) else None
-        if size is None or size > self.warm_bytes:
+        # A duck check: isinstance against the protocol tests every member, per eviction.
+        if not hasattr(transcript, "suspend"):
             transcript.close()
             return
-        assert isinstance(transcript, WarmTranscript)
+        transcript = cast(WarmTranscript, transcript)
+        size = transcript.live_bytes
+        if size > self.warm_bytes:
+            transcript.close()
+            return
         try:
             transcript.suspend()  # a blocking close(2), as ``close`` here always was
         except OSError as exc:
@@ -161,7 +165,6 @@ class TranscriptCache:
         return warm
 
 
-@runtime_checkable
 class WarmTranscript(SessionTranscript, Protocol):
     """A transcript that can let go of its file and take it up again (the file store)."""
 
