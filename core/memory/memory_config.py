@@ -52,7 +52,11 @@ class SyncSettings(_Strict):
     watch: bool = True
     watch_debounce_seconds: float = Field(1.5, ge=0.05, le=60)
     watch_poll_seconds: float = Field(1.0, ge=0.05, le=60)
-    transcript_debounce_seconds: float = Field(5.0, ge=0, le=600)
+    # Short: a sync after a turn chunks only what the turn appended (it resumes where the
+    # last one stopped) and leaves the embedding to the vector pass, so a fact is findable
+    # by keyword within a second of its turn; the debounce still gathers one turn's lines
+    # and its task record into one sync.
+    transcript_debounce_seconds: float = Field(0.5, ge=0, le=600)
     # Sync at once (no debounce) when this much transcript has piled up.
     transcript_delta_bytes: int = Field(100_000, ge=0)
     transcript_delta_messages: int = Field(50, ge=0)

@@ -717,7 +717,7 @@ async def test_a_vector_pass_killed_midway_resumes_with_the_pending_chunks(
     first.max_batch = 1  # one chunk per call: the pass can be stopped between chunks
     first.hold_after = 2
     async with open_index(corpus, quiet_settings(), resilient(first)) as index:
-        await index.request_sync("start")  # the text is written; vectors follow
+        index.request_sync("start")  # the text is written, then the vectors
         await asyncio.wait_for(first.held.wait(), 5)
         partial = read_db(corpus.db)
         keyword = await index.search("kubernetes upgrade", scopes=ALICE_SCOPES, catch_up=False)

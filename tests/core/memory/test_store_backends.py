@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -216,6 +217,67 @@ async def test_vectors_filled_in_later(store: MemoryStoreProtocol) -> None:
     assert (counts.pending_vector_files, counts.vectors) == (0, 1)
     hits = await call(store.vector_hits, unit(0, 0, 1, 0), ["agent"], 3)
     assert hits == [(chunk_id, pytest.approx(0.0, abs=1e-6))]
+
+
+async def test_replace_tail_keeps_the_chunks_before_its_line(store: MemoryStoreProtocol) -> None:
+    row = file_row("sessions/t.jsonl", source="sessions", scope="person:a")
+    chunks = [chunk("alpha", 2), chunk("bravo", 4), chunk("charlie open", 6)]
+    await call(store.replace_file, row, chunks, None)
+    tail = [chunk("charlie closed", 6), chunk("delta", 8)]
+    await call(store.replace_tail, replace(row, hash="resume-2"), 6, tail)
+    texts = [t for _, _, t in await call(store.chunk_texts, "sessions/t.jsonl")]
+    assert texts == ["alpha", "bravo", "charlie closed", "delta"]
+    file = (await call(store.files))["sessions/t.jsonl"]
+    assert (file.chunks, file.hash) == (4, "resume-2")
+    assert await keyword(store, "charlie", ["person:a"]) == ["charlie closed"]
+    assert await keyword(store, "open", ["person:a"]) == []
+    assert await call(store.integrity_check) == []
+
+
+async def test_pending_chunks_get_their_vectors_across_files_in_their_own_scope(
+    store: MemoryStoreProtocol,
+) -> None:
+    """The vector pass's read and write: pending chunks of every file, oldest first; each
+    vector lands in its chunk's scope (a canary: Alice's never answers Bob's search); a
+    chunk replaced meanwhile (same id reused, other text) is left pending."""
+    await call(store.ensure_vectors, DIMS)
+    alice = file_row("sessions/a.jsonl", source="sessions", scope="person:alice")
+    bob = file_row("sessions/b.jsonl", source="sessions", scope="person:bob")
+    pending = {"vectors_pending": True}
+    await call(store.replace_file, replace(alice, **pending), [chunk("CANARY-alice", 2)], None)
+    await call(store.replace_file, replace(bob, **pending), [chunk("bob", 2), chunk("b2", 3)], None)
+    rows = await call(store.pending_vectors, 10)
+    assert [(r.text, r.scope) for r in rows] == [
+        ("CANARY-alice", "person:alice"), ("bob", "person:bob"), ("b2", "person:bob"),
+    ]  # fmt: skip
+    assert [r.text for r in await call(store.pending_vectors, 2)] == ["CANARY-alice", "bob"]
+    # b2 is replaced before its vector arrives: its stale vector must not be written.
+    await call(store.replace_tail, replace(bob, **pending), 3, [chunk("b3", 3)])
+    canary = unit(0, 0, 0, 1)
+    items = [
+        (r.id, r.hash, canary if r.scope == "person:alice" else unit(1, 0, 0, 0)) for r in rows
+    ]
+    assert await call(store.set_vectors, items) == 2
+    assert [r.text for r in await call(store.pending_vectors, 10)] == ["b3"]
+    files = await call(store.files)
+    assert not files["sessions/a.jsonl"].vectors_pending
+    assert files["sessions/b.jsonl"].vectors_pending
+    hits = await call(store.vector_hits, canary, ["person:bob", "agent"], 10)
+    texts = (await call(store.chunks_by_id, [i for i, _ in hits])).values()
+    assert "CANARY-alice" not in [c.text for c in texts]
+    alice_hits = await call(store.vector_hits, canary, ["person:alice"], 10)
+    assert [i for i, _ in alice_hits] == [rows[0].id]
+    [b3] = await call(store.pending_vectors, 10)
+    assert await call(store.set_vectors, [(b3.id, b3.hash, unit(0, 1, 0, 0))]) == 1
+    assert not (await call(store.files))["sessions/b.jsonl"].vectors_pending
+    assert (await call(store.counts)).vectors == 3
+    assert await call(store.integrity_check) == []
+
+
+async def test_a_keyword_only_file_has_nothing_pending(store: MemoryStoreProtocol) -> None:
+    await put(store, "memory/k.md", ["keyword only"])
+    assert await call(store.pending_vectors, 10) == []
+    assert not (await call(store.files))["memory/k.md"].vectors_pending
 
 
 async def test_embedding_cache_by_hash_width_and_age(store: MemoryStoreProtocol) -> None:
