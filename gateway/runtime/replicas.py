@@ -51,6 +51,7 @@ from parley.gateway.runtime.dispatch import Dispatch, SessionLost
 from parley.gateway.runtime.lane_items import LaneItem, LaneTask
 from parley.gateway.runtime.redelivery import Redelivery
 from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.storage.errors import storage_failure
 from parley.gateway.storage.inbox import InboxItem, ReplicaInbox
 
 if TYPE_CHECKING:
@@ -110,29 +111,38 @@ class ReplicaCoordinator:
             await self.locks.acquire(key)
         except Exception as exc:  # the lock connection is down and did not come back
             log.error("cannot lock session %s: %s; its messages are tried again", key, exc)
-            self.rt.metrics.error("storage")
-            for item in items:
-                if isinstance(item, LaneItem):
-                    self._stranded[item.inbox_id] = item
-                elif isinstance(item, LaneTask) and not item.done.done():
-                    item.done.set_exception(exc)
+            self._strand(items, exc)
             return
         try:
-            batch = await self._claim_batch(key, items)
+            try:
+                batch = await self._claim_batch(key, items)
+            except Exception as exc:
+                if storage_failure(exc) is None:
+                    raise
+                # Reading the session's open items failed (the pool timed out under
+                # load, the server went): nothing was answered; queued again by the
+                # next scan instead of left open until a restart.
+                log.error("reading session %s's open messages failed: %s", key, exc)
+                self._strand(items, exc)
+                return
             await self.dispatch.run_batch(key, batch)
         except SessionLost:
             # Whatever this run had not sent is still open in the inbox: queued here
             # again by the next scan (the status check under the lock drops what the
             # new holder answered meanwhile).
             log.warning("lost the lock of session %s mid-run; its replies were not sent", key)
-            self.rt.metrics.error("storage")
-            for item in items:
-                if isinstance(item, LaneItem):
-                    self._stranded[item.inbox_id] = item
-                elif not item.done.done():
-                    item.done.set_exception(StateError(f"lost the lock of session {key}"))
+            self._strand(items, StateError(f"lost the lock of session {key}"))
         finally:
             await self.locks.release(key)
+
+    def _strand(self, items: Sequence[LaneItem | LaneTask], exc: Exception) -> None:
+        """Keep a failed run's messages for the next scan; fail its tasks."""
+        self.rt.metrics.error("storage")
+        for item in items:
+            if isinstance(item, LaneItem):
+                self._stranded[item.inbox_id] = item
+            elif not item.done.done():
+                item.done.set_exception(exc)
 
     async def _claim_batch(
         self, key: str, items: Sequence[LaneItem | LaneTask]

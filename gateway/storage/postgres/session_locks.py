@@ -53,7 +53,7 @@ class SessionLocks:
     async def open(self) -> None:
         try:
             self._conn = await _connect(self._url)
-            self._listener = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            self._listener = await _connect(self._url)
             await self._listener.execute(f"LISTEN {CHANNEL}")
             row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
             self.pid = int(row[0]) if row else None
@@ -129,6 +129,10 @@ class SessionLocks:
 
     async def _try(self, key: str) -> bool:
         async with self._statement:
+            if self._conn is None and self._listener is not None:
+                # A reconnect failed before (the server was down): try again now,
+                # rather than fail every session's runs until a restart.
+                await self._reconnect(StateError("the lock connection was lost"))
             for attempt in (1, 2):
                 try:
                     cursor = await self._connection().execute(
@@ -178,7 +182,7 @@ class SessionLocks:
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection[TupleRow]:
-    """The lock connection: autocommit, and exempt from a server-wide
+    """A lock (or notification) connection: autocommit, and exempt from a server's
     ``idle_session_timeout`` (it idles between a turn's lock and its release, and its
     end would drop the locks mid-turn)."""
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)

@@ -11,12 +11,14 @@ storage/postgres/session_locks.py):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from parley.channels.base import DeliveryError
+from parley.gateway.storage.inbox import InboxItem
 from tests.gateway.test_replicas import Replica, delivered, replica, user_turns, wait_until
 
 DOWN = DeliveryError("network: timed out", retryable=True)
@@ -116,3 +118,32 @@ async def test_a_replica_that_lost_its_lock_mid_turn_does_not_send_too(
         await wait_until(lambda: delivered(a, 3), "m2 delivered")
         await a.gateway.wait_idle()
         assert [m.reply_to_message_id for m in a.channel.sent] == ["m2"]
+
+
+async def test_a_run_whose_read_of_the_session_failed_is_tried_again(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reading the session's open items under its lock failed (the pool timed out under
+    # load): the message stays open, and the next scan queues it again (before, it was
+    # left for a restart, or for the chat's next message to pull it in).
+    async with replica(tmp_path / "a", pg_url, "queue") as a:
+        coordinator = a.gateway.replicas
+        assert coordinator is not None
+        await coordinator.stop()  # the scan runs below, at a set moment
+        a.gate.set()
+        read = coordinator.inbox.open_for_session
+        failures = [psycopg.OperationalError("couldn't get a connection after 30.00 sec")]
+
+        async def flaky(key: str, also: Sequence[int] = ()) -> list[InboxItem]:
+            if failures:
+                raise failures.pop()
+            return await read(key, also)
+
+        monkeypatch.setattr(coordinator.inbox, "open_for_session", flaky)
+        await a.receive("m0")
+        await a.gateway.wait_idle()
+        assert a.channel.sent == [] and not failures
+        assert await coordinator.adopt_orphans() == 1
+        await wait_until(lambda: delivered(a, 1), "m0 delivered")
+        await a.gateway.wait_idle()
+        assert [m.reply_to_message_id for m in a.channel.sent] == ["m0"]
