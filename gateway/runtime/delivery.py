@@ -20,6 +20,7 @@ import dataclasses
 import logging
 
 from parley.channels.base import (
+    Channel,
     DeliveryError,
     DeliveryResult,
     InboundMessage,
@@ -28,7 +29,7 @@ from parley.channels.base import (
 )
 from parley.core.prompt import SILENT_REPLY
 from parley.gateway.runtime.context import Runtime, last_entry_id
-from parley.gateway.runtime.send_recovery import parts_already_sent, send_mark
+from parley.gateway.runtime.send_recovery import parts_already_sent, recovery_of, send_mark
 from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.storage.inbox import InboxItem, SentMessages
 from parley.gateway.storage.sessions import SessionRecord
@@ -166,6 +167,13 @@ class Delivery:
                 if partial or not exc.retryable or attempt == DELIVERY_ATTEMPTS - 1:
                     break
                 await asyncio.sleep(DELIVERY_BACKOFF_SECONDS[min(attempt, 1)])
+                # A network failure may have come after the platform took the reply (a
+                # timeout under load: the answer was late, not the send): look for it
+                # before sending again, as a restart does after a kill.
+                looked = await self._look_again(channel, ids, outbound)
+                if looked:
+                    found = looked
+                    outbound = dataclasses.replace(outbound, first_part=len(found))
         route = {
             "channel": outbound.channel,
             "account": outbound.account,
@@ -240,6 +248,22 @@ class Delivery:
                 message_ids=platform_ids,
             ),
         )
+
+    async def _look_again(
+        self, channel: Channel, ids: list[int], outbound: OutboundMessage
+    ) -> tuple[str, ...]:
+        """The parts of this reply the platform has after a failed send ((): none, or
+        the channel cannot look, or it cannot tell)."""
+        if recovery_of(channel) is None:
+            return ()
+        try:
+            stored = await self.rt.inbox.get(ids[0])  # the reply with its send mark
+            if stored is None or stored.status != "replied":
+                return ()
+            return await parts_already_sent(channel, self.rt.inbox, stored, outbound)
+        except Exception as exc:  # a look is a courtesy: the send is tried again anyway
+            log.warning("looking for inbox %s's reply after a failed send failed: %s", ids, exc)
+            return ()
 
 
 def reply_to(message: InboundMessage, text: str, *, quote: bool = True) -> OutboundMessage:
