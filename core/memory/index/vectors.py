@@ -11,8 +11,6 @@ In the background (``kick``) the pass runs beside syncs: the embedding holds no 
 each write takes the sync lock briefly and is dropped when the live index changed
 meanwhile (a rebuild swapped in another, or the meta moved on). ``drain`` runs it to
 the end and waits (``MemoryIndex.sync``, a rebuild's shadow before it is swapped in).
-The embedding itself runs at a lower OS priority where the embedder allows it
-(``core.memory.embedders.local``), so that it yields the cores to conversations.
 """
 
 from __future__ import annotations
