@@ -14,6 +14,11 @@ How they run:
 
 A call abandoned by a timeout cannot be stopped: its thread finishes the batch and
 releases the lock, and the next call waits for that.
+
+Passages (what indexing embeds, in the background) run on a thread of their own at a
+lower OS scheduling priority (nice + ``PASSAGE_NICENESS``, per thread on Linux): on a
+small machine a batch takes seconds of a core, and conversations must not wait behind
+it. Queries (a search someone waits for) run at normal priority.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
@@ -41,6 +48,9 @@ DEFAULT_LOCAL_MAX_BATCH = 64
 DEFAULT_E5_MAX_BATCH = 32
 # sentence-transformers' own default; the texts of one call are fed in slices this size.
 MINILM_ENCODE_BATCH = 32
+
+# How much lower than the gateway's the passage thread's scheduling priority is.
+PASSAGE_NICENESS = 10
 
 ModelLoader = Callable[[], Any]
 T = TypeVar("T")
@@ -148,6 +158,7 @@ class _InProcessEmbedder:
     def __init__(self, loader: ModelLoader, max_batch: int) -> None:
         self.max_batch = max_batch
         self._lazy = _LazyModel(loader, provider=self.provider, model=self.model)
+        self._passages: ThreadPoolExecutor | None = None  # made on first use
 
     @property
     def loaded(self) -> bool:
@@ -161,13 +172,25 @@ class _InProcessEmbedder:
 
     async def close(self) -> None:
         self._lazy.close()
+        passages, self._passages = self._passages, None
+        if passages is not None:
+            # Not waited for: a batch in flight finishes on its own (see the module doc).
+            passages.shutdown(wait=False)
 
     async def _embed(self, texts: Sequence[str], *, query: bool) -> np.ndarray:
         items = text_list(texts)
         if not items:
             return empty_matrix(self.dimensions)
         encode = partial(self._encode, items=items, query=query)
-        raw = await asyncio.to_thread(self._lazy.call, encode)
+        call = partial(self._lazy.call, encode)
+        if query:
+            raw = await asyncio.to_thread(call)
+        else:
+            if self._passages is None:
+                self._passages = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="parley-embed", initializer=_lower_priority
+                )
+            raw = await asyncio.get_running_loop().run_in_executor(self._passages, call)
         return normalize_rows(
             raw, rows=len(items), dimensions=self.dimensions, provider=self.provider
         )
@@ -219,3 +242,18 @@ class E5Embedder(_InProcessEmbedder):
 
     def _encode(self, model: Any, *, items: list[str], query: bool) -> Any:
         return model.query(items) if query else model.passage(items)
+
+
+def _lower_priority() -> None:
+    """Run in the passage thread once: lower its own scheduling priority (Linux applies
+    ``setpriority`` to a thread id; elsewhere the call may not exist or may apply to the
+    whole process, so it is only made on Linux). Best effort."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + PASSAGE_NICENESS
+        )
+    except OSError:
+        pass

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import socket
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -41,7 +42,13 @@ from parley.core.memory.embedders import (
     resolve_auto,
     split_batches,
 )
-from parley.core.memory.embedders.local import E5_MODEL, MINILM_ENCODE_BATCH, MINILM_MODEL
+from parley.core.memory.embedders.local import (
+    E5_DIMENSIONS,
+    E5_MODEL,
+    MINILM_ENCODE_BATCH,
+    MINILM_MODEL,
+    PASSAGE_NICENESS,
+)
 from tests.fakes.llm_common import Hang, HttpError, estimate_tokens
 from tests.fakes.openai_api import (
     EMBEDDINGS_PATH,
@@ -1242,3 +1249,35 @@ def test_build_drops_a_fallback_that_auto_chose_anyway() -> None:
 def test_build_refuses_settings_that_cannot_work(settings: EmbedderSettings, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         build_embedder(settings)
+
+
+class PriorityRecordingE5:
+    """Records the scheduling priority of the thread each call runs on."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def _record(self, kind: str, texts: list[str]) -> np.ndarray:
+        tid = threading.get_native_id()
+        self.seen[kind] = os.getpriority(os.PRIO_PROCESS, tid)
+        return np.ones((len(texts), E5_DIMENSIONS), dtype=np.float32)
+
+    def passage(self, texts: list[str]) -> np.ndarray:
+        return self._record("passage", texts)
+
+    def query(self, texts: list[str]) -> np.ndarray:
+        return self._record("query", texts)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority")
+async def test_passages_embed_at_a_lower_priority_than_queries() -> None:
+    model = PriorityRecordingE5()
+    embedder = E5Embedder(loader=lambda: model)
+    try:
+        await embedder.embed_passages(["indexed in the background"])
+        await embedder.embed_queries(["someone is waiting for this"])
+    finally:
+        await embedder.close()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert model.seen["query"] == base
+    assert model.seen["passage"] == min(19, base + PASSAGE_NICENESS)
