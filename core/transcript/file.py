@@ -329,9 +329,9 @@ class Transcript(TranscriptBase):
 
     @property
     def live_bytes(self) -> int:
-        """Bytes of the file from where the live window started when it was opened: an
-        upper bound of what keeping the window costs (a compaction since then dropped
-        the entries before its kept ones from memory, not from this count)."""
+        """Bytes of the file from where the live window started when it was opened (a
+        compaction since then dropped the entries before its kept ones from memory, not
+        from this count). Parsed, the window takes several times this in memory."""
         with self._lock:
             return self._size - self._live_start
 
