@@ -42,6 +42,7 @@ from parley.core.memory.sources import (
     AGENT_SCOPE,
     SESSIONS_SOURCE,
     TASKS_SOURCE,
+    Marker,
     ScopeResolver,
     SourceFile,
 )
@@ -126,11 +127,19 @@ class FileSync:
         # (search_wait_seconds), and a /remember must be findable by the next search
         # even when a long transcript is still being embedded behind it.
         ordered = sorted(sources, key=lambda s: s.source in FORGETTABLE_SOURCES)
+        # Every source's (mtime, size) in one worker call: a sync runs after every turn
+        # and most files have not changed, so per file it must cost a stat, not a thread
+        # hop (with thousands of transcripts the hops were most of a sync's cost).
+        markers = await asyncio.to_thread(self._markers, ordered)
         for done, source in enumerate(ordered, start=1):
             if self._state.closed:
                 raise asyncio.CancelledError
+            row = rows.get(source.path)
+            marker = markers[source.path]
             try:
-                await self._sync_file(store, meta, source, rows.get(source.path), report)
+                if isinstance(marker, OSError):
+                    raise marker
+                await self._sync_file(store, meta, source, row, marker, report)
             except (OSError, MemoryIndexError, TranscriptError, store.info.module.Error) as exc:
                 # The driver's own error classes too (a full or read-only disk). The file
                 # stays as it was; the index stays dirty, so the next search retries it.
@@ -139,16 +148,27 @@ class FileSync:
             if progress is not None:
                 progress(done, len(sources), source.path)
 
+    def _markers(self, sources: Sequence[SourceFile]) -> dict[str, Marker | OSError | None]:
+        """(mtime, size) of each source now: None when gone, the error when it cannot
+        be read (that file fails, the others go on); blocking."""
+        markers: dict[str, Marker | OSError | None] = {}
+        for source in sources:
+            try:
+                markers[source.path] = self.sources.marker(source)
+            except OSError as exc:
+                markers[source.path] = exc
+        return markers
+
     async def _sync_file(
         self,
         store: MemoryStoreProtocol,
         meta: IndexMeta,
         source: SourceFile,
         row: FileRow | None,
+        marker: Marker | None,
         report: SyncReport,
     ) -> None:
         w = self._threads.w
-        marker = await asyncio.to_thread(self.sources.marker, source)
         if marker is None:
             if row is not None:
                 await w(store.delete_file, source.path)
