@@ -406,7 +406,7 @@ async def _resync(
     index = build_memory_index(loaded, db=state.pg)
     try:
         await index.open()
-        result = await index.sync(reason="erase", scheduled_forgetting=False)
+        result = await index.sync(reason="erase", scheduled_forgetting=False, wait_vectors=False)
         report.errors += [f"index sync: {e}" for e in result.errors]
 
         def check() -> list[str]:

@@ -262,15 +262,19 @@ class MemoryIndex:
         force: bool = False,
         progress: ProgressCallback | None = None,
         scheduled_forgetting: bool = True,
+        wait_vectors: bool = True,
     ) -> SyncReport:
         """Bring the index up to date (``force``: rebuild it), then run the forgetting
         schedule if it is due (``scheduled_forgetting=False``: not now, e.g. before a
-        dry run, which must change nothing)."""
+        dry run, which must change nothing). ``wait_vectors=False``: return once the
+        chunks are written (keyword-findable); their vectors come in the background, or
+        from the next sync that waits (for callers that only remove or re-scope text)."""
         return await self._sync.sync(
             reason=reason,
             force=force,
             progress=progress,
             scheduled_forgetting=scheduled_forgetting,
+            wait_vectors=wait_vectors,
         )
 
     async def forget(self, *, dry_run: bool = False) -> ForgettingReport:

@@ -148,8 +148,9 @@ class VectorPass:
                     return
                 await w(store.ensure_vectors, len(items[0][2]))
                 await w(store.set_vectors, items)
-        files = await w(store.files)
-        report.vectors_pending = sum(1 for f in files.values() if f.vectors_pending)
+        if tried:  # a pass that found nothing to embed (most of them) reads no file rows
+            files = await w(store.files)
+            report.vectors_pending = sum(1 for f in files.values() if f.vectors_pending)
 
     @contextlib.asynccontextmanager
     async def _guard(
