@@ -31,6 +31,7 @@ from parley.core.prompt import SILENT_REPLY
 from parley.gateway.runtime.context import Runtime, last_entry_id
 from parley.gateway.runtime.send_recovery import parts_already_sent, recovery_of, send_mark
 from parley.gateway.runtime.transcripts import TranscriptCache
+from parley.gateway.storage.errors import storage_error
 from parley.gateway.storage.inbox import InboxItem, SentMessages
 from parley.gateway.storage.sessions import SessionRecord
 
@@ -47,6 +48,14 @@ def chat_of(message: InboundMessage) -> ChatKey:
     return (message.channel, message.account, message.chat_id, message.thread_id)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeptReply:
+    """A reply kept for another send: its inbox id, and its row (None: unreadable now)."""
+
+    inbox_id: int
+    item: InboxItem | None
+
+
 class Delivery:
     def __init__(self, rt: Runtime, transcripts: TranscriptCache) -> None:
         self.rt = rt
@@ -56,19 +65,28 @@ class Delivery:
         # inbox before trusting it, and it costs nothing while no send has failed.
         self._kept: dict[ChatKey, set[int]] = {}
 
-    async def kept_before(self, message: InboundMessage, ids: list[int]) -> list[InboxItem]:
+    async def kept_before(self, message: InboundMessage, ids: list[int]) -> list[KeptReply]:
         """The replies to ``message``'s chat kept for another send that answer earlier
-        messages than ``ids``, in order: sent before ``ids``' own reply, or it waits."""
+        messages than ``ids``, in order: sent before ``ids``' own reply, or it waits.
+        One whose inbox row cannot be read now (a storage failure) counts as waiting,
+        without its row: order holds, and the redelivery sends both later."""
         chat = chat_of(message)
         kept = self._kept.get(chat)
         if not kept:
             return []
         first = min(ids)
-        waiting: list[InboxItem] = []
+        waiting: list[KeptReply] = []
         for item_id in sorted(i for i in kept if i < first and i not in ids):
-            item = await self.rt.inbox.get(item_id)
+            try:
+                item = await self.rt.inbox.get(item_id)
+            except Exception as exc:
+                if not storage_error(exc):
+                    raise
+                log.warning("inbox %s unreadable, its chat's replies wait: %s", item_id, exc)
+                waiting.append(KeptReply(item_id, None))
+                continue
             if item is not None and item.status == "replied" and item.error:
-                waiting.append(item)
+                waiting.append(KeptReply(item_id, item))
             else:  # sent (maybe by another replica) or given up on
                 kept.discard(item_id)
         if not kept:
@@ -133,11 +151,11 @@ class Delivery:
                 await rt.bookkeep(
                     "keep the reply behind an earlier one",
                     rt.inbox.note_undelivered(
-                        ids, f"waiting for the reply to inbox {waiting[0].id} to go out first"
+                        ids, f"waiting for the reply to inbox {waiting[0].inbox_id} to go out first"
                     ),
                 )
                 self._note_kept(message, ids, kept=True)
-                log.info("inbox %s: reply kept behind inbox %s", ids, waiting[0].id)
+                log.info("inbox %s: reply kept behind inbox %s", ids, waiting[0].inbox_id)
                 return
         found: tuple[str, ...] = ()
         if resumed is not None:

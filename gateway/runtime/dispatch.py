@@ -140,9 +140,10 @@ class Dispatch:
         ids = [i.inbox_id for i in batch]
         seen: set[int] = set()
         for item in batch:
-            for kept in await self.delivery.kept_before(item.message, ids):
-                if kept.id in seen:
-                    continue
+            for waiting in await self.delivery.kept_before(item.message, ids):
+                kept = waiting.item
+                if kept is None or kept.id in seen:
+                    continue  # unreadable now: the batch's replies are kept behind it
                 seen.add(kept.id)
                 try:
                     await self._deliver_stored(key, kept, [kept.id], kept.message)

@@ -56,6 +56,17 @@ def storage_failure(exc: BaseException) -> str | None:
     return None
 
 
+def storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the storage at all (any SQLite, PostgreSQL or OS error,
+    a busy database included), not only a refusal ``storage_failure`` names: for reads
+    whose failure can be waited out."""
+    return (
+        storage_failure(exc) is not None
+        or isinstance(exc, (sqlite3.Error, OSError, StateError))
+        or _is_psycopg_error(exc)
+    )
+
+
 def postgres_storage_error(exc: BaseException) -> bool:
     """Whether ``exc`` is PostgreSQL refusing or losing the work rather than a bug in a
     statement: OperationalError covers a lost connection (AdminShutdown, 57P01), a pool

@@ -10,6 +10,7 @@ and the redelivery sends both, in order.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -134,3 +135,30 @@ async def test_a_reply_given_up_on_no_longer_holds_the_chat(
     await say(gateway, channel, "m1")
     assert texts(channel) == ["echo: m1"]
     assert await gateway.inbox.counts() == {"failed": 1, "delivered": 1}
+
+
+async def test_an_unreadable_kept_reply_keeps_the_next_reply_behind_it_and_loses_nothing(
+    stack: tuple[Gateway, RecordingChannel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway, channel = stack
+    channel.fail_next.extend([DOWN] * 3)
+    await say(gateway, channel, "m0")  # m0's reply kept (the platform is down)
+    real_get = gateway.inbox.get
+
+    async def unreadable(item_id: int) -> object:
+        raise sqlite3.OperationalError("database is locked")  # a transient failure
+
+    monkeypatch.setattr(gateway.inbox, "get", unreadable)
+    await say(gateway, channel, "m1")
+    monkeypatch.setattr(gateway.inbox, "get", real_get)
+    # Not sent over m0's head, not dropped either: stored and kept behind it.
+    assert channel.sent == []
+    open_items = await gateway.inbox.open_items()
+    assert [(i.message.text, i.status) for i in open_items] == [
+        ("m0", "replied"),
+        ("m1", "replied"),
+    ]
+    assert await gateway.redeliver_now() == 2
+    await gateway.wait_idle()
+    assert texts(channel) == ["echo: m0", "echo: m1"]
+    assert await gateway.inbox.open_items() == []
