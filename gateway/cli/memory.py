@@ -175,7 +175,7 @@ async def _lifecycle_command(index: MemoryIndex, args: argparse.Namespace) -> in
             print("forgetting is turned off ([memory.forgetting] enabled = false)", file=sys.stderr)
             return EXIT_PROBLEM
         # Bring the index up to date first: a prune judges what is indexed now.
-        await index.sync(reason="prune", scheduled_forgetting=False, wait_vectors=False)
+        await index.sync(reason="prune", scheduled_forgetting=False)
         report = await index.forget(dry_run=args.dry_run)
         if args.json:
             print(json.dumps(report.to_dict(), ensure_ascii=False, indent=1))

@@ -404,24 +404,28 @@ async def _resync(
     from parley.gateway.memory import build_memory_index
 
     index = build_memory_index(loaded, db=state.pg)
+
+    def check() -> list[str]:
+        store = index.backend.open_live(vector=False)
+        try:
+            return sorted(r.path for r in store.files().values() if target.owns(r.scope))
+        finally:
+            store.close()
+
     try:
-        await index.open()
-        result = await index.sync(reason="erase", scheduled_forgetting=False, wait_vectors=False)
-        report.errors += [f"index sync: {e}" for e in result.errors]
-
-        def check() -> list[str]:
-            store = index.backend.open_live(vector=False)
-            try:
-                return sorted(r.path for r in store.files().values() if target.owns(r.scope))
-            finally:
-                store.close()
-
+        try:
+            await index.open()
+            result = await index.sync(reason="erase", scheduled_forgetting=False)
+            report.errors += [f"index sync: {e}" for e in result.errors]
+        finally:
+            await index.close()
+        # Checked once the index is closed: ``vector=False`` may open the file through
+        # another SQLite library than the index's, and two libraries must never have the
+        # same file open in one process (core/memory/driver.py).
         left = await asyncio.to_thread(check)
     except (CoreError, GatewayError, OSError) as exc:
         report.errors.append(f"the memory index could not be synced: {exc}")
         return
-    finally:
-        await index.close()
     if left:
         report.errors.append("still indexed: " + _listed(left))
     if tombstones:
