@@ -48,7 +48,8 @@ Why these shares (measured with ``bench/small_windows.py`` at 4k, 8k and 32k):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from parley.core.context.config import (
     CompactionConfig,
@@ -60,7 +61,9 @@ from parley.core.tokens import (
     CALIBRATION_MAX_RATIO,
     CALIBRATION_MIN_ESTIMATE,
     CALIBRATION_MIN_RATIO,
+    TokenCounter,
 )
+from parley.core.transcript import ENTRY_MESSAGE, Entry
 
 OUTPUT_SHARE = 0.25
 RESERVE_SHARE = 0.15
@@ -258,3 +261,27 @@ def plausible_count(reported: int, estimated: int) -> bool:
         return True  # too small to tell; calibration ignores it anyway
     ratio = reported / estimated
     return CALIBRATION_MIN_RATIO <= ratio <= CALIBRATION_MAX_RATIO
+
+
+def keep_under_history_limit(
+    budget: ContextBudget, entries: Sequence[Entry], limit: int, counter: TokenCounter
+) -> ContextBudget:
+    """``budget`` with its keep figures capped at the tokens of the newest ``limit // 2``
+    messages, for a compaction the history limit triggered.
+
+    The keep figures are token counts, and a chat of short messages fits hundreds of
+    them in ``keep_recent_tokens``: a cut by tokens alone kept more messages than the
+    limit shows, so the trigger fired again on the very next turn, and every turn paid
+    a summary, a flush and a checkpoint copy of the whole transcript. Capped, the kept
+    part is at most half the limit (every strategy's cut honours ``max_keep_tokens``),
+    so the next history compaction is ``limit // 2`` messages away."""
+    keep = max(1, limit // 2)
+    messages = [e for e in entries if e.type == ENTRY_MESSAGE]
+    if limit <= 0 or len(messages) <= keep:
+        return budget
+    cap = max(1, sum(counter.entry(e) for e in messages[-keep:]))
+    return replace(
+        budget,
+        keep_recent_tokens=min(budget.keep_recent_tokens, cap),
+        max_keep_tokens=min(budget.max_keep_tokens, cap),
+    )

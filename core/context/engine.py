@@ -41,13 +41,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
 from parley.core.context.budget import (
     ContextBudget,
     context_budget,
+    keep_under_history_limit,
     plausible_count,
     shrunk_scale,
 )
@@ -632,27 +632,3 @@ class ContextEngine:
 def _last_entry_id(transcript: SessionTranscript) -> str | None:
     last = transcript.last_entry
     return last.id if last is not None else None
-
-
-def keep_under_history_limit(
-    budget: ContextBudget, entries: Sequence[Entry], limit: int, counter: TokenCounter
-) -> ContextBudget:
-    """``budget`` with its keep figures capped at the tokens of the newest ``limit // 2``
-    messages, for a compaction the history limit triggered.
-
-    The keep figures are token counts, and a chat of short messages fits hundreds of
-    them in ``keep_recent_tokens``: a cut by tokens alone kept more messages than the
-    limit shows, so the trigger fired again on the very next turn, and every turn paid
-    a summary, a flush and a checkpoint copy of the whole transcript. Capped, the kept
-    part is at most half the limit (every strategy's cut honours ``max_keep_tokens``),
-    so the next history compaction is ``limit // 2`` messages away."""
-    keep = max(1, limit // 2)
-    messages = [e for e in entries if e.type == ENTRY_MESSAGE]
-    if limit <= 0 or len(messages) <= keep:
-        return budget
-    cap = max(1, sum(counter.entry(e) for e in messages[-keep:]))
-    return replace(
-        budget,
-        keep_recent_tokens=min(budget.keep_recent_tokens, cap),
-        max_keep_tokens=min(budget.max_keep_tokens, cap),
-    )
