@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol, cast
@@ -27,6 +28,10 @@ from parley.core.transcript_store import SessionTranscript, TranscriptStore
 from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
+
+# A warm window is evicted least recently used first only once it has been warm this
+# long; before that, the newest goes (see ``_keep_warm``).
+WARM_MIN_SECONDS = 600.0
 
 # Creates a session's transcript when its registry row exists but the file never did.
 CreateTranscript = Callable[[SessionRecord], Awaitable[SessionTranscript]]
@@ -46,6 +51,7 @@ class TranscriptCache:
         # Suspended transcripts (no file held), least recently used first, and the
         # bytes of live window they keep.
         self._warm: OrderedDict[str, WarmTranscript] = OrderedDict()
+        self._warm_since: dict[str, float] = {}  # when each was suspended (monotonic)
         self._warm_total = 0
 
     def __len__(self) -> int:
@@ -131,6 +137,7 @@ class TranscriptCache:
         for warm in self._warm.values():
             warm.close()
         self._warm.clear()
+        self._warm_since.clear()
         self._warm_total = 0
 
     def _keep_warm(self, session_id: str, transcript: SessionTranscript) -> None:
@@ -152,15 +159,27 @@ class TranscriptCache:
             transcript.close()
             return
         self._warm[session_id] = transcript
+        self._warm_since[session_id] = time.monotonic()
         self._warm_total += size
         while self._warm_total > self.warm_bytes:
-            _, coldest = self._warm.popitem(last=False)
-            self._warm_total -= coldest.live_bytes
-            coldest.close()
+            # The least recently used goes only once it has been warm a while: with more
+            # chats taking turns than the budget holds (1,000 chats writing in rounds),
+            # it is always the next one asked for, and every turn missed (bench/load.py:
+            # CPU per message doubled the round the windows outgrew the budget). The
+            # newest goes instead then, so the share that fits keeps resuming.
+            oldest = next(iter(self._warm))
+            if time.monotonic() - self._warm_since[oldest] >= WARM_MIN_SECONDS:
+                victim = oldest
+            else:
+                victim = next(reversed(self._warm))
+            dropped = self._take_warm(victim)
+            assert dropped is not None
+            dropped.close()
 
     def _take_warm(self, session_id: str) -> WarmTranscript | None:
         warm = self._warm.pop(session_id, None)
         if warm is not None:
+            self._warm_since.pop(session_id, None)
             self._warm_total -= warm.live_bytes
         return warm
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from parley.core.messages import Message
 from parley.core.transcript import Transcript
 from parley.core.transcript_store import FileTranscriptStore
@@ -74,18 +76,45 @@ async def test_a_warm_session_changed_on_disk_is_read_afresh(tmp_path: Path) -> 
     cache.close_all()
 
 
-async def test_warm_windows_stay_within_their_byte_budget(tmp_path: Path) -> None:
+async def test_warm_windows_stay_within_their_byte_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = sessions(tmp_path, 4)
     probe = Transcript.open(tmp_path / "s0.jsonl")
     one = probe.live_bytes  # the same for each: one message of the same length
     probe.close()
-    # Room for about two warm windows: the coldest goes (closed, read again next time).
+    # Room for two warm windows. Warm long enough, the least recently used goes.
+    monkeypatch.setattr("parley.gateway.runtime.transcripts.WARM_MIN_SECONDS", 0.0)
     cache = TranscriptCache(store, max_open=1, shared=False, warm_bytes=2 * one)
     opened = [await cache.get(record(f"s{i}")) for i in range(4)]
+    assert cache._warm_total == 2 * one and opened[0].closed
     assert [await cache.get(record(f"s{i}")) is opened[i] for i in (2, 1)] == [True, True]
     assert await cache.get(record("s0")) is not opened[0]
     cache.close_all()
     assert all(t.closed for t in opened)
+
+
+async def test_sessions_taking_turns_beyond_the_budget_still_mostly_resume(
+    tmp_path: Path,
+) -> None:
+    # Twenty sessions in rounds, room for ten warm windows: evicting the least recently
+    # used would miss every time (it is always the next asked for). Recently warm, the
+    # newest goes instead, so the ten that fit resume round after round.
+    store = sessions(tmp_path, 20)
+    probe = Transcript.open(tmp_path / "s0.jsonl")
+    one = probe.live_bytes
+    probe.close()
+    cache = TranscriptCache(store, max_open=1, shared=False, warm_bytes=10 * one)
+    current = {f"s{i}": await cache.get(record(f"s{i}")) for i in range(20)}
+    resumed = 0
+    for _ in range(5):
+        for i in range(20):
+            got = await cache.get(record(f"s{i}"))
+            resumed += got is current[f"s{i}"]
+            current[f"s{i}"] = got
+    cache.close_all()
+    assert cache._warm_total == 0
+    assert resumed >= 45  # ten of every twenty turns (the first round fills the tier)
 
 
 async def test_no_warm_budget_closes_what_it_evicts(tmp_path: Path) -> None:
