@@ -369,7 +369,7 @@ class Transcript(TranscriptBase):
                 os.close(fd)
                 return False
             now = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            if now != left or stat.st_size != self._size:
+            if now != left:  # the size in it is ``_size``: nothing appends while suspended
                 os.close(fd)
                 return False
             self._fd, self._suspended_at = fd, None

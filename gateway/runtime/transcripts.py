@@ -81,7 +81,7 @@ class TranscriptCache:
                 return warm
             warm.close()  # changed on disk meanwhile: read it afresh
         try:
-            transcript = await asyncio.to_thread(self.store.open, record.session_id)
+            transcript = await asyncio.to_thread(self._open_counted, record.session_id)
         except TranscriptError:
             if self.create_missing is None or await asyncio.to_thread(
                 self.store.exists, record.session_id
@@ -93,6 +93,18 @@ class TranscriptCache:
         if not report.clean:
             log.warning("transcript %s repaired on load: %s", record.session_id, report)
         self.keep(record.session_id, transcript)
+        return transcript
+
+    def _open_counted(self, session_id: str) -> SessionTranscript:
+        """Open a transcript and count its entry lines, on a worker thread: a reopened
+        file's first count reads the lines before its live window (cached after), and
+        every turn reads ``entry_count`` on the event loop."""
+        transcript = self.store.open(session_id)
+        try:
+            _ = transcript.entry_count
+        except BaseException:
+            transcript.close()
+            raise
         return transcript
 
     async def current(self, record: SessionRecord) -> SessionTranscript:
