@@ -123,3 +123,20 @@ async def test_no_warm_budget_closes_what_it_evicts(tmp_path: Path) -> None:
     await cache.get(record("s1"))
     assert await cache.get(record("s0")) is not first
     cache.close_all()
+
+
+async def test_a_warm_window_only_ever_comes_back_to_its_own_session(tmp_path: Path) -> None:
+    """The canary: every session's words are its own; through opens, suspends, resumes
+    and evictions, a session is never handed another session's window."""
+    store = sessions(tmp_path, 12)
+    probe = Transcript.open(tmp_path / "s0.jsonl")
+    one = probe.live_bytes
+    probe.close()
+    cache = TranscriptCache(store, max_open=2, shared=False, warm_bytes=5 * one)
+    for round_ in range(4):
+        for i in list(range(12)) if round_ % 2 == 0 else [11 - k for k in range(12)]:
+            transcript = await cache.get(record(f"s{i}"))
+            assert transcript.header.id == f"s{i}"
+            texts = [e.message.text for e in transcript.live_entries()]
+            assert texts == [f"hello from s{i}"]  # its own words, and no one else's
+    cache.close_all()
