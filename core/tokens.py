@@ -39,20 +39,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import math
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from parley.core.identity_memo import IdentityMemo
 from parley.core.messages import (
     Block,
     ImageBlock,
@@ -247,15 +246,9 @@ class TokenCounter:
     ) -> None:
         self._texts: _LRU[str, int] = _LRU(text_cache_entries, text_cache_chars)
         self._entries: _LRU[str, tuple[Message, int]] = _LRU(entry_cache_entries)
-        # By object identity: the view reuses the same Message objects from call to call
-        # (entries parse theirs once), so a steady-state turn counts only what is new.
-        # Each count lives as long as its message (a weak reference removes it), so the
-        # cache holds exactly the messages some window still holds, however many
-        # sessions are active: a fixed bound made a busy gateway (1,000 chats) recount
-        # every history on every turn once the histories outgrew it. A plain dict, not
-        # the locked LRU: it is read once per message per call (the hot path), and
-        # single dict operations are atomic.
-        self._messages: dict[int, tuple[weakref.ref[Message], int]] = {}
+        # Each message's count, for as long as the message lives (core/identity_memo.py):
+        # a steady-state turn counts only what is new.
+        self._messages: IdentityMemo[Message, int] = IdentityMemo()
         self._min_cached = min_cached_chars
 
     def _encode_len(self, s: str) -> int:
@@ -302,12 +295,11 @@ class TokenCounter:
         raise TypeError(f"not a content block: {type(b).__name__}")
 
     def message(self, m: Message) -> int:
-        key = id(m)
-        cached = self._messages.get(key)
-        if cached is not None and cached[0]() is m:
-            return cached[1]
+        cached = self._messages.get(m)
+        if cached is not None:
+            return cached
         count = MESSAGE_OVERHEAD_TOKENS + sum(self.block(b) for b in m.content)
-        self._messages[key] = (weakref.ref(m, _forget(self._messages, key)), count)
+        self._messages.put(m, count)
         return count
 
     def messages(self, ms: Sequence[Message]) -> int:
@@ -520,19 +512,3 @@ class ContextAccountant:
         """Forget the last report (after a compaction its view no longer exists)."""
         with self._lock:
             self._last = None
-
-
-def _forget(
-    counts: dict[int, tuple[weakref.ref[Message], int]], key: int
-) -> Callable[[weakref.ref[Message]], None]:
-    """The callback dropping a message's count when the message goes. Run while the
-    message is being freed, before its id can be reused; it checks the entry is still
-    its own all the same."""
-
-    def forget(ref: weakref.ref[Message]) -> None:
-        entry = counts.get(key)
-        if entry is not None and entry[0] is ref:
-            with contextlib.suppress(KeyError):
-                del counts[key]
-
-    return forget

@@ -129,6 +129,7 @@ class Gateway:
             sessions=self.sessions,
             turns=Turns(rt, self.transcripts),
             delivery=self.delivery,
+            slots=self.lanes,
         )
         self.redelivery = Redelivery(rt, self.dispatch, self.lanes)
         self.commands = CommandReplies(rt, self.transcripts)

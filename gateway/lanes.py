@@ -5,6 +5,13 @@ plus a worker task that hands them to the runner, one run at a time. Different
 sessions run in parallel, but never more than ``max_concurrent_runs`` at once: the
 single semaphore here is the only place that bounds concurrency.
 
+A run holds its slot while it works on the model's side of a turn. The runner may
+hand the slot back (``release_slot``) while it waits on something that is not a run,
+such as sending the reply to a chat platform that is slow or rate-limits the bot,
+and must take it again (``hold_slot``) before its next turn. The lane itself stays
+busy until the runner returns, so a session's replies keep their order; only the
+cap on model work is shared out sooner.
+
 Modes decide what one run gets:
 
 - ``queue``: one item per run, in arrival order;
@@ -134,6 +141,10 @@ class _Lane(Generic[T]):
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     running: list[T] | None = None
     task: asyncio.Task[None] | None = None
+    # The semaphore whose slot this lane's run holds now (None between runs, and while
+    # the run has handed it back): the one it was taken from, since stop() replaces
+    # the manager's semaphore.
+    slot: asyncio.Semaphore | None = None
     # Set by stop(): the worker must not start another run, even one that swallowed
     # its cancellation and outlived the manager's reset.
     halted: bool = False
@@ -155,7 +166,8 @@ class LaneManager(Generic[T]):
         self._slots = asyncio.Semaphore(config.max_concurrent_runs)
         # Kept as running totals so stats() and the idle check never walk every lane.
         self._queued = 0
-        self._active = 0
+        self._active = 0  # lanes with a batch in flight, slot or not
+        self._holding = 0  # runs holding a slot now
         self._reaped = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -261,9 +273,24 @@ class LaneManager(Generic[T]):
         lane = self._lanes.get(session_key)
         return lane is not None and lane.running is not None
 
+    async def hold_slot(self, session_key: str) -> None:
+        """Take a run slot again for the session's batch in flight, waiting for one if
+        the cap is reached; nothing when it holds one or no batch is in flight."""
+        lane = self._lanes.get(session_key)
+        if lane is None or lane.running is None or lane.slot is not None:
+            return
+        await self._take_slot(lane)
+
+    def release_slot(self, session_key: str) -> None:
+        """Hand back the run slot of the session's batch in flight, for the time its
+        runner waits on something other than the model; its lane stays busy."""
+        lane = self._lanes.get(session_key)
+        if lane is not None:
+            self._give_slot(lane)
+
     def stats(self) -> LaneStats:
         return LaneStats(
-            active_runs=self._active,
+            active_runs=self._holding,
             queued=self._queued,
             lanes=len(self._lanes),
             max_concurrent_runs=self._config.max_concurrent_runs,
@@ -282,7 +309,8 @@ class LaneManager(Generic[T]):
                 if await self._idle_out(lane):
                     return
                 continue
-            async with self._slots:
+            await self._take_slot(lane)
+            try:
                 # stop() may have halted us while we waited for a slot, and in
                 # collect mode more items may have arrived meanwhile: take the batch
                 # only now.
@@ -306,6 +334,24 @@ class LaneManager(Generic[T]):
                     return
                 self._active -= 1
                 self._refresh_idle()
+            finally:
+                self._give_slot(lane)
+
+    async def _take_slot(self, lane: _Lane[T]) -> None:
+        slots = self._slots
+        await slots.acquire()
+        lane.slot = slots
+        self._holding += 1
+
+    def _give_slot(self, lane: _Lane[T]) -> None:
+        if lane.slot is None:
+            return
+        if lane.slot is self._slots:
+            # A run that stop() abandoned holds a slot of the semaphore it replaced,
+            # which the count (restarted from zero) never included.
+            self._holding -= 1
+        lane.slot.release()
+        lane.slot = None
 
     def _take_batch(self, lane: _Lane[T]) -> list[T]:
         if self._config.mode == "collect":
@@ -382,6 +428,7 @@ class LaneManager(Generic[T]):
         self._lanes.clear()
         self._queued = 0
         self._active = 0
+        self._holding = 0
         self._idle.set()
         # A run abandoned after the grace period may still hold a slot.
         self._slots = asyncio.Semaphore(self._config.max_concurrent_runs)

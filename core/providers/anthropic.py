@@ -29,11 +29,14 @@ Tool input that is not a JSON object (a truncated stream, a model slip) is kept 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
 import httpx2
+from anthropic import AsyncStream
+from anthropic.types import RawMessageStreamEvent
 
 from parley.core.errors import (
     AuthenticationError,
@@ -44,13 +47,16 @@ from parley.core.errors import (
 )
 from parley.core.messages import (
     Block,
-    ImageBlock,
     Message,
     TextBlock,
-    ToolResultBlock,
     ToolSpec,
     ToolUseBlock,
     Usage,
+)
+from parley.core.providers.anthropic_wire import (
+    MAX_CACHE_BREAKPOINTS,
+    RequestEncoder,
+    wire_block,
 )
 from parley.core.providers.base import (
     STOP_END,
@@ -72,8 +78,6 @@ from parley.core.providers.streaming import (
 )
 
 PROVIDER_NAME = "anthropic"
-IMAGE_PLACEHOLDER = "[image]"
-MAX_CACHE_BREAKPOINTS = 4  # the API rejects a request with more
 
 _CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
 _STOP_REASONS: dict[str, str] = {
@@ -90,35 +94,11 @@ def _wire_role(role: str) -> str:
     return "assistant" if role == "assistant" else "user"
 
 
-def _wire_block(block: Block) -> dict[str, Any] | None:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text} if block.text.strip() else None
-    if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
-    if isinstance(block, ToolResultBlock):
-        wire: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": block.tool_use_id,
-            "content": block.content,
-        }
-        if block.is_error:
-            wire["is_error"] = True
-        return wire
-    if isinstance(block, ImageBlock):
-        if not block.data:
-            return {"type": "text", "text": IMAGE_PLACEHOLDER}
-        return {
-            "type": "image",
-            "source": {"type": "base64", "media_type": block.media_type, "data": block.data},
-        }
-    raise TypeError(f"unsupported block: {block!r}")
-
-
 def to_wire_messages(messages: tuple[Message, ...] | list[Message]) -> list[dict[str, Any]]:
     """Our messages in the API's shape: alternating roles, tool results as user content."""
     wire: list[dict[str, Any]] = []
     for message in messages:
-        blocks = [b for b in (_wire_block(x) for x in message.content) if b is not None]
+        blocks = [b for b in (wire_block(x) for x in message.content) if b is not None]
         if not blocks:
             continue
         role = _wire_role(message.role)
@@ -274,6 +254,8 @@ class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
     """``Provider`` for the Anthropic Messages API."""
 
     name = PROVIDER_NAME
+    # The encoded blocks of the messages this provider sends, made on first use.
+    _encoder: RequestEncoder | None = None
 
     def _open_client(
         self, api_key: str, base_url: str | None, timeouts: StreamTimeouts
@@ -291,10 +273,26 @@ class AnthropicProvider(StreamingProvider[anthropic.AsyncAnthropic]):
     async def _stream(
         self, request: ProviderRequest, on_text: TextCallback | None
     ) -> ProviderResponse:
-        params = build_params(request)
-        params["model"] = request.model or self.model
+        encoder = self._encoder
+        if encoder is None:
+            encoder = self._encoder = RequestEncoder()
+
+        def send() -> Awaitable[AsyncStream[RawMessageStreamEvent]]:
+            # The body comes encoded (anthropic_wire.py): messages.create would copy
+            # and re-encode the whole history on every call. Encoded inside the call,
+            # so that a body the API cannot take (a NaN in a tool input) fails the
+            # call, as it did in the SDK.
+            body = encoder.body(request, request.model or self.model)
+            return self._client.post(
+                "/v1/messages",
+                cast_to=anthropic.types.Message,
+                content=body,
+                stream=True,
+                stream_cls=AsyncStream[RawMessageStreamEvent],
+            )
+
         state = await drive_stream(
-            lambda: self._client.messages.create(**params, stream=True),
+            send,
             _Assembler(),
             self._apply,
             translate_error,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from parley.channels.base import InboundMessage
 from parley.core.transcript_store import SessionTranscript
@@ -40,6 +40,14 @@ class SessionLost(Exception):
     another replica may be answering the same messages, so nothing more is sent."""
 
 
+class RunSlots(Protocol):
+    """The lanes' run slots, for a batch in flight (``LaneManager``)."""
+
+    async def hold_slot(self, session_key: str) -> None: ...
+
+    def release_slot(self, session_key: str) -> None: ...
+
+
 class Dispatch:
     def __init__(
         self,
@@ -49,12 +57,14 @@ class Dispatch:
         sessions: Sessions,
         turns: Turns,
         delivery: Delivery,
+        slots: RunSlots | None = None,
     ) -> None:
         self.rt = rt
         self.transcripts = transcripts
         self.sessions = sessions
         self.turns = turns
         self.delivery = delivery
+        self.slots = slots
         self.redelivering: set[int] = set()  # inbox ids queued for another send
         # Several replicas: does this replica still hold the session (its lock)? Asked
         # before each reply is stored and sent; None with one process (SQLite).
@@ -95,6 +105,8 @@ class Dispatch:
                 if group:
                     await self._answer(key, group)
                     group = []
+                if self.slots is not None:
+                    await self.slots.hold_slot(key)
                 await item.execute()
                 continue
             plain = (
@@ -121,6 +133,10 @@ class Dispatch:
             await self._answer(key, group)
 
     async def _answer(self, key: str, items: list[LaneItem]) -> None:
+        if self.slots is not None:
+            # Given back while the batch's previous reply went out: a turn counts
+            # against max_concurrent_runs again.
+            await self.slots.hold_slot(key)
         try:
             await self._answer_items(key, items)
         finally:
@@ -128,6 +144,11 @@ class Dispatch:
 
     async def _deliver(self, key: str, *args: Any, **kwargs: Any) -> None:
         """A lane run's reply: in the chat's order, and only while the session is ours."""
+        if self.slots is not None:
+            # Sending is not model work: a slow or rate-limited platform must not keep
+            # other sessions' turns waiting for a run slot. The lane stays busy, so
+            # this session's next turn still waits for the send.
+            self.slots.release_slot(key)
         if self.fence is not None and not await self.fence(key):
             raise SessionLost(key)
         await self.delivery.deliver(*args, keep_order=True, **kwargs)

@@ -443,3 +443,106 @@ async def test_cancelling_stop_mid_drain_still_stops_the_workers() -> None:
     await wait_until(lambda: gate.cancelled == ["a1"])
     assert (await lanes.submit("a", "late")).status is SubmitStatus.CLOSED
     assert [item for _, batch in gate.batches for item in batch] == ["a1"]
+
+
+class Handoff:
+    """A runner that works "on the model" for each item, then hands its slot back and
+    "sends" until the test lets the send finish; a second group of a batch takes the
+    slot again first."""
+
+    def __init__(self) -> None:
+        self.lanes: LaneManager[object] | None = None
+        self.in_turn: set[object] = set()
+        self.most_in_turn = 0
+        self.sending: dict[object, asyncio.Event] = defaultdict(asyncio.Event)
+        self.sent = asyncio.Event()
+        self.turned: list[object] = []
+
+    async def __call__(self, key: str, batch: list[object]) -> None:
+        assert self.lanes is not None
+        for item in batch:
+            await self.lanes.hold_slot(key)
+            self.turned.append(item)  # the turn starts
+            self.in_turn.add(item)
+            self.most_in_turn = max(self.most_in_turn, len(self.in_turn))
+            await asyncio.sleep(0)
+            self.in_turn.discard(item)
+            self.lanes.release_slot(key)
+            self.sending[item].set()
+            await self.sent.wait()
+
+    async def wait_sending(self, item: object) -> None:
+        async with asyncio.timeout(WAIT):
+            await self.sending[item].wait()
+
+
+async def test_a_run_that_hands_back_its_slot_lets_other_sessions_run_and_keeps_its_own_order() -> (
+    None
+):
+    runner = Handoff()
+    async with LaneManager(LanesConfig(max_concurrent_runs=1, mode="queue"), runner) as lanes:
+        runner.lanes = lanes
+        await lanes.submit("a", "a1")
+        await runner.wait_sending("a1")
+        assert lanes.stats().active_runs == 0  # sending: no slot held
+        await lanes.submit("a", "a2")
+        await lanes.submit("b", "b1")
+        await lanes.submit("c", "c1")
+
+        # One slot, and "a1" still sending: b and c take their turns; a2 waits behind a1.
+        await runner.wait_sending("b1")
+        await runner.wait_sending("c1")
+        assert lanes.busy("a") and lanes.pending("a") == 1
+        assert "a2" not in runner.turned
+
+        runner.sent.set()
+        await idle(lanes)
+    assert runner.turned.index("a1") < runner.turned.index("a2")
+    assert sorted(runner.turned) == ["a1", "a2", "b1", "c1"]
+    assert runner.most_in_turn == 1  # never two turns on one slot
+
+
+async def test_taking_the_slot_back_waits_for_a_free_one() -> None:
+    """A batch's second turn counts against the cap again: with the only slot taken by
+    another session meanwhile, it waits until that session's run is done."""
+    runner = Handoff()
+    gate = Gate(hold={"b1"})
+
+    async def route(key: str, batch: list[object]) -> None:
+        if key == "b":
+            await gate(key, batch)
+            runner.turned.append("b1 done")
+        else:
+            await runner(key, batch)
+
+    async with LaneManager(LanesConfig(max_concurrent_runs=1, mode="collect"), route) as lanes:
+        runner.lanes = lanes
+        # Queued before the lane's worker first runs: one batch of two.
+        await lanes.submit("a", "a1")
+        await lanes.submit("a", "a2")
+        await runner.wait_sending("a1")
+        await lanes.submit("b", "b1")  # takes the slot a1 handed back, and keeps it
+        await gate.wait_started("b1")
+        assert lanes.stats().active_runs == 1
+        # a's send finishes first; were its next turn not to wait for the slot, a2
+        # would run before b1 is done.
+        runner.sent.set()
+        gate.release.set()
+        await idle(lanes)
+    assert gate.batches == [("b", ["b1"])]
+    assert runner.turned == ["a1", "b1 done", "a2"]
+
+
+async def test_slot_calls_outside_a_run_change_nothing() -> None:
+    gate = Gate()
+    async with LaneManager(LanesConfig(max_concurrent_runs=1), gate) as lanes:
+        lanes.release_slot("nobody")
+        await lanes.hold_slot("nobody")
+        await lanes.submit("a", "a1")
+        await idle(lanes)
+        lanes.release_slot("a")  # its lane is idle: no slot to give
+        await lanes.hold_slot("a")
+        assert lanes.stats().active_runs == 0
+        await lanes.submit("b", "b1")
+        await idle(lanes)
+    assert gate.items("b") == ["b1"]

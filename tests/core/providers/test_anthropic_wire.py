@@ -1,0 +1,148 @@
+"""The encoded request body (anthropic_wire.py) against build_params, its readable form."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parley.core.errors import MalformedResponseError
+from parley.core.messages import (
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
+from parley.core.providers.anthropic import AnthropicProvider, build_params
+from parley.core.providers.anthropic_wire import RequestEncoder
+from parley.core.providers.base import ProviderRequest
+from tests.core.providers.conftest import TEST_ANTHROPIC_MODEL
+from tests.fakes.anthropic_api import FakeAnthropic
+
+WEATHER = ToolSpec(
+    "weather",
+    "Current weather for a city.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+CLOCK = ToolSpec("clock", "The time, «now».")
+
+_TEXTS = st.sampled_from(["hello", "", "   ", "\n", "data", 'quote " and \\ ünïcødé ✓', "\u2028"])
+_BLOCKS = st.one_of(
+    st.builds(TextBlock, _TEXTS, st.sampled_from([None, "turn-context"])),
+    st.builds(
+        lambda n, city: ToolUseBlock(f"t{n}", "weather", {"city": city, "n": [n, 1.5, None]}),
+        st.integers(0, 3),
+        _TEXTS,
+    ),
+    st.builds(lambda n, e: ToolResultBlock(f"t{n}", "ok ✓", e), st.integers(0, 3), st.booleans()),
+    st.sampled_from(["", "aGk="]).map(lambda data: ImageBlock("image/png", data)),
+)
+_MESSAGES = st.builds(
+    lambda role, blocks: Message(role, tuple(blocks)),
+    st.sampled_from(["user", "assistant", "tool_result"]),
+    st.lists(_BLOCKS, min_size=1, max_size=4),
+)
+
+
+def expected(request: ProviderRequest, model: str) -> dict[str, Any]:
+    return {**build_params(request), "model": model, "stream": True}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    messages=st.lists(_MESSAGES, min_size=0, max_size=8),
+    system=st.sampled_from(["", "  ", "System.", "Système «x»"]),
+    tools=st.sampled_from([(), (WEATHER,), (CLOCK, WEATHER)]),
+    temperature=st.sampled_from([None, 0.0, 0.7]),
+)
+def test_the_body_is_build_params_as_json(
+    messages: list[Message],
+    system: str,
+    tools: tuple[ToolSpec, ...],
+    temperature: float | None,
+) -> None:
+    request = ProviderRequest(TEST_ANTHROPIC_MODEL, system, tuple(messages), tools, 64, temperature)
+    encoder = RequestEncoder()
+
+    first = json.loads(encoder.body(request, "model-x"))
+    again = json.loads(encoder.body(request, "model-x"))  # every block from the memo now
+
+    assert first == expected(request, "model-x")
+    assert again == first
+
+
+def test_a_breakpoint_never_sticks_to_a_kept_block() -> None:
+    """The newest message's last block is marked in one request; in the next, where it is
+    no longer the newest, the same (remembered) block goes out unmarked."""
+    encoder = RequestEncoder()
+    history = [Message.user("q1"), Message.assistant("a1"), Message.user("q2")]
+    later = [*history, Message.assistant("a2"), Message.user("q3")]
+
+    for messages in (history, later, history[:1], later):
+        request = ProviderRequest(TEST_ANTHROPIC_MODEL, "S", tuple(messages), (WEATHER,), 64)
+        assert json.loads(encoder.body(request, "m")) == expected(request, "m")
+
+
+def test_a_messages_encoding_goes_with_the_message() -> None:
+    encoder = RequestEncoder()
+    kept = Message.user("kept")
+    gone = Message.user("gone")
+    encoder.body(ProviderRequest("m", "", (kept, gone)), "m")
+    remembered = len(encoder._blocks)
+
+    del gone
+    gc.collect()
+
+    assert remembered == 2
+    assert len(encoder._blocks) == 1
+
+
+def test_a_new_tool_list_is_encoded_again() -> None:
+    encoder = RequestEncoder()
+    one = ProviderRequest("m", "", (Message.user("x"),), (WEATHER,))
+    two = ProviderRequest("m", "", (Message.user("x"),), (CLOCK, WEATHER))
+    assert json.loads(encoder.body(one, "m")) == expected(one, "m")
+    assert json.loads(encoder.body(two, "m")) == expected(two, "m")
+    assert json.loads(encoder.body(one, "m")) == expected(one, "m")
+
+
+async def test_the_strict_fake_gets_the_same_body_as_from_build_params(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
+    history = (
+        Message.user("look at this ✓"),
+        Message("user", (ImageBlock("image/png", "aGVsbG8="),)),
+        Message("assistant", (ToolUseBlock("t1", "weather", {"city": "Oslo"}),)),
+        Message("tool_result", (ToolResultBlock("t1", "sunny"),)),
+        Message.user("thanks"),
+    )
+    request = ProviderRequest(TEST_ANTHROPIC_MODEL, "System.", history, (WEATHER,), 256)
+
+    await anthropic_provider.complete(request)
+
+    assert anthropic_fake.last_body == expected(request, TEST_ANTHROPIC_MODEL)
+
+
+async def test_a_body_json_cannot_carry_fails_the_call_as_malformed(
+    anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
+) -> None:
+    """A tool input holding NaN (JSON has none): refused before anything is sent, as
+    the SDK refused it."""
+    history = (
+        Message.user("go"),
+        Message("assistant", (ToolUseBlock("t1", "weather", {"city": math.nan}),)),
+        Message("tool_result", (ToolResultBlock("t1", "?"),)),
+    )
+    sent_before = len(anthropic_fake.requests)
+
+    with pytest.raises(MalformedResponseError):
+        await anthropic_provider.complete(ProviderRequest(TEST_ANTHROPIC_MODEL, "", history))
+
+    assert len(anthropic_fake.requests) == sent_before
