@@ -30,7 +30,6 @@ from aiohttp import web
 from telegram import Bot, Update
 from telegram.constants import ChatAction
 from telegram.error import InvalidToken, TelegramError
-from telegram.request import HTTPXRequest
 
 from parley.channels.base import (
     TYPING_DELAY_SECONDS,
@@ -46,6 +45,7 @@ from parley.channels.base import (
     WebhookRoute,
 )
 from parley.channels.config import TelegramAccountConfig, TelegramConfig
+from parley.channels.telegram_http import AiohttpRequest
 from parley.channels.telegram_inbound import normalise_update, parse_message_ref
 from parley.channels.telegram_polling import (
     ALLOWED_UPDATES,
@@ -78,13 +78,14 @@ CATCH_UP_WAIT_SECONDS = 5.0
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
-    # Building one costs ~40 ms (the CA bundle is parsed); httpx would build one per
-    # client, and every bot has two. An SSLContext is safe to share.
+    # Building one costs ~40 ms (the CA bundle is parsed), and every bot has two
+    # clients; an SSLContext is safe to share. httpx's: certifi's bundle, or the one
+    # SSL_CERT_FILE / SSL_CERT_DIR name, as before the clients moved to aiohttp.
     return httpx.create_ssl_context()
 
 
 def _make_bot(account: TelegramAccountConfig) -> Bot:
-    tls = {"verify": _tls_context()}
+    tls = _tls_context()
     return Bot(
         account.token.get_secret_value().strip(),
         base_url=f"{account.api_base_url}/bot",
@@ -92,13 +93,12 @@ def _make_bot(account: TelegramAccountConfig) -> Bot:
         # PTB's default pool is one connection with a 1 s pool timeout: replies, typing
         # actions and retries to many chats at once would queue behind each other and
         # fail with PoolTimeout under load.
-        request=HTTPXRequest(
-            connection_pool_size=SEND_POOL_SIZE,
-            pool_timeout=SEND_POOL_TIMEOUT_SECONDS,
-            httpx_kwargs=tls,
+        # On aiohttp, not PTB's httpx (telegram_http.py: why).
+        request=AiohttpRequest(
+            SEND_POOL_SIZE, pool_timeout=SEND_POOL_TIMEOUT_SECONDS, ssl_context=tls
         ),
         # One connection is all a long poll needs (PTB's own choice for getUpdates).
-        get_updates_request=HTTPXRequest(connection_pool_size=1, httpx_kwargs=tls),
+        get_updates_request=AiohttpRequest(1, ssl_context=tls),
     )
 
 
