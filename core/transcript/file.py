@@ -48,6 +48,7 @@ from parley.core.transcript.entries import (
     Entry,
     TranscriptHeader,
     encode_header,
+    parse_entries_or_none,
     parse_entry_or_none,
 )
 from parley.core.transcript.line_index import STRIDE, LineIndex, scan
@@ -548,8 +549,13 @@ def _load(fd: int, path: Path, *, fsync: bool, read_only: bool, block: int) -> T
 
     live: list[Entry] = []
     corrupt: list[int] = []  # indexes into the region, oldest first
+    unparsed = [i for i in range(len(region) - 1, -1, -1) if i not in found]
+    parsed += len(unparsed)
+    # One parse for the whole window (parse_entries_or_none: shared key strings).
+    fresh = parse_entries_or_none([region[i][1] for i in unparsed])
+    found.update(zip(unparsed, fresh, strict=True))
     for index in range(len(region) - 1, -1, -1):
-        entry = found[index] if index in found else parse(region[index][1])
+        entry = found[index]
         if entry is None:
             corrupt.append(len(region) - 1 - index)
         else:

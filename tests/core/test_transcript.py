@@ -204,6 +204,37 @@ def test_corrupt_middle_lines_are_skipped_and_reported(path: Path) -> None:
         assert list(t.entries(offset=4)) == [written[3], written[4], t.last_entry]
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"no": "envelope"}',  # JSON, so the window still parses in one go
+        b'{"a": 1}, {"b": 2}',  # two values on one line: counted, not taken as two
+        b"\xff\xfe not utf-8",
+    ],
+)
+def test_a_bad_line_among_good_ones_costs_only_its_own_slot(path: Path, bad: bytes) -> None:
+    with Transcript.create(path, "s", "k") as t:
+        written = _fill(t)
+    lines = _lines(path)
+    lines[3] = bad  # line 4 of the file: the third entry
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with Transcript.open(path) as t:
+        assert t.load_report.corrupt_lines == (4,)
+        assert list(t.live_entries()) == [written[0], written[1], written[3], written[4]]
+
+
+def test_a_window_shares_its_key_strings(path: Path) -> None:
+    """Parsed in one go, the entries of a window share the decoder's key strings
+    rather than each holding its own copies (the memory a warm window takes)."""
+    with Transcript.create(path, "s", "k") as t:
+        for i in range(3):
+            t.append_message(Message.user(f"m{i}"), meta={"inbox_ids": [i]})
+    with Transcript.open(path) as t:
+        first, second, third = (e.payload for e in t.live_entries())
+    keys = [next(k for k in p if k == "meta") for p in (first, second, third)]
+    assert keys[0] is keys[1] is keys[2]
+
+
 def test_corrupt_last_complete_line_does_not_break_the_chain(path: Path) -> None:
     with Transcript.create(path, "s", "k") as t:
         written = _fill(t)
