@@ -203,7 +203,10 @@ class Dispatch:
                 text = "\n\n".join(_turn_text(i.message) for i in items)
             if first.recovered is not None and await self._delivered_before(record, ids):
                 return
-            reply = await self.turns.run(record, items, text)
+            # The model's part over, the run slot goes back: what follows (the
+            # registry's counters, the send) is not model work.
+            done = None if self.slots is None else functools.partial(self.slots.release_slot, key)
+            reply = await self.turns.run(record, items, text, model_done=done)
             await deliver(ids, last.message, record, reply, first_message=first.message)
         except SessionLost:
             raise  # another replica answers these now: no error message either

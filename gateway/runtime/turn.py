@@ -80,9 +80,18 @@ class Turns:
         self.rt = rt
         self.transcripts = transcripts
 
-    async def run(self, record: SessionRecord, items: list[LaneItem], text: str) -> str:
+    async def run(
+        self,
+        record: SessionRecord,
+        items: list[LaneItem],
+        text: str,
+        *,
+        model_done: Callable[[], None] | None = None,
+    ) -> str:
         """The reply to ``items`` (their words folded into ``text``): the model's, or
-        an error text the person can act on."""
+        an error text the person can act on. ``model_done`` is called once the model's
+        part is over (the reply is in the transcript, or the call failed), before the
+        bookkeeping that follows it."""
         rt = self.rt
         runner = rt.runner
         transcript = await self.transcripts.get(record)
@@ -134,6 +143,8 @@ class Turns:
                 else:
                     result = await self._run_drafted(transcript, turn, on_retry, drafts)
         except (ProviderError, ContextError) as exc:
+            if model_done is not None:
+                model_done()
             rt.metrics.turn(message.channel, time.perf_counter() - started, ok=False)
             rt.metrics.error(error_kind(exc))
             if isinstance(exc, ProviderError):
@@ -147,6 +158,8 @@ class Turns:
             if isinstance(exc, ContextError):
                 return describe_context_error(exc)
             return describe_provider_error(exc, attempts)
+        if model_done is not None:
+            model_done()
         rt.metrics.turn(message.channel, time.perf_counter() - started, ok=True)
         rt.metrics.tokens(result.usage)
         self.note_provider(None)

@@ -81,3 +81,41 @@ async def test_a_send_that_waits_on_the_platform_does_not_hold_up_other_sessions
         await gateway.wait_idle()
     assert texts(channel, "alice") == ["echo: a0", "echo: a1"]  # in order, each once
     assert await gateway.inbox.open_items() == []
+
+
+async def test_the_bookkeeping_after_the_model_does_not_hold_the_slot(
+    stack: tuple[Gateway, SlowChat], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reply is in the transcript; the registry's counters that follow are not
+    model work either."""
+    gateway, channel = stack
+    channel.slow_chat = "nobody"
+    registry = gateway.registry
+    record_turn = registry.record_turn
+    held = asyncio.Event()
+    go_on = asyncio.Event()
+    alice_session = ""
+
+    async def slow_record_turn(session_id: str, **kwargs: object) -> None:
+        if session_id == alice_session:
+            held.set()
+            await go_on.wait()
+        await record_turn(session_id, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "record_turn", slow_record_turn)
+    await gateway.handle_inbound(channel.inbound("warm up", message_id="w", sender="alice"))
+    await channel.wait_sent(1, WAIT)
+    [alice] = [r for r in (await registry.list()).sessions if "alice" in r.key]
+    alice_session = alice.session_id
+
+    await gateway.handle_inbound(channel.inbound("a1", message_id="a1", sender="alice"))
+    async with asyncio.timeout(WAIT):
+        await held.wait()
+    await gateway.handle_inbound(channel.inbound("b0", message_id="b0", sender="bob"))
+    await channel.wait_sent(2, WAIT)
+    assert texts(channel, "bob") == ["echo: b0"]
+
+    go_on.set()
+    async with asyncio.timeout(WAIT):
+        await gateway.wait_idle()
+    assert texts(channel, "alice") == ["echo: warm up", "echo: a1"]
