@@ -27,6 +27,7 @@ async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     from parley.gateway.app import Gateway
     from parley.gateway.channel_factory import build_channels
     from parley.gateway.people.inventory import terminal_history
+    from parley.gateway.process_gc import tune_collector
     from parley.gateway.providers import build_provider
 
     config = loaded.config
@@ -54,6 +55,7 @@ async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
     )
     try:
         await gateway.start()
+        tune_collector()
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(eof.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:

@@ -497,3 +497,20 @@ def test_cache_never_bills_more_than_the_prompt(
         if round_number:
             # The same prompt again: what was written is now read, nothing more written.
             assert written == 0
+
+
+def test_expired_entries_leave_the_cache_and_refreshed_ones_stay() -> None:
+    cache = PrefixCache()
+    segments = [{"type": "text", "text": f"segment {i} " * 50} for i in range(3)]
+    for second in range(100):  # a new prefix each second, plus the shared one refreshed
+        cache.account(
+            [*segments, {"type": "text", "text": f"turn {second} " * 50}],
+            [2, 3],
+            min_tokens=1,
+            now=float(second),
+            ttl_seconds=10.0,
+        )
+    # The shared prefix (read every second) and the last ten seconds' own prefixes.
+    assert len(cache) == 1 + 10
+    cache.account(segments, [2], min_tokens=1, now=200.0, ttl_seconds=10.0)
+    assert len(cache) == 1  # everything else lapsed; the one just written is there
