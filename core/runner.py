@@ -333,10 +333,7 @@ class Runner:
                             continue
             last_usage = response.usage
             stop_reason = response.stop_reason
-            self.engine.record_call(
-                view_request, view, usage=response.usage, response=response.message
-            )
-            await append(
+            stored = await append(
                 response.message,
                 usage=response.usage,
                 meta={
@@ -345,6 +342,11 @@ class Runner:
                     # The runtime's clock (the TTL pruning compares against it).
                     "called_at": self.now().isoformat(),
                 },
+            )
+            # The stored entry's message, not the response's: the next turn's view holds
+            # that object, and its token count is then already known.
+            self.engine.record_call(
+                view_request, view, usage=response.usage, response=stored.message
             )
             if response.message.text:
                 reply_parts.append(response.message.text)

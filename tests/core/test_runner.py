@@ -314,3 +314,30 @@ async def test_requests_ask_for_at_most_a_quarter_of_a_small_window(
     await runner.run_turn(transcript, TurnRequest("k", "hi"))
     # 4,096 would not even fit the window: a server counting max_tokens would refuse.
     assert provider.requests[0].max_tokens == 512
+
+
+async def test_a_reply_is_counted_once_across_its_turn_and_the_next(
+    tmp_path: Path, transcript: Transcript, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """record_call counts the stored reply, the very object the next turn's view holds:
+    its tokens are not counted a second time there."""
+    reply = "a reply long enough to be unmistakable " * 3
+    encoded: list[str] = []
+    runner = make_runner(tmp_path, ScriptedProvider())
+    counter = runner.engine.counter
+    real = counter._encode_len
+
+    def spy(text: str) -> int:
+        encoded.append(text)
+        return real(text)
+
+    monkeypatch.setattr(counter, "_encode_len", spy)
+    provider = runner.provider
+    assert isinstance(provider, ScriptedProvider)
+    provider.push(ProviderResponse((TextBlock(reply),), STOP_END, Usage(10, 5)))
+    provider.push(ProviderResponse((TextBlock("second"),), STOP_END, Usage(10, 5)))
+
+    await runner.run_turn(transcript, TurnRequest("k", "first question"))
+    await runner.run_turn(transcript, TurnRequest("k", "second question"))
+
+    assert encoded.count(reply) == 1
