@@ -196,8 +196,16 @@ class Runner:
         started = time.perf_counter()
         appended: list[Entry] = []
 
+        counter = self.engine.counter
+
         async def append(message: Message, **kwargs: Any) -> Entry:
-            entry = await asyncio.to_thread(transcript.append_message, message, **kwargs)
+            # Counted here and stored with it: neither the next turn nor a later reader
+            # of the file counts it again (TokenCounter.know_stored).
+            stamp = counter.stamp(message)
+            entry = await asyncio.to_thread(
+                transcript.append_message, message, tokens=stamp, **kwargs
+            )
+            counter.know(entry.message, counter.message(message))
             appended.append(entry)
             return entry
 

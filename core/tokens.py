@@ -46,7 +46,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -98,6 +98,8 @@ class _Encoder(Protocol):
 
 class _ApproxEncoder:
     """Stand-in when the BPE file cannot be loaded: about 4 characters per token."""
+
+    name = "approx4"
 
     def encode_ordinary(self, text: str) -> list[int]:
         return [0] * math.ceil(len(text) / FALLBACK_CHARS_PER_TOKEN)
@@ -304,6 +306,41 @@ class TokenCounter:
 
     def messages(self, ms: Sequence[Message]) -> int:
         return sum(self.message(m) for m in ms)
+
+    # -- counts stored with the transcript --------------------------------------------
+    # A message's count goes into its transcript entry ("tokens": {encoder: count}) when
+    # it is appended. A window read again from its file (a session picked up after its
+    # window left memory) then takes its counts from there instead of encoding every
+    # message again: that recount was most of what reopening a long session cost.
+
+    @property
+    def encoder_name(self) -> str:
+        """Which encoder the counts are in: a stored count in another is not used."""
+        return str(getattr(_get_encoder(), "name", "cl100k_base"))
+
+    def stamp(self, m: Message) -> dict[str, int]:
+        """What to store with ``m`` in its entry: its count, named by encoder."""
+        return {self.encoder_name: self.message(m)}
+
+    def know(self, m: Message, count: int) -> None:
+        """Take ``count`` as ``m``'s (its stored count) for as long as ``m`` lives."""
+        if self._messages.get(m) is None:
+            self._messages.put(m, count)
+
+    def know_stored(self, entries: Iterable[Entry]) -> None:
+        """Take each message entry's stored count, where it has one in this encoder and
+        its message is not counted yet."""
+        name = self.encoder_name
+        for e in entries:
+            if e.type != ENTRY_MESSAGE:
+                continue
+            message = e.message
+            if self._messages.get(message) is not None:
+                continue
+            stored = e.payload.get("tokens")
+            count = stored.get(name) if isinstance(stored, dict) else None
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                self._messages.put(message, count)
 
     def tools(self, specs: Sequence[ToolSpec]) -> int:
         """Tool definitions, counted as the compact JSON of name, description and schema."""

@@ -69,6 +69,7 @@ class SessionTranscript(Protocol):
         usage: Usage | None = None,
         meta: Mapping[str, Any] | None = None,
         ts: datetime | None = None,
+        tokens: Mapping[str, int] | None = None,
     ) -> Entry: ...
     def append_compaction(
         self,

@@ -296,6 +296,8 @@ class ContextEngine:
     ) -> PreparedView:
         state, budget = self._limits(request)
         window, threshold = budget.window, budget.threshold
+        # A window read again from its file: its messages' counts are in their entries.
+        self.counter.know_stored(transcript.live_entries())
 
         messages, key, decisions = build_view(
             self.config, transcript.live_entries(), request.chat_type, window

@@ -197,13 +197,18 @@ class TranscriptBase:
         usage: Usage | None = None,
         meta: Mapping[str, Any] | None = None,
         ts: datetime | None = None,
+        tokens: Mapping[str, int] | None = None,
     ) -> Entry:
-        """Append a message; ``ts`` (default: now) is for imports that keep their own times."""
+        """Append a message; ``ts`` (default: now) is for imports that keep their own times.
+        ``tokens``: the message's token count by encoder (``TokenCounter.stamp``), kept so
+        that a reader of the window need not count it again."""
         payload: dict[str, Any] = {"message": message.to_dict()}
         if usage is not None:
             payload["usage"] = usage.to_dict()
         if meta:
             payload["meta"] = dict(meta)
+        if tokens:
+            payload["tokens"] = dict(tokens)
         return self._append(ENTRY_MESSAGE, payload, ts=ts)
 
     def append_compaction(

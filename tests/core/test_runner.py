@@ -341,3 +341,53 @@ async def test_a_reply_is_counted_once_across_its_turn_and_the_next(
     await runner.run_turn(transcript, TurnRequest("k", "second question"))
 
     assert encoded.count(reply) == 1
+
+
+async def test_a_window_read_again_takes_its_counts_from_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each message's count is stored in its entry: a session whose window is read again
+    from its file (it had left memory) counts only its new words."""
+    path = tmp_path / "s.jsonl"
+    reply = "the first answer, long enough to be unmistakable " * 3
+    runner = make_runner(tmp_path, ScriptedProvider())
+    provider = runner.provider
+    assert isinstance(provider, ScriptedProvider)
+    provider.push(ProviderResponse((TextBlock(reply),), STOP_END, Usage(10, 5)))
+    provider.push(ProviderResponse((TextBlock("second"),), STOP_END, Usage(10, 5)))
+    with Transcript.create(path, "sid", "agent:main:x") as first:
+        await runner.run_turn(first, TurnRequest("k", "the first question, also unmistakable"))
+        stored = [e.payload["tokens"] for e in first.live_entries()]
+    counter = runner.engine.counter
+    assert stored == [
+        {counter.encoder_name: counter.message(e.message)} for e in first.live_entries()
+    ]
+
+    encoded: list[str] = []
+    real = counter._encode_len
+
+    def spy(text: str) -> int:
+        encoded.append(text)
+        return real(text)
+
+    monkeypatch.setattr(counter, "_encode_len", spy)
+    with Transcript.open(path) as again:
+        await runner.run_turn(again, TurnRequest("k", "second question"))
+
+    assert reply not in encoded
+    assert "the first question, also unmistakable" not in encoded
+    assert "second question" in encoded  # what is new is counted
+
+
+async def test_a_stored_count_in_another_encoder_is_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.jsonl"
+    with Transcript.create(path, "sid", "agent:main:x") as t:
+        t.append_message(Message.user("counted elsewhere"), tokens={"other-encoder": 1})
+    runner = make_runner(tmp_path, ScriptedProvider())
+    counter = runner.engine.counter
+    with Transcript.open(path) as t:
+        counter.know_stored(t.live_entries())
+        [entry] = t.live_entries()
+        assert counter.message(entry.message) > 1  # counted, not the stored 1
