@@ -86,13 +86,14 @@ class StorageConfig(_Strict):
     max_open_transcripts: int = Field(256, ge=1, le=100_000, description="kept in memory, LRU")
     # Past max_open_transcripts a session's file is closed but its live window stays in
     # memory, so picking it up again reads nothing; 0 turns that off. Counted in the
-    # windows' file bytes: parsed, a window takes about 7 times that in memory (measured:
-    # 0.96 MB of short messages, 6.8 MB of heap), so 16 is ~110 MiB at most.
+    # windows' file bytes: parsed, a window takes about 6 times that in memory (measured:
+    # a window of short messages, 5.8x; 7x before a window was parsed in one go), so 16 is
+    # ~95 MiB at most.
     warm_transcripts_mib: int = Field(
         16,
         ge=0,
         le=65_536,
-        description="live windows kept after their file is closed, in MiB of file (~7x in memory)",
+        description="live windows kept after their file is closed, in MiB of file (~6x in memory)",
     )
     # pgvector's HNSW index answers by the server's distance operators; some pgvector
     # builds cannot run them (SIGILL on CPUs without the instructions they were built for).
