@@ -26,7 +26,8 @@ from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
-DEFAULT_TIMEOUT_SECONDS = 5.0  # PTB's defaults for read, write, connect and pool
+DEFAULT_TIMEOUT_SECONDS = 5.0  # PTB's defaults for read, write and connect
+DEFAULT_POOL_TIMEOUT_SECONDS = 1.0  # PTB's default wait for a pooled connection
 DEFAULT_MEDIA_WRITE_TIMEOUT_SECONDS = 20.0
 
 
@@ -41,7 +42,7 @@ class AiohttpRequest(BaseRequest):
         read_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
         write_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
         connect_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        pool_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        pool_timeout: float | None = DEFAULT_POOL_TIMEOUT_SECONDS,
         media_write_timeout: float | None = DEFAULT_MEDIA_WRITE_TIMEOUT_SECONDS,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -73,6 +74,8 @@ class AiohttpRequest(BaseRequest):
                 # PTB reads the status and the body itself; an error status is no
                 # exception here.
                 raise_for_status=False,
+                # HTTPS_PROXY / ALL_PROXY / NO_PROXY, as PTB's httpx client honoured them.
+                trust_env=True,
             )
 
     async def shutdown(self) -> None:
@@ -113,7 +116,9 @@ class AiohttpRequest(BaseRequest):
             if body is None and request_data.json_parameters:
                 body = request_data.json_parameters
         try:
-            async with session.request(method, url, data=body, timeout=timeout) as response:
+            async with session.request(
+                method, url, data=body, timeout=timeout, allow_redirects=False
+            ) as response:  # httpx, PTB's default, follows no redirect either
                 return response.status, await response.read()
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             raise TimedOut from exc

@@ -51,6 +51,7 @@ from parley.core.errors import (
     CoreError,
     ProviderError,
 )
+from parley.core.fences import read_user_message
 from parley.core.memory.audience import Viewer
 from parley.core.memory.recall import (
     RECALL_META_KEY,
@@ -200,12 +201,14 @@ class Runner:
 
         async def append(message: Message, **kwargs: Any) -> Entry:
             # Counted here and stored with it: neither the next turn nor a later reader
-            # of the file counts it again (TokenCounter.know_stored).
-            stamp = counter.stamp(message)
+            # of the file counts it again (TokenCounter.know_stored). Counted as the
+            # transcript gives it back: a user's words neutralised (core/fences.py).
+            stored = read_user_message(message)
+            stamp = counter.stamp(stored)
             entry = await asyncio.to_thread(
                 transcript.append_message, message, tokens=stamp, **kwargs
             )
-            counter.know(entry.message, counter.message(message))
+            counter.know(entry.message, counter.message(stored))
             appended.append(entry)
             return entry
 

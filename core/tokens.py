@@ -70,6 +70,10 @@ ENCODING_NAME = "cl100k_base"
 IMAGE_TOKENS = 1_600  # an image block with data, when dimensions are unknown
 IMAGE_PLACEHOLDER_TOKENS = 8  # an image whose data was dropped: a short placeholder
 MESSAGE_OVERHEAD_TOKENS = 4  # per message (role, separators)
+# The version of how a message is counted (the overheads above, what of a tool call or an
+# image counts): stored counts name it, so a change here makes old ones unused. Raise it
+# with any change to TokenCounter.block or message.
+COUNT_RULES = 1
 
 DEFAULT_TEXT_CACHE_ENTRIES = 4_096
 DEFAULT_TEXT_CACHE_CHARS = 32 * 1024 * 1024  # total characters of cached keys
@@ -315,8 +319,9 @@ class TokenCounter:
 
     @property
     def encoder_name(self) -> str:
-        """Which encoder the counts are in: a stored count in another is not used."""
-        return str(getattr(_get_encoder(), "name", "cl100k_base"))
+        """Which encoder, and which counting rules (``COUNT_RULES``), the counts are in:
+        a stored count under another name is not used."""
+        return f"{getattr(_get_encoder(), 'name', ENCODING_NAME)}/{COUNT_RULES}"
 
     def stamp(self, m: Message) -> dict[str, int]:
         """What to store with ``m`` in its entry: its count, named by encoder."""
@@ -339,7 +344,10 @@ class TokenCounter:
                 continue
             stored = e.payload.get("tokens")
             count = stored.get(name) if isinstance(stored, dict) else None
-            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            # No message counts less than its overhead: anything else is not a count.
+            if isinstance(count, bool) or not isinstance(count, int):
+                continue
+            if count >= MESSAGE_OVERHEAD_TOKENS:
                 self._messages.put(message, count)
 
     def tools(self, specs: Sequence[ToolSpec]) -> int:

@@ -276,7 +276,7 @@ class LaneManager(Generic[T]):
     async def hold_slot(self, session_key: str) -> None:
         """Take a run slot again for the session's batch in flight, waiting for one if
         the cap is reached; nothing when it holds one or no batch is in flight."""
-        lane = self._lanes.get(session_key)
+        lane = self._own_lane(session_key)
         if lane is None or lane.running is None or lane.slot is not None:
             return
         await self._take_slot(lane)
@@ -284,9 +284,18 @@ class LaneManager(Generic[T]):
     def release_slot(self, session_key: str) -> None:
         """Hand back the run slot of the session's batch in flight, for the time its
         runner waits on something other than the model; its lane stays busy."""
-        lane = self._lanes.get(session_key)
+        lane = self._own_lane(session_key)
         if lane is not None:
             self._give_slot(lane)
+
+    def _own_lane(self, session_key: str) -> _Lane[T] | None:
+        """The session's lane, when the caller is its run: a run that outlived stop()
+        (its lane halted, a new lane under the same key after a restart) or a caller
+        outside any lane (a redelivery) must not move another run's slot."""
+        lane = self._lanes.get(session_key)
+        if lane is None or lane.halted or lane.task is not asyncio.current_task():
+            return None
+        return lane
 
     def stats(self) -> LaneStats:
         return LaneStats(
@@ -341,7 +350,8 @@ class LaneManager(Generic[T]):
         slots = self._slots
         await slots.acquire()
         lane.slot = slots
-        self._holding += 1
+        if slots is self._slots:  # not replaced by a stop() meanwhile
+            self._holding += 1
 
     def _give_slot(self, lane: _Lane[T]) -> None:
         if lane.slot is None:

@@ -179,11 +179,32 @@ def parse_entry_or_none(line: bytes | str) -> Entry | None:
         return None
 
 
+# One parse covers at most this much of a window: the decoder holds the GIL for the
+# whole of it (a window with images can be megabytes), and the joined copy is this big.
+PARSE_CHUNK_BYTES = 1 << 20
+PARSE_CHUNK_LINES = 1_000
+
+
 def parse_entries_or_none(lines: Sequence[bytes]) -> list[Entry | None]:
-    """``parse_entry_or_none`` for each line, in one JSON parse where every line is
-    well-formed JSON. One parse shares the decoder's key strings ("type", "text",
-    "role"...) across all the lines instead of making them anew for each: a loaded
-    window takes about 40% less memory, and parses faster."""
+    """``parse_entry_or_none`` for each line, in one JSON parse per chunk of the lines
+    (``PARSE_CHUNK_BYTES``, ``PARSE_CHUNK_LINES``). One parse shares the decoder's key
+    strings ("type", "text", "role"...) across its lines instead of making them anew for
+    each: a loaded window takes about a sixth less memory, and parses faster."""
+    entries: list[Entry | None] = []
+    start = 0
+    while start < len(lines):
+        end, size = start, 0
+        while end < len(lines) and end - start < PARSE_CHUNK_LINES:
+            size += len(lines[end]) + 1
+            end += 1
+            if size >= PARSE_CHUNK_BYTES:
+                break
+        entries.extend(_parse_chunk(lines[start:end]))
+        start = end
+    return entries
+
+
+def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     if len(lines) < 2:
         return [parse_entry_or_none(line) for line in lines]
     try:

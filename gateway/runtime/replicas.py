@@ -107,6 +107,11 @@ class ReplicaCoordinator:
     async def run_locked(self, key: str, items: list[LaneItem | LaneTask]) -> None:
         """Run a lane batch of session ``key`` under its lock, with every open item of
         the session (whoever received it) and none already answered."""
+        # No slot is held while waiting for the lock: a lock holder of another replica
+        # may be waiting for a slot of ours held by a lane that waits for its lock, a
+        # cycle. The run takes a slot again before its first turn (Dispatch._answer).
+        if self.dispatch.slots is not None:
+            self.dispatch.slots.release_slot(key)
         try:
             await self.locks.acquire(key)
         except Exception as exc:  # the lock connection is down and did not come back

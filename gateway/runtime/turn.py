@@ -91,7 +91,8 @@ class Turns:
         """The reply to ``items`` (their words folded into ``text``): the model's, or
         an error text the person can act on. ``model_done`` is called once the model's
         part is over (the reply is in the transcript, or the call failed), before the
-        bookkeeping that follows it."""
+        typing indicator is stopped and the bookkeeping that follows; at most twice
+        (on a failure the indicator's stop raised after it), so it must be idempotent."""
         rt = self.rt
         runner = rt.runner
         transcript = await self.transcripts.get(record)
@@ -142,6 +143,9 @@ class Turns:
                     result = await runner.run_turn(transcript, turn, on_retry=on_retry)
                 else:
                     result = await self._run_drafted(transcript, turn, on_retry, drafts)
+                # Before the typing indicator stops: that may wait on the platform.
+                if model_done is not None:
+                    model_done()
         except (ProviderError, ContextError) as exc:
             if model_done is not None:
                 model_done()
@@ -158,8 +162,6 @@ class Turns:
             if isinstance(exc, ContextError):
                 return describe_context_error(exc)
             return describe_provider_error(exc, attempts)
-        if model_done is not None:
-            model_done()
         rt.metrics.turn(message.channel, time.perf_counter() - started, ok=True)
         rt.metrics.tokens(result.usage)
         self.note_provider(None)

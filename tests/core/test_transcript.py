@@ -12,6 +12,7 @@ import pytest
 from parley.core.errors import TranscriptError
 from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from parley.core.transcript import Entry, Transcript
+from parley.core.transcript import entries as entries_module
 from parley.core.transcript import file as transcript_module
 
 
@@ -221,6 +222,20 @@ def test_a_bad_line_among_good_ones_costs_only_its_own_slot(path: Path, bad: byt
     with Transcript.open(path) as t:
         assert t.load_report.corrupt_lines == (4,)
         assert list(t.live_entries()) == [written[0], written[1], written[3], written[4]]
+
+
+def test_a_window_parsed_in_chunks_is_the_same_window(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Transcript.create(path, "s", "k") as t:
+        written = _fill(t)
+    lines = _lines(path)
+    lines[4] = b"not json"  # line 5: in the second chunk of two lines
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    monkeypatch.setattr(entries_module, "PARSE_CHUNK_LINES", 2)
+    with Transcript.open(path) as t:
+        assert t.load_report.corrupt_lines == (5,)
+        assert list(t.live_entries()) == [written[0], written[1], written[2], written[4]]
 
 
 def test_a_window_shares_its_key_strings(path: Path) -> None:

@@ -212,6 +212,39 @@ async def test_an_adopted_orphan_is_answered_before_the_later_message_queued_ahe
         assert await user_turns(b) == [[1], [3]]
 
 
+async def test_a_lane_waiting_for_its_session_lock_holds_no_run_slot(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Waiting for another replica to let go of a session is not model work: with one
+    run slot, this replica answers another chat meanwhile. (Held while waiting, a slot
+    could close a cycle: this replica's lane waits for a lock whose holder, on the other
+    replica, waits for a slot held there by a lane waiting for a lock held here.)"""
+    async with (
+        replica(tmp_path / "a", pg_url) as a,
+        replica(tmp_path / "b", pg_url, PARLEY_LANES__MAX_CONCURRENT_RUNS="1") as b,
+    ):
+        b.gate.set()
+        await a.receive("m0")  # a holds alice's session, its turn held at the model
+        await wait_until(lambda: a.provider.requests, "a's turn to start")
+        await b.receive("m1")  # b's lane for alice waits for the lock
+        await b.gateway.handle_inbound(b.channel.inbound("bob0", sender="bob", message_id="bob0"))
+        await wait_until(
+            lambda: any(m.reply_to_message_id == "bob0" for m in b.channel.sent),
+            "bob answered while alice's lane waits for her session",
+        )
+        a.gate.set()
+        await wait_until(
+            lambda: len([m for m in a.channel.sent + b.channel.sent if m.chat_id == "alice"]) == 2,
+            "alice's two replies",
+        )
+        await a.gateway.wait_idle()
+        await b.gateway.wait_idle()
+        alice = [
+            m.reply_to_message_id for m in a.channel.sent + b.channel.sent if m.chat_id == "alice"
+        ]
+        assert sorted(alice) == ["m0", "m1"]
+
+
 async def test_one_replica_answers_back_to_back_messages_as_sqlite_does(
     tmp_path: Path, pg_url: str
 ) -> None:
