@@ -87,13 +87,16 @@ class StorageConfig(_Strict):
     # Past max_open_transcripts a session's file is closed but its live window stays in
     # memory, so picking it up again reads nothing; 0 turns that off. Counted in the
     # windows' file bytes: parsed, a window takes about 6 times that in memory (measured:
-    # a window of short messages, 5.8x; 7x before a window was parsed in one go), so 16 is
-    # ~95 MiB at most.
+    # a window of short messages, 5.8x; 7x before a window was parsed in one go), and
+    # about 2.5 times more once sent to the Anthropic provider, which keeps each message
+    # encoded while it lives (core/providers/anthropic_wire.py): 16 is ~95 MiB at most,
+    # ~135 MiB with Anthropic.
     warm_transcripts_mib: int = Field(
         16,
         ge=0,
         le=65_536,
-        description="live windows kept after their file is closed, in MiB of file (~6x in memory)",
+        description="live windows kept after their file is closed, in MiB of file "
+        "(~6x in memory, ~8x with Anthropic)",
     )
     # pgvector's HNSW index answers by the server's distance operators; some pgvector
     # builds cannot run them (SIGILL on CPUs without the instructions they were built for).
