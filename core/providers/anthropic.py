@@ -29,6 +29,7 @@ Tool input that is not a JSON object (a truncated stream, a model slip) is kept 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +50,11 @@ from parley.core.messages import (
     Block,
     Message,
     TextBlock,
-    ToolSpec,
     ToolUseBlock,
     Usage,
 )
 from parley.core.providers.anthropic_wire import (
-    MAX_CACHE_BREAKPOINTS,
     RequestEncoder,
-    wire_block,
 )
 from parley.core.providers.base import (
     STOP_END,
@@ -79,7 +77,6 @@ from parley.core.providers.streaming import (
 
 PROVIDER_NAME = "anthropic"
 
-_CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
 _STOP_REASONS: dict[str, str] = {
     "end_turn": STOP_END,
     "stop_sequence": STOP_END,
@@ -90,81 +87,15 @@ _STOP_REASONS: dict[str, str] = {
 }
 
 
-def _wire_role(role: str) -> str:
-    return "assistant" if role == "assistant" else "user"
-
-
 def to_wire_messages(messages: tuple[Message, ...] | list[Message]) -> list[dict[str, Any]]:
-    """Our messages in the API's shape: alternating roles, tool results as user content."""
-    wire: list[dict[str, Any]] = []
-    for message in messages:
-        blocks = [b for b in (wire_block(x) for x in message.content) if b is not None]
-        if not blocks:
-            continue
-        role = _wire_role(message.role)
-        if wire and wire[-1]["role"] == role:
-            wire[-1]["content"].extend(blocks)
-        else:
-            wire.append({"role": role, "content": blocks})
-    for entry in wire:
-        if entry["role"] == "user":
-            # Stable sort: tool results first, everything else after, each in order.
-            entry["content"].sort(key=lambda b: b["type"] != "tool_result")
-    return wire
-
-
-def to_wire_tools(tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
-    wire = [
-        {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-        for t in tools
-    ]
-    if wire:
-        wire[-1]["cache_control"] = dict(_CACHE_CONTROL)
-    return wire
-
-
-def _history_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The message blocks that end a cached prefix: the newest message's last block
-    and, with 3 messages or more, the last block of the newest earlier user message
-    (where the previous call ended its prompt)."""
-    if not messages:
-        return []
-    marked = [messages[-1]["content"][-1]]
-    if len(messages) >= 3:
-        for message in reversed(messages[:-1]):
-            if message["role"] == "user":
-                marked.append(message["content"][-1])
-                break
-    return marked
-
-
-def _cacheable(block: dict[str, Any]) -> bool:
-    # The API rejects cache_control on a blank text block (wire text is never blank
-    # today; this keeps it that way if a translation changes).
-    return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
+    """Our messages in the API's shape, without cache breakpoints: what ``RequestEncoder``
+    sends, as data (for reading it and for tests)."""
+    return list(json.loads(RequestEncoder().messages_json(messages)))
 
 
 def build_params(request: ProviderRequest) -> dict[str, Any]:
-    """The keyword arguments for ``messages.create`` (``stream`` excluded)."""
-    messages = to_wire_messages(request.messages)
-    budget = MAX_CACHE_BREAKPOINTS - (1 if request.tools else 0)
-    budget -= 1 if request.system.strip() else 0
-    for block in [b for b in _history_breakpoints(messages) if _cacheable(b)][:budget]:
-        block["cache_control"] = dict(_CACHE_CONTROL)
-    params: dict[str, Any] = {
-        "model": request.model,
-        "max_tokens": request.max_tokens,
-        "messages": messages,
-    }
-    if request.system.strip():
-        params["system"] = [
-            {"type": "text", "text": request.system, "cache_control": dict(_CACHE_CONTROL)}
-        ]
-    if request.tools:
-        params["tools"] = to_wire_tools(request.tools)
-    if request.temperature is not None:
-        params["temperature"] = request.temperature
-    return params
+    """A request's body as data, ``stream`` left out: what ``RequestEncoder`` sends."""
+    return dict(json.loads(RequestEncoder().body(request, request.model, stream=False)))
 
 
 @dataclass(slots=True)

@@ -9,10 +9,9 @@ text for as long as the message lives (the context view hands the same ``Message
 objects from turn to turn), and a request is joined from those pieces and sent to
 the same endpoint as bytes.
 
-The JSON is the one ``anthropic.build_params`` describes, block for block and with
-the same cache breakpoints (the tests compare the two on every shape of history):
-that function stays the readable statement of the translation, this module its
-fast form.
+``anthropic.build_params`` and ``to_wire_messages`` read the same JSON back as data.
+The tests compare it, on every shape of history, with a translation written the plain
+way (dicts, then the SDK's encoder).
 """
 
 from __future__ import annotations
@@ -44,11 +43,12 @@ _CACHE_CONTROL_MEMBER = ',"cache_control":{"type":"ephemeral"}}'
 
 
 class WirePiece(NamedTuple):
-    """One content block as sent: its JSON object, and what the layout needs to know."""
+    """One content block as sent: its JSON object, and whether it is a tool result (a
+    merged user message sends those first). Every piece may carry a cache breakpoint:
+    the API refuses one only on blank text, which is never sent."""
 
     json: str
-    tool_result: bool  # a merged user message sends these first
-    cacheable: bool  # may carry a cache breakpoint (never a blank text block)
+    tool_result: bool
 
 
 def encode(value: Any) -> str:
@@ -95,8 +95,7 @@ class RequestEncoder:
         budget = MAX_CACHE_BREAKPOINTS - (1 if request.tools else 0)
         system = request.system.strip()
         budget -= 1 if system else 0
-        ends = [g[1] for g in _history_breakpoints(messages) if g[1][-1].cacheable][:budget]
-        for pieces in ends:
+        for pieces in [g[1] for g in _history_breakpoints(messages)][:budget]:
             last = pieces[-1]
             pieces[-1] = last._replace(json=last.json[:-1] + _CACHE_CONTROL_MEMBER)
         parts = [
@@ -104,12 +103,8 @@ class RequestEncoder:
             encode(model),
             ',"max_tokens":',
             encode(request.max_tokens),
-            ',"messages":[',
-            ",".join(
-                f'{{"role":"{role}","content":[{",".join(p.json for p in pieces)}]}}'
-                for role, pieces in messages
-            ),
-            "]",
+            ',"messages":',
+            _join(messages),
         ]
         if system:
             parts += [',"system":[{"type":"text","text":', encode(request.system)]
@@ -122,6 +117,10 @@ class RequestEncoder:
             parts.append(',"stream":true')
         parts.append("}")
         return "".join(parts).encode()
+
+    def messages_json(self, messages: Sequence[Message]) -> str:
+        """The messages alone, as a JSON array, without cache breakpoints."""
+        return _join(self._messages(messages))
 
     def _messages(self, messages: Sequence[Message]) -> list[tuple[str, list[WirePiece]]]:
         """The wire messages: roles alternating, tool results first in a user message."""
@@ -162,18 +161,27 @@ def _pieces(message: Message) -> tuple[WirePiece, ...]:
         wire = wire_block(block)
         if wire is None:
             continue
-        kind = wire["type"]
-        cacheable = kind != "text" or bool(str(wire.get("text", "")).strip())
-        pieces.append(WirePiece(encode(wire), kind == "tool_result", cacheable))
+        pieces.append(WirePiece(encode(wire), wire["type"] == "tool_result"))
     return tuple(pieces)
+
+
+def _join(messages: list[tuple[str, list[WirePiece]]]) -> str:
+    return (
+        "["
+        + ",".join(
+            f'{{"role":"{role}","content":[{",".join(p.json for p in pieces)}]}}'
+            for role, pieces in messages
+        )
+        + "]"
+    )
 
 
 def _history_breakpoints(
     messages: list[tuple[str, list[WirePiece]]],
 ) -> list[tuple[str, list[WirePiece]]]:
-    """As ``anthropic._history_breakpoints``, the messages whose last block ends a
-    cached prefix: the newest and, with 3 messages or more, the newest earlier user
-    message."""
+    """The messages whose last block ends a cached prefix: the newest and, with 3
+    messages or more, the newest earlier user message (where the previous call ended
+    its prompt)."""
     if not messages:
         return []
     marked = [messages[-1]]

@@ -30,11 +30,11 @@ from parley.core.messages import (
     ToolUseBlock,
 )
 from parley.core.providers.anthropic import (
-    MAX_CACHE_BREAKPOINTS,
     AnthropicProvider,
     build_params,
     to_wire_messages,
 )
+from parley.core.providers.anthropic_wire import MAX_CACHE_BREAKPOINTS
 from parley.core.providers.base import (
     STOP_END,
     STOP_MAX_TOKENS,

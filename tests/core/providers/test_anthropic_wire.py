@@ -20,8 +20,8 @@ from parley.core.messages import (
     ToolSpec,
     ToolUseBlock,
 )
-from parley.core.providers.anthropic import AnthropicProvider, build_params
-from parley.core.providers.anthropic_wire import RequestEncoder
+from parley.core.providers.anthropic import AnthropicProvider, build_params, to_wire_messages
+from parley.core.providers.anthropic_wire import RequestEncoder, wire_block
 from parley.core.providers.base import ProviderRequest
 from tests.core.providers.conftest import TEST_ANTHROPIC_MODEL
 from tests.fakes.anthropic_api import FakeAnthropic
@@ -51,8 +51,52 @@ _MESSAGES = st.builds(
 )
 
 
+def reference_params(request: ProviderRequest) -> dict[str, Any]:
+    """The translation written the plain way, as the SDK was once given it: dicts built
+    block by block, roles merged, tool results first, breakpoints marked in place."""
+    ephemeral = {"type": "ephemeral"}
+    wire: list[dict[str, Any]] = []
+    for message in request.messages:
+        blocks = [b for b in map(wire_block, message.content) if b is not None]
+        if not blocks:
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        if wire and wire[-1]["role"] == role:
+            wire[-1]["content"].extend(blocks)
+        else:
+            wire.append({"role": role, "content": blocks})
+    for entry in wire:
+        if entry["role"] == "user":
+            entry["content"].sort(key=lambda b: b["type"] != "tool_result")
+    marked = [wire[-1]["content"][-1]] if wire else []
+    if len(wire) >= 3:
+        earlier_user = next((m for m in reversed(wire[:-1]) if m["role"] == "user"), None)
+        if earlier_user is not None:
+            marked.append(earlier_user["content"][-1])
+    budget = 4 - (1 if request.tools else 0) - (1 if request.system.strip() else 0)
+    for block in [b for b in marked if b["type"] != "text" or b["text"].strip()][:budget]:
+        block["cache_control"] = dict(ephemeral)
+    params: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": wire,
+    }
+    if request.system.strip():
+        params["system"] = [{"type": "text", "text": request.system, "cache_control": ephemeral}]
+    if request.tools:
+        tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+            for t in request.tools
+        ]
+        tools[-1]["cache_control"] = dict(ephemeral)
+        params["tools"] = tools
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    return params
+
+
 def expected(request: ProviderRequest, model: str) -> dict[str, Any]:
-    return {**build_params(request), "model": model, "stream": True}
+    return {**reference_params(request), "model": model, "stream": True}
 
 
 @settings(max_examples=300, deadline=None)
@@ -62,7 +106,7 @@ def expected(request: ProviderRequest, model: str) -> dict[str, Any]:
     tools=st.sampled_from([(), (WEATHER,), (CLOCK, WEATHER)]),
     temperature=st.sampled_from([None, 0.0, 0.7]),
 )
-def test_the_body_is_build_params_as_json(
+def test_the_body_is_the_plain_translation_as_json(
     messages: list[Message],
     system: str,
     tools: tuple[ToolSpec, ...],
@@ -76,6 +120,14 @@ def test_the_body_is_build_params_as_json(
 
     assert first == expected(request, "model-x")
     assert again == first
+    # What build_params and to_wire_messages read back is that same body.
+    assert build_params(request) == reference_params(request)
+    unmarked = [
+        {**m, "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]}
+        for m in reference_params(request)["messages"]
+        for blocks in [m["content"]]
+    ]
+    assert to_wire_messages(request.messages) == unmarked
 
 
 def test_a_breakpoint_never_sticks_to_a_kept_block() -> None:
@@ -113,7 +165,7 @@ def test_a_new_tool_list_is_encoded_again() -> None:
     assert json.loads(encoder.body(one, "m")) == expected(one, "m")
 
 
-async def test_the_strict_fake_gets_the_same_body_as_from_build_params(
+async def test_the_strict_fake_gets_the_plain_translation(
     anthropic_fake: FakeAnthropic, anthropic_provider: AnthropicProvider
 ) -> None:
     history = (
