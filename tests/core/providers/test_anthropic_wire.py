@@ -198,3 +198,19 @@ async def test_a_body_json_cannot_carry_fails_the_call_as_malformed(
         await anthropic_provider.complete(ProviderRequest(TEST_ANTHROPIC_MODEL, "", history))
 
     assert len(anthropic_fake.requests) == sent_before
+
+
+def test_one_persons_words_never_reach_anothers_body() -> None:
+    """The encoder is shared by every session of a provider and remembers messages by
+    identity: a body holds only its own request's messages, also once another
+    session's messages are gone and their ids are free to be reused."""
+    encoder = RequestEncoder()
+    for round_ in range(50):
+        alice = [Message.user(f"ALICE-CANARY-{round_} my secret"), Message.assistant("ok")]
+        bob = [Message.user(f"bob asks {round_}"), Message.assistant("sure")]
+        alice_body = encoder.body(ProviderRequest("m", "S", tuple(alice)), "m").decode()
+        del alice  # freed: a new message may now take one of its ids
+        bob_body = encoder.body(ProviderRequest("m", "S", tuple(bob)), "m").decode()
+        assert f"ALICE-CANARY-{round_}" in alice_body
+        assert "ALICE-CANARY" not in bob_body
+        assert json.loads(bob_body)["messages"][0]["content"][0]["text"] == f"bob asks {round_}"
