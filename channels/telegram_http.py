@@ -13,22 +13,34 @@ runs on aiohttp.
 timeout, so an upload has an overall limit instead), ``TimedOut`` for a timeout and
 ``NetworkError`` for any other transport failure, the body as a form, or multipart
 when there are files.
+
+Proxies come from the environment as PTB's httpx client took them (``HTTPS_PROXY``,
+``HTTP_PROXY``, ``ALL_PROXY``, minus ``NO_PROXY``), looked up once per scheme and host
+on a worker thread. aiohttp's own ``trust_env`` looked them up, and searched for a
+``.netrc`` file, in two executor jobs on every request: under load that was a file
+open per message and two thread hops on the way to each send.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any
+from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
 from telegram._utils.defaultvalue import DefaultValue
 from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
+from yarl import URL
 
 DEFAULT_TIMEOUT_SECONDS = 5.0  # PTB's defaults for read, write and connect
 DEFAULT_POOL_TIMEOUT_SECONDS = 1.0  # PTB's default wait for a pooled connection
 DEFAULT_MEDIA_WRITE_TIMEOUT_SECONDS = 20.0
+
+# The proxy and its headers (its credentials); no proxy: (None, None).
+ProxyRoute = tuple[URL | None, dict[str, str] | None]
 
 
 class AiohttpRequest(BaseRequest):
@@ -56,6 +68,7 @@ class AiohttpRequest(BaseRequest):
         self._media_write_timeout = media_write_timeout
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
+        self._routes: dict[tuple[str, str | None], ProxyRoute] = {}
 
     @property
     def read_timeout(self) -> float | None:
@@ -74,8 +87,6 @@ class AiohttpRequest(BaseRequest):
                 # PTB reads the status and the body itself; an error status is no
                 # exception here.
                 raise_for_status=False,
-                # HTTPS_PROXY / ALL_PROXY / NO_PROXY, as PTB's httpx client honoured them.
-                trust_env=True,
             )
 
     async def shutdown(self) -> None:
@@ -115,15 +126,48 @@ class AiohttpRequest(BaseRequest):
             body = _form(request_data.json_parameters, files) if files else None
             if body is None and request_data.json_parameters:
                 body = request_data.json_parameters
+        target = URL(url)
+        route = self._routes.get((target.scheme, target.host))
+        if route is None:
+            route = await asyncio.to_thread(env_proxy, target)
+            self._routes[(target.scheme, target.host)] = route
+        proxy, credentials = route
+        # aiohttp sends proxy headers on a tunnel's CONNECT only: a plain HTTP request
+        # through a proxy carries its Proxy-Authorization itself.
+        tunnel = target.scheme == "https"
         try:
             async with session.request(
-                method, url, data=body, timeout=timeout, allow_redirects=False
-            ) as response:  # httpx, PTB's default, follows no redirect either
+                method,
+                target,
+                data=body,
+                timeout=timeout,
+                allow_redirects=False,  # httpx, PTB's default, follows no redirect either
+                proxy=proxy,
+                proxy_headers=credentials if tunnel else None,
+                headers=None if tunnel else credentials,
+            ) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+
+def env_proxy(url: URL) -> ProxyRoute:
+    """The proxy the environment names for ``url``: the scheme's own variable, else
+    ``ALL_PROXY``; none for a host ``NO_PROXY`` lists. Credentials in the proxy's URL
+    go as its ``Proxy-Authorization``. Blocking (the stdlib may read system settings)."""
+    if url.host is None or proxy_bypass(url.host):
+        return None, None
+    proxies = getproxies()
+    raw = proxies.get(url.scheme) or proxies.get("all")
+    if not raw:
+        return None, None
+    proxy = URL(raw)
+    if not proxy.user:
+        return proxy, None
+    credentials = aiohttp.encode_basic_auth(proxy.user, proxy.password or "")
+    return proxy.with_user(None), {"Proxy-Authorization": credentials}
 
 
 def _given(value: ODVInput[float], default: float | None) -> float | None:

@@ -203,12 +203,16 @@ class Runner:
             # Counted here and stored with it: neither the next turn nor a later reader
             # of the file counts it again (TokenCounter.know_stored). Counted as the
             # transcript gives it back: a user's words neutralised (core/fences.py).
-            stored = read_user_message(message)
-            stamp = counter.stamp(stored)
-            entry = await asyncio.to_thread(
-                transcript.append_message, message, tokens=stamp, **kwargs
-            )
-            counter.know(entry.message, counter.message(stored))
+            # On the worker thread with the write: tiktoken lets go of the GIL while it
+            # encodes, so a long reply is counted beside the event loop, not on it.
+            def write() -> tuple[Entry, int]:
+                stored = read_user_message(message)
+                stamp = counter.stamp(stored)
+                entry = transcript.append_message(message, tokens=stamp, **kwargs)
+                return entry, counter.message(stored)
+
+            entry, count = await asyncio.to_thread(write)
+            counter.know(entry.message, count)
             appended.append(entry)
             return entry
 

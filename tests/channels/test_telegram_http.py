@@ -50,6 +50,8 @@ class Api:
             "method": request.method,
             "content_type": request.content_type,
             "user_agent": request.headers.get("User-Agent", ""),
+            "host": request.host,
+            "proxy_authorization": request.headers.get("Proxy-Authorization"),
         }
         if request.content_type == "multipart/form-data":
             parts: dict[str, Any] = {}
@@ -182,6 +184,67 @@ async def test_a_full_pool_times_out_waiting_and_sends_nothing(api: tuple[Api, s
         async with asyncio.timeout(WAIT):
             await first
     assert texts == ["first"]  # the second never reached the server
+
+
+async def test_a_proxy_from_the_environment_carries_the_request_and_its_credentials(
+    api: tuple[Api, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The local server plays the proxy: a request for a host that does not resolve
+    # can reach the "Bot API" only through it.
+    state, base = api
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # the other scheme's: unused
+    monkeypatch.setenv("HTTP_PROXY", base.replace("http://", "http://ann:s3cret@"))
+    async with bot_on("http://api.telegram.invalid", AiohttpRequest(2)) as bot:
+        await bot.send_message(42, "through the proxy")
+        await bot.send_message(42, "and again")
+    sent = [s for s in state.seen if s["path"].endswith("/sendMessage")]
+    assert [s["form"]["text"] for s in sent] == ["through the proxy", "and again"]
+    assert {s["host"] for s in sent} == {"api.telegram.invalid"}
+    assert {s["proxy_authorization"] for s in sent} == {"Basic YW5uOnMzY3JldA=="}
+
+
+async def test_an_https_request_tunnels_with_the_credentials_on_its_connect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A proxy that reads the CONNECT and refuses it: what it saw is the assertion.
+    seen: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("HTTPS_PROXY", f"http://ann:s3cret@127.0.0.1:{port}")
+    try:
+        async with AiohttpRequest(1) as request:
+            with pytest.raises(NetworkError):
+                await request.post(f"https://api.telegram.invalid/bot{TOKEN}/getMe")
+    finally:
+        server.close()
+        await server.wait_closed()
+    [connect] = seen
+    assert connect.startswith(b"CONNECT api.telegram.invalid:443 ")
+    assert b"Proxy-Authorization: Basic YW5uOnMzY3JldA==" in connect
+
+
+async def test_all_proxy_is_taken_and_no_proxy_goes_direct(
+    api: tuple[Api, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, base = api
+    monkeypatch.setenv("ALL_PROXY", base)
+    async with bot_on("http://api.telegram.invalid", AiohttpRequest(1)) as bot:
+        await bot.send_message(42, "via all_proxy")
+    assert state.seen[-1]["host"] == "api.telegram.invalid"
+    assert state.seen[-1]["proxy_authorization"] is None
+    # NO_PROXY (127.0.0.1, set for every test) wins: with every proxy pointing at a
+    # closed port, the request still arrives, straight.
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    async with bot_on(base, AiohttpRequest(1)) as bot:
+        await bot.send_message(42, "direct")
+    assert state.seen[-1]["form"]["text"] == "direct"
 
 
 async def test_a_refused_connection_is_a_network_error() -> None:

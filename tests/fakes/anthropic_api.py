@@ -35,6 +35,7 @@ from tests.fakes.llm_common import (
     FakeLLMServer,
     Hang,
     HttpError,
+    MeasuredSegment,
     RawResponse,
     Reply,
     Step,
@@ -43,6 +44,7 @@ from tests.fakes.llm_common import (
     bearer_or_api_key,
     estimate_tokens,
     json_response,
+    measure_segments,
     retry_headers,
     split_text,
 )
@@ -366,10 +368,15 @@ class FakeAnthropic(FakeLLMServer):
             )
         return None
 
-    def _usage(self, body: Mapping[str, Any], step: Step) -> dict[str, int]:
+    def _usage(
+        self,
+        step: Step,
+        segments: list[Any],
+        breakpoints: list[int],
+        measured: list[MeasuredSegment],
+    ) -> dict[str, int]:
         """Account the prompt against the cache, bill it, and return the usage."""
-        segments, breakpoints = prompt_segments(body)
-        total = sum(estimate_tokens(s) for s in segments)
+        total = sum(m.tokens for m in measured)
         read, written = self.cache.account(
             segments,
             breakpoints,
@@ -378,6 +385,7 @@ class FakeAnthropic(FakeLLMServer):
             ttl_seconds=self.cache_ttl_seconds,
             lookback_blocks=self.cache_lookback_blocks,
             block_indexes=block_indexes(segments),
+            measured=measured,
         )
         output = self._output_tokens(self._sent_reply(step))
         usage = {
@@ -417,7 +425,9 @@ class FakeAnthropic(FakeLLMServer):
             validate(body)
         except InvalidRequest as exc:
             return self._error(400, "invalid_request_error", str(exc))
-        if (overflow := self._overflow(body, prompt_tokens(body))) is not None:
+        segments, breakpoints = prompt_segments(body)
+        measured = measure_segments(segments)
+        if (overflow := self._overflow(body, sum(m.tokens for m in measured))) is not None:
             return overflow
         step: Step = self.next_step(body) or Reply(echo_text(body))
         if isinstance(step, HttpError):
@@ -430,7 +440,7 @@ class FakeAnthropic(FakeLLMServer):
             )
         if isinstance(step, Hang) and step.partial_text is None:
             return await self.hang_response(request)
-        usage = self._usage(body, step)
+        usage = self._usage(step, segments, breakpoints, measured)
         if not body.get("stream"):
             if not isinstance(step, Reply):
                 return self._error(500, "api_error", "this step needs stream: true")

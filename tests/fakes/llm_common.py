@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from aiohttp import web
 
@@ -53,6 +53,26 @@ def estimate_tokens(value: Any) -> int:
     """Deterministic token estimate of one value (its compact JSON, ~4 chars a token)."""
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+class MeasuredSegment(NamedTuple):
+    """A prompt segment's canonical JSON (keys sorted: what the cache hashes) and its
+    ``estimate_tokens`` (sorting keys does not change the compact JSON's length)."""
+
+    canonical: str
+    tokens: int
+
+
+def measure_segments(segments: Sequence[Any]) -> list[MeasuredSegment]:
+    """Each segment encoded once: a request's window check, usage and cache accounting
+    all read these, instead of encoding every segment again for each (a long history
+    made the fake slower than the bot it measures)."""
+    measured = []
+    for segment in segments:
+        canonical = json.dumps(segment, sort_keys=True, separators=(",", ":"))
+        text = segment if isinstance(segment, str) else canonical
+        measured.append(MeasuredSegment(canonical, math.ceil(len(text) / CHARS_PER_TOKEN)))
+    return measured
 
 
 def split_text(text: str, chunk_chars: int = 0) -> list[str]:
@@ -181,24 +201,28 @@ class PrefixCache:
         ttl_seconds: float = math.inf,
         lookback_blocks: int | None = None,
         block_indexes: Sequence[int] | None = None,
+        measured: Sequence[MeasuredSegment] | None = None,
     ) -> tuple[int, int]:
         """(read, written) tokens for a prompt cut at ``breakpoints`` (segment indexes).
 
         ``block_indexes`` are the segments that end a content block (None: all of
         them); ``lookback_blocks`` None searches every boundary before a breakpoint.
+        ``measured`` is ``measure_segments(segments)`` when the caller has it already.
         """
         if not breakpoints:
             return 0, 0
         self._drop_expired(now)
         last = max(breakpoints)
+        if measured is None:
+            measured = measure_segments(segments[: last + 1])
         chain = hashlib.sha256()
         keys: list[str] = []
         sizes: list[int] = []
         tokens = 0
-        for segment in segments[: last + 1]:
-            chain.update(json.dumps(segment, sort_keys=True).encode())
+        for segment in measured[: last + 1]:
+            chain.update(segment.canonical.encode())
             keys.append(chain.hexdigest())
-            tokens += estimate_tokens(segment)
+            tokens += segment.tokens
             sizes.append(tokens)
         candidates = self._candidates(last, breakpoints, lookback_blocks, block_indexes)
         hits = [i for i in candidates if keys[i] in self._expires and sizes[i] >= min_tokens]
