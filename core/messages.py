@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 Role = Literal["user", "assistant", "tool_result"]
 ROLES: tuple[str, ...] = ("user", "assistant", "tool_result")
@@ -100,11 +100,49 @@ def block_from_dict(raw: dict[str, Any]) -> Block:
     raise ValueError(f"unknown content block type: {kind!r}")
 
 
-# weakref_slot: the token counter keeps each message's count only while it lives.
+V = TypeVar("V")
+
+
+class DerivedKey(Generic[V]):
+    """Names one kind of value worked out from a message and kept with it
+    (``Message.derived``): compared by identity, so each owner has its own."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"DerivedKey({self.name!r})"
+
+
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class Message:
     role: Role
     content: tuple[Block, ...]
+    # Values worked out from this message (its token count, its size in characters, its
+    # encoded wire form), kept on it: the context view hands the same Message objects
+    # from turn to turn, so each is worked out once. They live exactly as long as the
+    # message, and equal messages never share them. Not part of the message's value.
+    # (A memo beside the messages, keyed by identity with a weak reference each, cost
+    # about a tenth of the event loop under load in its look-ups and callbacks.)
+    _derived: dict[DerivedKey[Any], Any] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def derived(self, key: DerivedKey[V]) -> V | None:
+        """The value kept under ``key`` (``keep_derived``), None when there is none."""
+        kept = self._derived
+        return None if kept is None else kept.get(key)
+
+    def keep_derived(self, key: DerivedKey[V], value: V) -> None:
+        """Keep ``value`` with this message under ``key``. From any thread: two threads
+        racing to make the first value's dict can lose one value, never mix them up."""
+        kept = self._derived
+        if kept is None:
+            kept = {}
+            object.__setattr__(self, "_derived", kept)
+        kept[key] = value
 
     @classmethod
     def user(cls, text: str) -> Message:

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from parley.core.identity_memo import IdentityMemo
 from parley.core.messages import (
     Block,
+    DerivedKey,
     ImageBlock,
     Message,
     TextBlock,
@@ -252,9 +252,10 @@ class TokenCounter:
     ) -> None:
         self._texts: _LRU[str, int] = _LRU(text_cache_entries, text_cache_chars)
         self._entries: _LRU[str, tuple[Message, int]] = _LRU(entry_cache_entries)
-        # Each message's count, for as long as the message lives (core/identity_memo.py):
-        # a steady-state turn counts only what is new.
-        self._messages: IdentityMemo[Message, int] = IdentityMemo()
+        # Each message's count, kept on the message for as long as it lives
+        # (``Message.derived``): a steady-state turn counts only what is new. The key is
+        # this counter's own; ``clear`` takes a new one.
+        self._counted: DerivedKey[int] = DerivedKey("token count")
         self._min_cached = min_cached_chars
 
     def _encode_len(self, s: str) -> int:
@@ -301,11 +302,11 @@ class TokenCounter:
         raise TypeError(f"not a content block: {type(b).__name__}")
 
     def message(self, m: Message) -> int:
-        cached = self._messages.get(m)
+        cached = m.derived(self._counted)
         if cached is not None:
             return cached
         count = MESSAGE_OVERHEAD_TOKENS + sum(self.block(b) for b in m.content)
-        self._messages.put(m, count)
+        m.keep_derived(self._counted, count)
         return count
 
     def messages(self, ms: Sequence[Message]) -> int:
@@ -329,18 +330,19 @@ class TokenCounter:
 
     def know(self, m: Message, count: int) -> None:
         """Take ``count`` as ``m``'s (its stored count) for as long as ``m`` lives."""
-        if self._messages.get(m) is None:
-            self._messages.put(m, count)
+        if m.derived(self._counted) is None:
+            m.keep_derived(self._counted, count)
 
     def know_stored(self, entries: Iterable[Entry]) -> None:
         """Take each message entry's stored count, where it has one in this encoder and
         its message is not counted yet."""
         name = self.encoder_name
+        counted = self._counted
         for e in entries:
             if e.type != ENTRY_MESSAGE:
                 continue
             message = e.message
-            if self._messages.get(message) is not None:
+            if message.derived(counted) is not None:
                 continue
             stored = e.payload.get("tokens")
             count = stored.get(name) if isinstance(stored, dict) else None
@@ -348,7 +350,7 @@ class TokenCounter:
             if isinstance(count, bool) or not isinstance(count, int):
                 continue
             if count >= MESSAGE_OVERHEAD_TOKENS:
-                self._messages.put(message, count)
+                message.keep_derived(counted, count)
 
     def tools(self, specs: Sequence[ToolSpec]) -> int:
         """Tool definitions, counted as the compact JSON of name, description and schema."""
@@ -378,7 +380,7 @@ class TokenCounter:
         """Drop both caches (tests, or memory pressure)."""
         self._texts.clear()
         self._entries.clear()
-        self._messages.clear()
+        self._counted = DerivedKey("token count")
 
 
 _default_counter: TokenCounter | None = None

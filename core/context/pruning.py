@@ -43,9 +43,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from parley.core.context.config import PruningConfig
-from parley.core.identity_memo import IdentityMemo
 from parley.core.messages import (
     Block,
+    DerivedKey,
     ImageBlock,
     Message,
     TextBlock,
@@ -212,17 +212,17 @@ def _block_chars(block: Block) -> int:
     return 0  # images: not text; see the module docstring
 
 
-# Per message object, as long as it lives: the view reuses the same Message objects
-# from call to call, and this runs before every call. A fixed bound (16,384 messages)
-# missed on every turn once 1,000 chats' windows outgrew it (bench/load.py).
-_CHARS: IdentityMemo[Message, int] = IdentityMemo()
+# Kept on each message (``Message.derived``): the view reuses the same Message objects
+# from call to call, and this runs before every call. A fixed-size cache beside them
+# (16,384 messages) missed on every turn once 1,000 chats' windows outgrew it.
+_CHARS: DerivedKey[int] = DerivedKey("characters")
 
 
 def message_chars(message: Message) -> int:
-    chars = _CHARS.get(message)
+    chars = message.derived(_CHARS)
     if chars is None:
         chars = sum(_block_chars(b) for b in message.content)
-        _CHARS.put(message, chars)
+        message.keep_derived(_CHARS, chars)
     return chars
 
 

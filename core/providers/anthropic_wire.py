@@ -20,9 +20,9 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from parley.core.identity_memo import IdentityMemo
 from parley.core.messages import (
     Block,
+    DerivedKey,
     ImageBlock,
     Message,
     TextBlock,
@@ -85,7 +85,9 @@ class RequestEncoder:
     """Encodes requests for one provider; holds the encoded blocks of live messages."""
 
     def __init__(self) -> None:
-        self._blocks: IdentityMemo[Message, tuple[WirePiece, ...]] = IdentityMemo()
+        # Each message's encoded blocks, kept on the message (``Message.derived``)
+        # under this encoder's own key.
+        self._encoded: DerivedKey[tuple[WirePiece, ...]] = DerivedKey("anthropic wire")
         # The tool list is the same tuple from turn to turn: its JSON is kept for it.
         self._tools: tuple[tuple[ToolSpec, ...], str] | None = None
 
@@ -126,10 +128,10 @@ class RequestEncoder:
         """The wire messages: roles alternating, tool results first in a user message."""
         wire: list[tuple[str, list[WirePiece]]] = []
         for message in messages:
-            pieces = self._blocks.get(message)
+            pieces = message.derived(self._encoded)
             if pieces is None:
                 pieces = _pieces(message)
-                self._blocks.put(message, pieces)
+                message.keep_derived(self._encoded, pieces)
             if not pieces:
                 continue
             role = "assistant" if message.role == "assistant" else "user"

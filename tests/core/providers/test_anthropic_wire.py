@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 from typing import Any
@@ -142,18 +141,18 @@ def test_a_breakpoint_never_sticks_to_a_kept_block() -> None:
         assert json.loads(encoder.body(request, "m")) == expected(request, "m")
 
 
-def test_a_messages_encoding_goes_with_the_message() -> None:
+def test_a_messages_encoding_is_kept_with_it_for_its_encoder_only() -> None:
     encoder = RequestEncoder()
-    kept = Message.user("kept")
-    gone = Message.user("gone")
-    encoder.body(ProviderRequest("m", "", (kept, gone)), "m")
-    remembered = len(encoder._blocks)
+    kept, twin = Message.user("kept"), Message.user("kept")
+    encoder.body(ProviderRequest("m", "", (kept,)), "m")
+    pieces = kept.derived(encoder._encoded)
 
-    del gone
-    gc.collect()
+    encoder.body(ProviderRequest("m", "", (kept, Message.assistant("a"))), "m")
 
-    assert remembered == 2
-    assert len(encoder._blocks) == 1
+    assert pieces is not None
+    assert kept.derived(encoder._encoded) is pieces  # not encoded again
+    assert twin.derived(encoder._encoded) is None  # equal, but another message
+    assert kept.derived(RequestEncoder()._encoded) is None  # another encoder's key
 
 
 def test_a_new_tool_list_is_encoded_again() -> None:
