@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from typing import Any
+from urllib.parse import urlencode
 from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
@@ -38,6 +39,7 @@ from yarl import URL
 DEFAULT_TIMEOUT_SECONDS = 5.0  # PTB's defaults for read, write and connect
 DEFAULT_POOL_TIMEOUT_SECONDS = 1.0  # PTB's default wait for a pooled connection
 DEFAULT_MEDIA_WRITE_TIMEOUT_SECONDS = 20.0
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 # The proxy and its headers (its credentials); no proxy: (None, None).
 ProxyRoute = tuple[URL | None, dict[str, str] | None]
@@ -121,11 +123,15 @@ class AiohttpRequest(BaseRequest):
             # so that a stalled one cannot hold its lane for ever.
             total=_sum(write, read, connect, pool) if files else None,
         )
-        body: aiohttp.FormData | dict[str, str] | None = None
+        body: aiohttp.FormData | bytes | None = None
+        headers: dict[str, str] = {}
         if request_data is not None:
             body = _form(request_data.json_parameters, files) if files else None
             if body is None and request_data.json_parameters:
-                body = request_data.json_parameters
+                # Encoded here: given a dict, aiohttp builds a multipart writer (and a
+                # random boundary) for every request, only to send it urlencoded.
+                body = urlencode(request_data.json_parameters).encode("ascii")
+                headers["Content-Type"] = FORM_CONTENT_TYPE
         target = URL(url)
         route = self._routes.get((target.scheme, target.host))
         if route is None:
@@ -135,6 +141,8 @@ class AiohttpRequest(BaseRequest):
         # aiohttp sends proxy headers on a tunnel's CONNECT only: a plain HTTP request
         # through a proxy carries its Proxy-Authorization itself.
         tunnel = target.scheme == "https"
+        if credentials is not None and not tunnel:
+            headers.update(credentials)
         try:
             async with session.request(
                 method,
@@ -144,7 +152,7 @@ class AiohttpRequest(BaseRequest):
                 allow_redirects=False,  # httpx, PTB's default, follows no redirect either
                 proxy=proxy,
                 proxy_headers=credentials if tunnel else None,
-                headers=None if tunnel else credentials,
+                headers=headers or None,
             ) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError is one too

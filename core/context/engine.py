@@ -72,6 +72,7 @@ from parley.core.context.flush import (
 )
 from parley.core.context.requests import PreparedView, TurnEvents, ViewRequest
 from parley.core.context.session_state import SessionState, SessionStates
+from parley.core.context.stored_counts import StoredCounts
 from parley.core.context.trim import fit_view, newest_turn_start
 from parley.core.context.view import (
     ContextView,
@@ -144,6 +145,7 @@ class ContextEngine:
             )
         )
         self._warned: set[str] = set()  # models already warned about a small window
+        self._stored_counts = StoredCounts(self.counter)
         self.compactor = build_compactor(
             config.compaction,
             provider=self.summary_provider,
@@ -297,7 +299,7 @@ class ContextEngine:
         state, budget = self._limits(request)
         window, threshold = budget.window, budget.threshold
         # A window read again from its file: its messages' counts are in their entries.
-        self.counter.know_stored(transcript.live_entries())
+        self._stored_counts.take_new(transcript)
 
         messages, key, decisions = build_view(
             self.config, transcript.live_entries(), request.chat_type, window

@@ -20,6 +20,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import msgspec
+
 from parley.core.messages import (
     Block,
     DerivedKey,
@@ -38,6 +40,7 @@ MAX_CACHE_BREAKPOINTS = 4  # the API rejects a request with more
 # The SDK's own encoder settings: compact, UTF-8 as is, and NaN refused (a tool input
 # holding one fails the request rather than sending JSON the API cannot read).
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_FAST_ENCODER = msgspec.json.Encoder()
 # Appended to a block's JSON object: the key build_params adds last.
 _CACHE_CONTROL_MEMBER = ',"cache_control":{"type":"ephemeral"}}'
 
@@ -163,8 +166,21 @@ def _pieces(message: Message) -> tuple[WirePiece, ...]:
         wire = wire_block(block)
         if wire is None:
             continue
-        pieces.append(WirePiece(encode(wire), wire["type"] == "tool_result"))
+        pieces.append(WirePiece(_encode_block(wire), wire["type"] == "tool_result"))
     return tuple(pieces)
+
+
+def _encode_block(wire: dict[str, Any]) -> str:
+    """A block's JSON. Blocks of strings go through msgspec, several times faster than
+    json (a window read again from its file is encoded again, message by message), to
+    the same bytes; a tool call's input goes through json, which refuses NaN where
+    msgspec would write null, and so does a string msgspec refuses (a lone surrogate)."""
+    if wire["type"] != "tool_use":
+        try:
+            return _FAST_ENCODER.encode(wire).decode()
+        except UnicodeEncodeError:
+            pass
+    return encode(wire)
 
 
 def _join(messages: list[tuple[str, list[WirePiece]]]) -> str:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from parley.core.providers.base import (
 from parley.core.providers.provider_config import RetryConfig
 from parley.core.runner import DISCARDED_REPLY_TYPE, TOOL_LIMIT_NOTE, Runner, TurnRequest
 from parley.core.tools.builtin import default_registry
-from parley.core.transcript import ENTRY_COMPACTION, Transcript
+from parley.core.transcript import ENTRY_COMPACTION, Entry, Transcript
 from tests.fakes.scripted_provider import ScriptedProvider
 
 
@@ -377,6 +378,43 @@ async def test_a_window_read_again_takes_its_counts_from_the_file(
     assert reply not in encoded
     assert "the first question, also unmistakable" not in encoded
     assert "second question" in encoded  # what is new is counted
+
+
+async def test_stored_counts_are_looked_at_once_per_entry_and_new_ones_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn looks for stored counts among the entries it has not looked at: an
+    entry another writer appended (with its count) is taken, the rest not walked again."""
+    runner = make_runner(tmp_path, ScriptedProvider())
+    provider = runner.provider
+    assert isinstance(provider, ScriptedProvider)
+    for text in ("one", "two", "three"):
+        provider.push(ProviderResponse((TextBlock(text),), STOP_END, Usage(10, 5)))
+    counter = runner.engine.counter
+    looked_at: list[list[str]] = []
+    real = counter.know_stored
+
+    def spy(entries: Iterable[Entry]) -> None:
+        listed = list(entries)
+        looked_at.append([e.id for e in listed])
+        real(listed)
+
+    monkeypatch.setattr(counter, "know_stored", spy)
+    with Transcript.create(tmp_path / "s.jsonl", "sid", "agent:main:x") as t:
+        await runner.run_turn(t, TurnRequest("k", "first"))
+        elsewhere = t.append_message(
+            Message.assistant("written by another replica"),
+            tokens={counter.encoder_name: 777},
+        )
+        await runner.run_turn(t, TurnRequest("k", "second"))
+        await runner.run_turn(t, TurnRequest("k", "third"))
+        ids = [e.id for e in t.live_entries()]
+
+    assert counter.message(elsewhere.message) == 777  # the stored count, not a recount
+    every_look = [entry_id for look in looked_at for entry_id in look]
+    assert len(every_look) == len(set(every_look))  # no entry looked at twice
+    assert set(every_look) <= set(ids)
+    assert elsewhere.id in looked_at[1]
 
 
 async def test_a_stored_count_in_another_encoder_is_not_taken(

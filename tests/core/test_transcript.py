@@ -484,3 +484,43 @@ def test_closed_transcript_refuses_work(path: Path) -> None:
         t.append_message(Message.user("x"))
     with pytest.raises(TranscriptError, match="closed"):
         list(t.entries())
+
+
+def test_a_window_parses_in_chunks_as_it_does_line_by_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chunked parse (msgspec) and the line-by-line one (json) read a window the same,
+    including the lines msgspec refuses: a lone surrogate's escape, which the writer
+    produces on purpose, a NaN or a number out of range a hand edit left, a corrupt line
+    and two values on one."""
+    good = Entry(
+        "e1",
+        None,
+        "2026-01-01T00:00:00.000Z",
+        "message",
+        {"message": {"role": "user", "content": "hi ✓"}},
+    )
+    lines = [
+        good.to_json().encode(),
+        entries_module.encode_record(
+            {**good.to_dict(), "id": "e2", "message": {"role": "user", "content": "odd \ud800"}}
+        ),
+        b'{"id":"e3","parent_id":null,"ts":"t","type":"custom","custom_type":"x","data":NaN}',
+        b'{"id":"e8","parent_id":null,"ts":"t","type":"custom","custom_type":"x","data":1e999}',
+        b'{"id":"e4","parent_id":null,"ts":"t","type":"mess',
+        b'{"id":"e5","parent_id":null,"ts":"t","type":"custom"},{"id":"e6"}',
+        good.to_json().replace('"e1"', '"e7"').encode(),
+    ]
+    one_by_one = [entries_module.parse_entry_or_none(line) for line in lines]
+
+    for chunk_lines in (2, 3, len(lines)):
+        monkeypatch.setattr(entries_module, "PARSE_CHUNK_LINES", chunk_lines)
+        chunked = entries_module.parse_entries_or_none(lines)
+        assert chunked == one_by_one
+    assert [e.id if e else None for e in one_by_one] == ["e1", "e2", "e3", "e8", None, None, "e7"]
+    assert one_by_one[1] is not None and one_by_one[1].message.text == "odd \ud800"
+    # Clean lines take the fast path and still read back equal.
+    assert entries_module.parse_entries_or_none(lines[:1] + lines[-1:]) == [
+        one_by_one[0],
+        one_by_one[-1],
+    ]

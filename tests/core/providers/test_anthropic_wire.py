@@ -213,3 +213,28 @@ def test_one_persons_words_never_reach_anothers_body() -> None:
         assert f"ALICE-CANARY-{round_}" in alice_body
         assert "ALICE-CANARY" not in bob_body
         assert json.loads(bob_body)["messages"][0]["content"][0]["text"] == f"bob asks {round_}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'quotes " and \\ backslashes',
+        "controls \x00 \x01 \x1f \x7f \b \f \n \r \t",
+        "line and paragraph separators \u2028 \u2029, emoji 🦉, ünïcode",
+        "a lone surrogate \ud800 that only json writes",
+    ],
+)
+def test_a_text_block_is_the_same_bytes_json_would_write(text: str) -> None:
+    """Text goes through msgspec, a lone surrogate through json: either way the bytes are
+    json's own, so a cached prompt prefix written before reads the same after."""
+    messages = (Message.user(text), Message("tool_result", (ToolResultBlock("t", text),)))
+    # The two user-side messages go as one on the wire, the tool result first.
+    content = [
+        {"type": "tool_result", "tool_use_id": "t", "content": text},
+        {"type": "text", "text": text},
+    ]
+    expected_json = json.dumps(
+        [{"role": "user", "content": content}], ensure_ascii=False, separators=(",", ":")
+    )
+
+    assert RequestEncoder().messages_json(messages) == expected_json
