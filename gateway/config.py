@@ -86,17 +86,16 @@ class StorageConfig(_Strict):
     max_open_transcripts: int = Field(256, ge=1, le=100_000, description="kept in memory, LRU")
     # Past max_open_transcripts a session's file is closed but its live window stays in
     # memory, so picking it up again reads nothing; 0 turns that off. Counted in the
-    # windows' file bytes: parsed, a window takes about 6 times that in memory (measured:
-    # a window of short messages, 5.8x; 7x before a window was parsed in one go), and
-    # about 2.5 times more once sent to the Anthropic provider, which keeps each message
-    # encoded while it lives (core/providers/anthropic_wire.py): 16 is ~95 MiB at most,
-    # ~135 MiB with Anthropic.
+    # windows' file bytes: parsed, counted and encoded for the provider, a window takes
+    # about 6 times that in memory (measured: a window of short messages, 6.06x; 8.3x
+    # when the derived values were kept in identity memos beside the messages), so 22
+    # is ~135 MiB at most, what 16 was.
     warm_transcripts_mib: int = Field(
-        16,
+        22,
         ge=0,
         le=65_536,
         description="live windows kept after their file is closed, in MiB of file "
-        "(~6x in memory, ~8x with Anthropic)",
+        "(~6x in memory)",
     )
     # pgvector's HNSW index answers by the server's distance operators; some pgvector
     # builds cannot run them (SIGILL on CPUs without the instructions they were built for).
