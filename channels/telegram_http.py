@@ -24,6 +24,7 @@ open per message and two thread hops on the way to each send.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
 from urllib.parse import urlencode
@@ -35,6 +36,8 @@ from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 from yarl import URL
+
+log = logging.getLogger("parley.channels.telegram")
 
 DEFAULT_TIMEOUT_SECONDS = 5.0  # PTB's defaults for read, write and connect
 DEFAULT_POOL_TIMEOUT_SECONDS = 1.0  # PTB's default wait for a pooled connection
@@ -70,7 +73,7 @@ class AiohttpRequest(BaseRequest):
         self._media_write_timeout = media_write_timeout
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
-        self._routes: dict[tuple[str, str | None], ProxyRoute] = {}
+        self._routes: dict[tuple[str, str | None, int | None], ProxyRoute | ValueError] = {}
 
     @property
     def read_timeout(self) -> float | None:
@@ -90,6 +93,21 @@ class AiohttpRequest(BaseRequest):
                 # exception here.
                 raise_for_status=False,
             )
+
+    async def _route(self, target: URL) -> ProxyRoute:
+        """``env_proxy`` for ``target``'s scheme, host and port, looked up once: the
+        environment does not change while the bot runs, and neither does a refusal."""
+        key = (target.scheme, target.host, target.explicit_port)
+        route = self._routes.get(key)
+        if route is None:
+            try:
+                route = await asyncio.to_thread(env_proxy, target)
+            except ValueError as exc:  # a proxy aiohttp cannot use, or bad credentials
+                route = exc
+            self._routes[key] = route
+        if isinstance(route, ValueError):
+            raise NetworkError(f"proxy from the environment not usable: {route}")
+        return route
 
     async def shutdown(self) -> None:
         session, self._session = self._session, None
@@ -133,11 +151,7 @@ class AiohttpRequest(BaseRequest):
                 body = urlencode(request_data.json_parameters).encode("ascii")
                 headers["Content-Type"] = FORM_CONTENT_TYPE
         target = URL(url)
-        route = self._routes.get((target.scheme, target.host))
-        if route is None:
-            route = await asyncio.to_thread(env_proxy, target)
-            self._routes[(target.scheme, target.host)] = route
-        proxy, credentials = route
+        proxy, credentials = await self._route(target)
         # aiohttp sends proxy headers on a tunnel's CONNECT only: a plain HTTP request
         # through a proxy carries its Proxy-Authorization itself.
         tunnel = target.scheme == "https"
@@ -163,15 +177,33 @@ class AiohttpRequest(BaseRequest):
 
 def env_proxy(url: URL) -> ProxyRoute:
     """The proxy the environment names for ``url``: the scheme's own variable, else
-    ``ALL_PROXY``; none for a host ``NO_PROXY`` lists. Credentials in the proxy's URL
-    go as its ``Proxy-Authorization``. Blocking (the stdlib may read system settings)."""
-    if url.host is None or proxy_bypass(url.host):
+    ``ALL_PROXY``; none for a host (or host:port) ``NO_PROXY`` lists. A value without a
+    scheme is an HTTP proxy, as httpx reads it. Credentials in the proxy's URL go as its
+    ``Proxy-Authorization`` (a ``.netrc`` file is not read). Blocking: the stdlib may
+    read system settings.
+
+    Raises ValueError for a proxy aiohttp cannot use: only HTTP proxies are. An
+    ``ALL_PROXY`` of another kind (often SOCKS, set for other tools) is passed over with
+    a warning instead, as it was before ``ALL_PROXY`` was read at all."""
+    if url.host is None:
+        return None, None
+    authority = f"{url.host}:{url.explicit_port}" if url.explicit_port else url.host
+    if proxy_bypass(authority):
         return None, None
     proxies = getproxies()
-    raw = proxies.get(url.scheme) or proxies.get("all")
+    own = proxies.get(url.scheme)
+    raw = own or proxies.get("all")
     if not raw:
         return None, None
-    proxy = URL(raw)
+    proxy = URL(raw if "://" in raw else f"http://{raw}")
+    if proxy.scheme != "http":
+        if own:
+            raise ValueError(
+                f"the {url.scheme} proxy from the environment is a {proxy.scheme} proxy; "
+                "only http:// proxies are supported"
+            )
+        log.warning("ALL_PROXY is a %s proxy, which is not supported: not used", proxy.scheme)
+        return None, None
     if not proxy.user:
         return proxy, None
     credentials = aiohttp.encode_basic_auth(proxy.user, proxy.password or "")

@@ -123,7 +123,8 @@ class Message:
     # Values worked out from this message (its token count, its size in characters, its
     # encoded wire form), kept on it: the context view hands the same Message objects
     # from turn to turn, so each is worked out once. They live exactly as long as the
-    # message, and equal messages never share them. Not part of the message's value.
+    # message, and an equal message made apart never shares them (a copy.copy does: the
+    # values depend on the content alone). Not part of the message's value.
     # (A memo beside the messages, keyed by identity with a weak reference each, cost
     # about a tenth of the event loop under load in its look-ups and callbacks.)
     _derived: dict[DerivedKey[Any], Any] | None = field(

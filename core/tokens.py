@@ -377,7 +377,9 @@ class TokenCounter:
         return system_tokens + self.messages(messages) + self.tools(tools)
 
     def clear(self) -> None:
-        """Drop both caches (tests, or memory pressure)."""
+        """Drop the text and entry caches, and count every message afresh: the counts
+        kept on messages under the old key are not read again (they go with their
+        messages)."""
         self._texts.clear()
         self._entries.clear()
         self._counted = DerivedKey("token count")

@@ -94,8 +94,7 @@ class StorageConfig(_Strict):
         22,
         ge=0,
         le=65_536,
-        description="live windows kept after their file is closed, in MiB of file "
-        "(~6x in memory)",
+        description="live windows kept after their file is closed, in MiB of file (~6x in memory)",
     )
     # pgvector's HNSW index answers by the server's distance operators; some pgvector
     # builds cannot run them (SIGILL on CPUs without the instructions they were built for).

@@ -20,7 +20,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.lower() in _PROXY_VARS or name.startswith(_CLEARED_PREFIXES):
             monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    # Both spellings: urllib (the Telegram transport) prefers a lowercase one.
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # python-telegram-bot 22 warns on every RetryAfter unless timedelta periods are on
     # (the adapter reads both forms); `parley` sets the same.

@@ -12,26 +12,29 @@ from __future__ import annotations
 import weakref
 
 from parley.core.tokens import TokenCounter
+from parley.core.transcript import Entry
 from parley.core.transcript_store import SessionTranscript
 
 
 class StoredCounts:
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
-        # Per open transcript: its first live entry's id, and how many live entries
+        # Per open transcript: its first live entry (weakly), and how many live entries
         # have been looked at.
-        self._seen: weakref.WeakKeyDictionary[SessionTranscript, tuple[int, int]] = (
+        self._seen: weakref.WeakKeyDictionary[SessionTranscript, tuple[weakref.ref[Entry], int]] = (
             weakref.WeakKeyDictionary()
         )
 
     def take_new(self, transcript: SessionTranscript) -> None:
         """The stored counts of the live entries not looked at before. The same window
         (its first entry the same object) is looked at again from where the last look
-        ended; a miss (a window read again or compacted, an id reused) only looks at
-        more entries than it needed to, and a count not taken is worked out when needed."""
+        ended; another window (read again, or compacted) from its start."""
         live = transcript.live_entries()
-        first = id(live[0]) if live else 0
+        if not live:
+            return
         seen = self._seen.get(transcript)
-        start = seen[1] if seen is not None and seen[0] == first and seen[1] <= len(live) else 0
+        start = 0
+        if seen is not None and seen[0]() is live[0] and seen[1] <= len(live):
+            start = seen[1]
         self.counter.know_stored(live[index] for index in range(start, len(live)))
-        self._seen[transcript] = (first, len(live))
+        self._seen[transcript] = (weakref.ref(live[0]), len(live))

@@ -87,15 +87,20 @@ _STOP_REASONS: dict[str, str] = {
 }
 
 
+# One encoder for the two readers below: each encoder keeps its encodings on the
+# messages under its own key, so an encoder per call would leave a copy on them per call.
+_READER_ENCODER = RequestEncoder()
+
+
 def to_wire_messages(messages: tuple[Message, ...] | list[Message]) -> list[dict[str, Any]]:
     """Our messages in the API's shape, without cache breakpoints: what ``RequestEncoder``
     sends, as data (for reading it and for tests)."""
-    return list(json.loads(RequestEncoder().messages_json(messages)))
+    return list(json.loads(_READER_ENCODER.messages_json(messages)))
 
 
 def build_params(request: ProviderRequest) -> dict[str, Any]:
     """A request's body as data, ``stream`` left out: what ``RequestEncoder`` sends."""
-    return dict(json.loads(RequestEncoder().body(request, request.model, stream=False)))
+    return dict(json.loads(_READER_ENCODER.body(request, request.model, stream=False)))
 
 
 @dataclass(slots=True)

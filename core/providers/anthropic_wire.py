@@ -85,7 +85,8 @@ def wire_block(block: Block) -> dict[str, Any] | None:
 
 
 class RequestEncoder:
-    """Encodes requests for one provider; holds the encoded blocks of live messages."""
+    """Encodes requests for one provider. Each message's encoded blocks are kept on the
+    message (``Message.derived``, under this encoder's key) for as long as it lives."""
 
     def __init__(self) -> None:
         # Each message's encoded blocks, kept on the message (``Message.derived``)
@@ -178,7 +179,7 @@ def _encode_block(wire: dict[str, Any]) -> str:
     if wire["type"] != "tool_use":
         try:
             return _FAST_ENCODER.encode(wire).decode()
-        except UnicodeEncodeError:
+        except (UnicodeEncodeError, TypeError):  # TypeError: a str subclass
             pass
     return encode(wire)
 

@@ -211,14 +211,19 @@ def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     if len(lines) < 2:
         return [parse_entry_or_none(line) for line in lines]
     # msgspec: about twice as fast as json on a window, and a window read again is most
-    # of what picking up a long session costs. It takes strict JSON only; a chunk it
+    # of what picking up a long session costs. It takes strict JSON only: a chunk it
     # refuses (a lone surrogate's \u escape, which encode_record writes on purpose, a
-    # number out of range, or a corrupt line) goes line by line through json, which
-    # decides as it always did.
+    # number out of range, a stray byte, or a corrupt line) is parsed by json as it
+    # always was, whole, and line by line when json refuses it too.
+    joined = b"[" + b",".join(lines) + b"]"
+    raws: object = None
     try:
-        raws = _DECODER.decode(b"[" + b",".join(lines) + b"]")
-    except msgspec.DecodeError:
-        raws = None
+        raws = _DECODER.decode(joined)
+    except (msgspec.DecodeError, ValueError, RecursionError):  # UnicodeDecodeError too
+        try:
+            raws = json.loads(joined)
+        except (ValueError, RecursionError):
+            raws = None
     # A line holding two values ("{...},{...}") parses as two: the count tells.
     if not isinstance(raws, list) or len(raws) != len(lines):
         return [parse_entry_or_none(line) for line in lines]

@@ -29,7 +29,8 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """httpx (under PTB) honours proxy variables, even for 127.0.0.1."""
     for name in _PROXY_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost")
     # PTB 22 warns inside RetryAfter's constructor unless durations are timedeltas, and
     # warnings are errors in this suite; the adapter reads both forms.
     monkeypatch.setenv("PTB_TIMEDELTA", "1")

@@ -8,6 +8,7 @@ the channel's own tests run every other call through it against the fake.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -245,6 +246,52 @@ async def test_all_proxy_is_taken_and_no_proxy_goes_direct(
     async with bot_on(base, AiohttpRequest(1)) as bot:
         await bot.send_message(42, "direct")
     assert state.seen[-1]["form"]["text"] == "direct"
+
+
+async def test_percent_encoded_credentials_and_a_proxy_without_a_scheme(
+    api: tuple[Api, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, base = api
+    host_port = base.removeprefix("http://")
+    monkeypatch.setenv("HTTP_PROXY", f"ann%40home:p%3As%20s@{host_port}")  # no scheme: http
+    async with bot_on("http://api.telegram.invalid", AiohttpRequest(1)) as bot:
+        await bot.send_message(42, "through the proxy")
+    expected = "Basic " + base64.b64encode(b"ann@home:p:s s").decode()
+    assert state.seen[-1]["host"] == "api.telegram.invalid"
+    assert state.seen[-1]["proxy_authorization"] == expected
+
+
+async def test_a_proxy_aiohttp_cannot_use_is_refused_and_a_socks_all_proxy_passed_over(
+    api: tuple[Api, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    state, base = api
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HTTP_PROXY", "socks5://127.0.0.1:9")
+    async with AiohttpRequest(1) as request:
+        for _ in range(2):  # refused the same way each time, nothing sent
+            with pytest.raises(NetworkError, match="only http:// proxies"):
+                await request.post(f"{base}/bot{TOKEN}/getMe")
+    assert state.seen == []
+
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.setenv("ALL_PROXY", "socks5h://127.0.0.1:9")  # set for other tools
+    async with AiohttpRequest(1) as request:
+        await request.post(f"{base}/bot{TOKEN}/getMe")
+    assert state.seen[-1]["path"].endswith("/getMe")
+    assert "ALL_PROXY is a socks5h proxy" in caplog.text
+
+
+async def test_no_proxy_names_a_host_and_port(
+    api: tuple[Api, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, base = api
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, base.removeprefix("http://"))
+    async with bot_on(base, AiohttpRequest(1)) as bot:
+        await bot.send_message(42, "straight to the port NO_PROXY names")
+    assert state.seen[-1]["form"]["text"] == "straight to the port NO_PROXY names"
 
 
 async def test_a_refused_connection_is_a_network_error() -> None:

@@ -491,8 +491,8 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
 ) -> None:
     """The chunked parse (msgspec) and the line-by-line one (json) read a window the same,
     including the lines msgspec refuses: a lone surrogate's escape, which the writer
-    produces on purpose, a NaN or a number out of range a hand edit left, a corrupt line
-    and two values on one."""
+    produces on purpose, a NaN or a number out of range a hand edit left, a stray byte,
+    nesting too deep for either parser, a corrupt line and two values on one."""
     good = Entry(
         "e1",
         None,
@@ -500,6 +500,7 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
         "message",
         {"message": {"role": "user", "content": "hi ✓"}},
     )
+    deep = b"[" * 5000 + b"]" * 5000  # deeper than either parser goes
     lines = [
         good.to_json().encode(),
         entries_module.encode_record(
@@ -507,6 +508,8 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
         ),
         b'{"id":"e3","parent_id":null,"ts":"t","type":"custom","custom_type":"x","data":NaN}',
         b'{"id":"e8","parent_id":null,"ts":"t","type":"custom","custom_type":"x","data":1e999}',
+        b'{"id":"e9","parent_id":null,"ts":"t","type":"custom","custom_type":"\xff"}',
+        b'{"id":"e10","parent_id":null,"ts":"t","type":"custom","d":' + deep + b"}",
         b'{"id":"e4","parent_id":null,"ts":"t","type":"mess',
         b'{"id":"e5","parent_id":null,"ts":"t","type":"custom"},{"id":"e6"}',
         good.to_json().replace('"e1"', '"e7"').encode(),
@@ -517,10 +520,32 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
         monkeypatch.setattr(entries_module, "PARSE_CHUNK_LINES", chunk_lines)
         chunked = entries_module.parse_entries_or_none(lines)
         assert chunked == one_by_one
-    assert [e.id if e else None for e in one_by_one] == ["e1", "e2", "e3", "e8", None, None, "e7"]
+    assert [e.id if e else None for e in one_by_one] == [
+        "e1",
+        "e2",
+        "e3",
+        "e8",
+        None,
+        None,
+        None,
+        None,
+        "e7",
+    ]
     assert one_by_one[1] is not None and one_by_one[1].message.text == "odd \ud800"
-    # Clean lines take the fast path and still read back equal.
+    # Clean lines take the fast path and read back equal; a chunk the fast parser
+    # refuses is still parsed whole by json when json takes it.
     assert entries_module.parse_entries_or_none(lines[:1] + lines[-1:]) == [
         one_by_one[0],
         one_by_one[-1],
     ]
+    parsed_whole: list[int] = []
+    real_loads = entries_module.json.loads
+
+    def counting_loads(data: bytes) -> object:
+        parsed_whole.append(len(data))
+        return real_loads(data)
+
+    monkeypatch.setattr(entries_module.json, "loads", counting_loads)
+    monkeypatch.setattr(entries_module, "PARSE_CHUNK_LINES", 3)
+    assert entries_module.parse_entries_or_none(lines[:3]) == one_by_one[:3]
+    assert len(parsed_whole) == 1  # the three lines in one json parse, not three

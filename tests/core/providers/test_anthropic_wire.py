@@ -238,3 +238,14 @@ def test_a_text_block_is_the_same_bytes_json_would_write(text: str) -> None:
     )
 
     assert RequestEncoder().messages_json(messages) == expected_json
+
+
+def test_text_of_a_str_subclass_is_encoded_as_its_text() -> None:
+    class Marked(str):
+        """A str subclass (as a library may hand over)."""
+
+    messages = (Message.user(Marked("marked words")),)
+
+    assert json.loads(RequestEncoder().messages_json(messages)) == [
+        {"role": "user", "content": [{"type": "text", "text": "marked words"}]}
+    ]
