@@ -62,7 +62,7 @@ class SlowAnthropic(FakeAnthropic):
     """The Anthropic fake with a provider's think time before the stream starts."""
 
     def __init__(self, delay_s: float) -> None:
-        super().__init__()
+        super().__init__(keep_requests=1)  # the newest only: see FakeLLMServer
         self.delay_s = delay_s
 
     def make_app(self) -> web.Application:
@@ -77,16 +77,6 @@ class SlowAnthropic(FakeAnthropic):
 
         app.middlewares.append(think)
         return app
-
-    async def record(self, request: web.Request) -> Any:
-        body = await super().record(request)
-        # Only the newest request and usage are kept. A run sends ~100,000 requests,
-        # each with a whole history: all kept, they grew this process past 3 GiB, and
-        # its collector's pauses, longer with every round, landed in parley's latency
-        # (the bare bot's bodies hold one message).
-        del self.requests[:-1]
-        del self.usages[:]
-        return body
 
 
 def config(max_runs: int) -> str:

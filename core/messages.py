@@ -116,6 +116,8 @@ class DerivedKey(Generic[V]):
         return f"DerivedKey({self.name!r})"
 
 
+# weakref_slot: a message can be watched going away (the tests prove that nothing kept
+# with or about it keeps it alive).
 @dataclass(frozen=True, slots=True, weakref_slot=True)
 class Message:
     role: Role

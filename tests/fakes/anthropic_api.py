@@ -302,8 +302,11 @@ class FakeAnthropic(FakeLLMServer):
         cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS,
         cache_lookback_blocks: int = CACHE_LOOKBACK_BLOCKS,
         clock: Callable[[], float] | None = None,
+        keep_requests: int | None = None,
     ) -> None:
-        super().__init__(api_key=api_key, context_window=context_window)
+        super().__init__(
+            api_key=api_key, context_window=context_window, keep_requests=keep_requests
+        )
         self.min_cache_tokens = min_cache_tokens
         self.cache_ttl_seconds = cache_ttl_seconds
         self.cache_lookback_blocks = cache_lookback_blocks
@@ -398,6 +401,8 @@ class FakeAnthropic(FakeLLMServer):
             input_tokens=usage["input_tokens"], read=read, written=written, output_tokens=output
         )
         self.usages.append(usage)
+        if self.keep_requests is not None:
+            del self.usages[: -self.keep_requests]
         return usage
 
     @staticmethod

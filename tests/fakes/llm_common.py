@@ -70,8 +70,8 @@ def measure_segments(segments: Sequence[Any]) -> list[MeasuredSegment]:
     measured = []
     for segment in segments:
         canonical = json.dumps(segment, sort_keys=True, separators=(",", ":"))
-        text = segment if isinstance(segment, str) else canonical
-        measured.append(MeasuredSegment(canonical, math.ceil(len(text) / CHARS_PER_TOKEN)))
+        tokens = estimate_tokens(segment if isinstance(segment, str) else canonical)
+        measured.append(MeasuredSegment(canonical, tokens))
     return measured
 
 
@@ -327,11 +327,16 @@ class FakeLLMServer:
         api_key: str = DEFAULT_API_KEY,
         model: str = "fake-model",
         context_window: int | None = None,
+        keep_requests: int | None = None,
     ) -> None:
         self.api_key = api_key
         self.model = model
         self.context_window = context_window
         self.requests: list[RecordedRequest] = []
+        # How many of the newest requests (and usages) are kept; None: all. A load test
+        # sends ~100,000, each with a whole history: all kept, they grew its process past
+        # 3 GiB, and the collector's pauses landed in the latency it measures.
+        self.keep_requests = keep_requests
         self.script: deque[Step] = deque()
         self.hangs_started = 0
         self.hang_started = asyncio.Event()  # for tests that act while a request hangs
@@ -415,6 +420,8 @@ class FakeLLMServer:
         self.requests.append(
             RecordedRequest(request.method, request.path, dict(request.headers), body)
         )
+        if self.keep_requests is not None:
+            del self.requests[: -self.keep_requests]
         return body
 
     @property

@@ -514,3 +514,19 @@ def test_expired_entries_leave_the_cache_and_refreshed_ones_stay() -> None:
     assert len(cache) == 1 + 10
     cache.account(segments, [2], min_tokens=1, now=200.0, ttl_seconds=10.0)
     assert len(cache) == 1  # everything else lapsed; the one just written is there
+
+
+async def test_a_fake_told_to_keep_the_newest_requests_keeps_only_those() -> None:
+    async with FakeAnthropic(keep_requests=2) as fake, aiohttp.ClientSession() as http:
+        for word in ("one", "two", "three"):
+            payload = {
+                "model": "m",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": word}],
+            }
+            async with http.post(
+                f"{fake.base_url}/v1/messages", json=payload, headers={"x-api-key": fake.api_key}
+            ) as response:
+                assert response.status == 200
+        assert [r.body["messages"][0]["content"] for r in fake.requests] == ["two", "three"]
+        assert len(fake.usages) == 2
