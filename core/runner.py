@@ -464,8 +464,12 @@ class Runner:
         self, session_key: str, model: str | None = None, chat_type: str = "direct"
     ) -> ViewRequest:
         """What every request of a session shares: the stable system prompt (read from
-        the workspace in a thread), the tools on offer and the model."""
-        system = (await asyncio.to_thread(self.prompt.build)).text
+        the workspace in a thread, unless it was checked just now), the tools on offer
+        and the model."""
+        prompt = self.prompt.recent()
+        if prompt is None:
+            prompt = await asyncio.to_thread(self.prompt.build)
+        system = prompt.text
         specs = self.tools.specs() if self.offer_tools else ()
         return ViewRequest(
             session_key, system, tuple(specs), model or self.provider.model, chat_type

@@ -242,6 +242,50 @@ def test_stable_until_a_file_changes(tmp_path: Path) -> None:
     assert "[MISSING]" in builder.build().text
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_recent_answers_from_a_fresh_check_and_never_from_a_stale_one(tmp_path: Path) -> None:
+    clock = FakeClock()
+    builder = SystemPromptBuilder(
+        workspace(tmp_path), agent_name="A", recheck_seconds=1.0, clock=clock
+    )
+    assert builder.recent() is None  # never checked
+    first = builder.build()
+    touch(tmp_path / "SOUL.md", "# SOUL.md\nnew personality\n")
+
+    clock.now += 0.5
+    assert builder.recent() is first  # checked half a second ago: the files are not read
+    clock.now += 0.5
+    assert builder.recent() is None  # a second old: the caller must build
+    second = builder.build()
+    assert "new personality" in second.text
+    assert builder.recent() is second
+
+
+def test_recent_counts_from_when_the_check_began(tmp_path: Path) -> None:
+    clock = FakeClock()
+    builder = SystemPromptBuilder(
+        workspace(tmp_path), agent_name="A", recheck_seconds=1.0, clock=clock
+    )
+    stat = builder._stat
+
+    def slow_stat(name: str) -> tuple[str, int, int]:
+        clock.now += 0.2  # a check that takes time: an edit may land during it
+        return stat(name)
+
+    builder._stat = slow_stat  # type: ignore[method-assign]
+    builder.build()
+    # The check began more than a second ago, although it ended less than one ago.
+    assert clock.now - 100.0 >= 1.0
+    assert builder.recent() is None
+
+
 def test_turn_context_carries_the_volatile_facts() -> None:
     text = render_turn_context(
         now=datetime(2026, 11, 22, 9, 30, tzinfo=UTC),

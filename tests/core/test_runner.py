@@ -429,3 +429,26 @@ async def test_a_stored_count_in_another_encoder_is_not_taken(
         counter.know_stored(t.live_entries())
         [entry] = t.live_entries()
         assert counter.message(entry.message) > 1  # counted, not the stored 1
+
+
+async def test_the_system_prompt_is_read_from_the_files_once_while_its_check_is_fresh(
+    tmp_path: Path,
+) -> None:
+    runner = make_runner(tmp_path, ScriptedProvider([]))
+    builds: list[str] = []
+    build = runner.prompt.build
+
+    def counted_build() -> object:
+        builds.append("build")
+        return build()
+
+    runner.prompt.build = counted_build  # type: ignore[method-assign]
+    first = await runner.view_request("agent:main:x")
+    second = await runner.view_request("agent:main:x")
+    assert builds == ["build"]  # the second request answered from the fresh check
+    assert second.system == first.system
+
+    runner.prompt.recheck_seconds = 0.0  # every request checks the files again
+    (tmp_path / "SOUL.md").write_text("# SOUL.md\nnew personality\n", encoding="utf-8")
+    third = await runner.view_request("agent:main:x")
+    assert builds == ["build", "build"] and "new personality" in third.system
