@@ -112,15 +112,20 @@ class Gateway:
             loaded, channels=self.channels, state=self.state, metrics=self.metrics, clock=clock
         )
         self.access = AccessGate(self.state.pairing)
-        self.lanes: LaneManager[LaneItem | LaneTask] = LaneManager(
-            self.config.lanes, self._run_lane
-        )
+        shared = self.state.locks is not None  # several replicas share the transcripts
         self.transcripts = TranscriptCache(
             self.state.transcripts,
             max_open=self.config.storage.max_open_transcripts,
-            shared=self.state.locks is not None,
+            shared=shared,
             warm_bytes=self.config.storage.warm_transcripts_mib * 1024 * 1024,
         )
+        self.lanes: LaneManager[LaneItem | LaneTask] = LaneManager(
+            self.config.lanes,
+            self._run_lane,
+            # With several replicas a run reopens what another may have appended to.
+            prefetch=None if shared else self.transcripts.prefetch,
+        )
+        self.transcripts.in_use = self.lanes.busy
         self.sessions = Sessions(rt, self.transcripts)
         self.delivery = Delivery(rt, self.transcripts)
         self.dispatch = Dispatch(

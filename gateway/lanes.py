@@ -12,6 +12,13 @@ and must take it again (``hold_slot``) before its next turn. The lane itself sta
 busy until the runner returns, so a session's replies keep their order; only the
 cap on model work is shared out sooner.
 
+While lanes wait for a slot, the first ``max_concurrent_runs`` of them (in the order
+they will get one) are handed to ``prefetch(session_key)``, when one is given: what a
+run reads before its model work (the session's transcript) is then read while other
+runs hold the slots, not inside the run's own. A prefetch is only a hint: it fails
+quietly, is cancelled on stop, and the run does not wait for it (bench/load.py: with
+1,000 chats, opening windows again took 12-20 ms of each run's slot in the late rounds).
+
 Modes decide what one run gets:
 
 - ``queue``: one item per run, in arrival order;
@@ -30,13 +37,14 @@ The manager knows nothing about chat platforms: items are opaque.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +61,7 @@ DEFAULT_STOP_TIMEOUT_SECONDS = 30.0
 DEFAULT_CANCEL_GRACE_SECONDS = 5.0
 
 Runner = Callable[[str, list[T]], Awaitable[None]]
+Prefetch = Callable[[str], Coroutine[Any, Any, None]]
 
 
 class LanesConfig(BaseModel):
@@ -148,6 +157,8 @@ class _Lane(Generic[T]):
     # Set by stop(): the worker must not start another run, even one that swallowed
     # its cancellation and outlived the manager's reset.
     halted: bool = False
+    # Handed to the prefetch while it waits for its slot (reset once it has one).
+    prefetched: bool = False
 
 
 class LaneManager(Generic[T]):
@@ -158,9 +169,16 @@ class LaneManager(Generic[T]):
     lanes:`` or call ``start()``/``stop()``.
     """
 
-    def __init__(self, config: LanesConfig, runner: Runner[T]) -> None:
+    def __init__(
+        self, config: LanesConfig, runner: Runner[T], *, prefetch: Prefetch | None = None
+    ) -> None:
         self._config = config
         self._runner = runner
+        self._prefetch = prefetch
+        # Lanes waiting for a slot to start a run, in the order they began to wait (an
+        # ordered set), and the prefetches under way.
+        self._waiting: dict[_Lane[T], None] = {}
+        self._prefetches: set[asyncio.Task[None]] = set()
         self._state = _State.NEW
         self._lanes: dict[str, _Lane[T]] = {}
         self._slots = asyncio.Semaphore(config.max_concurrent_runs)
@@ -318,7 +336,7 @@ class LaneManager(Generic[T]):
                 if await self._idle_out(lane):
                     return
                 continue
-            await self._take_slot(lane)
+            await self._take_slot(lane, ahead=True)
             try:
                 # stop() may have halted us while we waited for a slot, and in
                 # collect mode more items may have arrived meanwhile: take the batch
@@ -346,12 +364,43 @@ class LaneManager(Generic[T]):
             finally:
                 self._give_slot(lane)
 
-    async def _take_slot(self, lane: _Lane[T]) -> None:
+    async def _take_slot(self, lane: _Lane[T], *, ahead: bool = False) -> None:
+        """Wait for a run slot; ``ahead``: a run about to start, whose wait may be used
+        to prefetch what it will read."""
         slots = self._slots
-        await slots.acquire()
+        if ahead and self._prefetch is not None and slots.locked():
+            self._waiting[lane] = None
+            self._prefetch_front()
+            try:
+                await slots.acquire()
+            finally:
+                del self._waiting[lane]
+                lane.prefetched = False
+                self._prefetch_front()
+        else:
+            await slots.acquire()
         lane.slot = slots
         if slots is self._slots:  # not replaced by a stop() meanwhile
             self._holding += 1
+
+    def _prefetch_front(self) -> None:
+        """Start the prefetch of each of the first ``max_concurrent_runs`` waiting lanes
+        that has none yet: the lanes the next slots go to (the semaphore wakes its
+        waiters in order)."""
+        assert self._prefetch is not None
+        for lane in itertools.islice(self._waiting, self._config.max_concurrent_runs):
+            if lane.prefetched or lane.halted:
+                continue
+            lane.prefetched = True
+            task = asyncio.create_task(self._prefetch(lane.key), name=f"prefetch {lane.key!r}")
+            self._prefetches.add(task)
+            task.add_done_callback(self._prefetch_done)
+
+    def _prefetch_done(self, task: asyncio.Task[None]) -> None:
+        self._prefetches.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # A hint that failed: the run reads for itself, and reports what it finds.
+            log.debug("%s failed: %s: %s", task.get_name(), type(exc).__name__, exc)
 
     def _give_slot(self, lane: _Lane[T]) -> None:
         if lane.slot is None:
@@ -425,6 +474,14 @@ class LaneManager(Generic[T]):
             _, stuck = await asyncio.wait(tasks, timeout=DEFAULT_CANCEL_GRACE_SECONDS)
             for task in stuck:
                 log.error("%s ignored cancellation; abandoning it", task.get_name())
+        if self._prefetches:
+            # Let them finish rather than cancel them: one cancelled while its worker
+            # thread reads would leave what it opened to no one.
+            _, late = await asyncio.wait(
+                set(self._prefetches), timeout=DEFAULT_CANCEL_GRACE_SECONDS
+            )
+            for task in late:
+                task.cancel()
         unstarted: dict[str, list[T]] = {}
         interrupted: dict[str, list[T]] = {}
         for key, lane in self._lanes.items():
@@ -436,6 +493,9 @@ class LaneManager(Generic[T]):
 
     def _reset(self) -> None:
         self._lanes.clear()
+        self._waiting.clear()
+        for task in self._prefetches:
+            task.cancel()
         self._queued = 0
         self._active = 0
         self._holding = 0

@@ -12,6 +12,10 @@ store supports it (the file store: ``suspend``/``resume``), stays warm in memory
 picks its session up without parsing the live window again, a cost that grew with
 every turn of the session (bench/load.py: CPU per message doubled from the 1st to the
 16th message of each of 1,000 chats with 256 files open).
+
+``prefetch`` opens (or resumes) the transcript a session's lane used last while the lane
+waits for a run slot (``LaneManager``), so the run finds it open instead of reading it
+inside its slot.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ WARM_MIN_SECONDS = 600.0
 # Creates a session's transcript when its registry row exists but the file never did.
 CreateTranscript = Callable[[SessionRecord], Awaitable[SessionTranscript]]
 
+# How many session keys ``prefetch`` remembers the last session of, at least (and four
+# times ``max_open``): a key not remembered is simply not prefetched.
+MIN_REMEMBERED_KEYS = 4096
+
 
 class TranscriptCache:
     def __init__(
@@ -46,6 +54,9 @@ class TranscriptCache:
         self.warm_bytes = warm_bytes
         self.shared = shared  # several replicas append to the same transcripts
         self.create_missing: CreateTranscript | None = None  # set by the session stage
+        # Whether a session key's lane has a run in flight (set by the gateway): its
+        # transcript is not let go of while it does, whatever the LRU order says.
+        self.in_use: Callable[[str], bool] | None = None
         self._open: OrderedDict[str, SessionTranscript] = OrderedDict()
         self._opening: dict[str, asyncio.Future[SessionTranscript]] = {}
         # Suspended transcripts (no file held), least recently used first, and the
@@ -53,46 +64,104 @@ class TranscriptCache:
         self._warm: OrderedDict[str, WarmTranscript] = OrderedDict()
         self._warm_since: dict[str, float] = {}  # when each was suspended (monotonic)
         self._warm_total = 0
+        # The session each key's lane used last, least recently first, and back: what
+        # ``prefetch`` opens for a key.
+        self._session_of_key: OrderedDict[str, str] = OrderedDict()
+        self._key_of_session: dict[str, str] = {}
+        self._remembered = max(MIN_REMEMBERED_KEYS, 4 * max_open)
+        self._prefetching: set[asyncio.Future[SessionTranscript]] = set()
 
     def __len__(self) -> int:
         return len(self._open)
 
     async def get(self, record: SessionRecord) -> SessionTranscript:
         """The session's transcript, opened (or created when it never was) on first use."""
-        cached = self._open.get(record.session_id)
+        session_id = record.session_id
+        self._remember(record.key, session_id)
+        cached = self._open.get(session_id)
         if cached is not None:
-            self._open.move_to_end(record.session_id)
+            self._open.move_to_end(session_id)
             return cached
         # One open per session at a time: a reader outside the lane (/context, the admin
         # API) racing the lane's first open would otherwise make a second object on the
         # same transcript, with its own idea of where the file ends.
-        opening = self._opening.get(record.session_id)
-        if opening is None:
-            opening = asyncio.ensure_future(self._open_one(record))
-            self._opening[record.session_id] = opening
-            opening.add_done_callback(lambda _: self._opening.pop(record.session_id, None))
+        opening = self._opening.get(session_id)
+        if opening is not None and opening in self._prefetching:
+            try:
+                return await asyncio.shield(opening)
+            except TranscriptError:
+                # The prefetch never creates a transcript: open (or create) it here.
+                opening = None
+        if opening is None or opening.done():
+            opening = self._begin_open(session_id, record)
         return await asyncio.shield(opening)
 
-    async def _open_one(self, record: SessionRecord) -> SessionTranscript:
-        warm = self._take_warm(record.session_id)
+    async def prefetch(self, session_key: str) -> None:
+        """Open (or resume) the transcript of the session the key's lane used last, for
+        a run that waits for its slot. Nothing with several replicas (a run opens what
+        another may have appended to itself), for a key not seen, or one open already;
+        never creates a transcript. Raises TranscriptError when it cannot be opened."""
+        session_id = self._session_of_key.get(session_key)
+        if self.shared or session_id is None:
+            return
+        if session_id in self._open or session_id in self._opening:
+            return
+        opening = self._begin_open(session_id, None)
+        self._prefetching.add(opening)
+        await asyncio.shield(opening)
+
+    def _begin_open(
+        self, session_id: str, record: SessionRecord | None
+    ) -> asyncio.Future[SessionTranscript]:
+        opening = asyncio.ensure_future(self._open_one(session_id, record))
+        self._opening[session_id] = opening
+
+        def opened(_: asyncio.Future[SessionTranscript]) -> None:
+            if self._opening.get(session_id) is opening:
+                del self._opening[session_id]
+            self._prefetching.discard(opening)
+
+        opening.add_done_callback(opened)
+        return opening
+
+    def _remember(self, session_key: str, session_id: str) -> None:
+        previous = self._session_of_key.get(session_key)
+        if previous == session_id:
+            self._session_of_key.move_to_end(session_key)
+            return
+        if previous is not None:
+            self._key_of_session.pop(previous, None)
+        self._session_of_key[session_key] = session_id
+        self._session_of_key.move_to_end(session_key)
+        self._key_of_session[session_id] = session_key
+        while len(self._session_of_key) > self._remembered:
+            _, dropped = self._session_of_key.popitem(last=False)
+            self._key_of_session.pop(dropped, None)
+
+    async def _open_one(self, session_id: str, record: SessionRecord | None) -> SessionTranscript:
+        """Open (or resume) a transcript; ``record`` given: create it when its registry
+        row exists but the file never did."""
+        warm = self._take_warm(session_id)
         if warm is not None:
             if await asyncio.to_thread(warm.resume):
-                self.keep(record.session_id, warm)
+                self.keep(session_id, warm)
                 return warm
             warm.close()  # changed on disk meanwhile: read it afresh
         try:
-            transcript = await asyncio.to_thread(self._open_counted, record.session_id)
+            transcript = await asyncio.to_thread(self._open_counted, session_id)
         except TranscriptError:
-            if self.create_missing is None or await asyncio.to_thread(
-                self.store.exists, record.session_id
+            if (
+                record is None
+                or self.create_missing is None
+                or await asyncio.to_thread(self.store.exists, session_id)
             ):
                 raise
             # The row exists but the transcript never did (a kill between the two).
             transcript = await self.create_missing(record)
         report = transcript.load_report
         if not report.clean:
-            log.warning("transcript %s repaired on load: %s", record.session_id, report)
-        self.keep(record.session_id, transcript)
+            log.warning("transcript %s repaired on load: %s", session_id, report)
+        self.keep(session_id, transcript)
         return transcript
 
     def _open_counted(self, session_id: str) -> SessionTranscript:
@@ -130,11 +199,27 @@ class TranscriptCache:
     def keep(self, session_id: str, transcript: SessionTranscript) -> None:
         self._open[session_id] = transcript
         self._open.move_to_end(session_id)
-        while len(self._open) > self.max_open:
+        # A run holds its transcript from its start to its reply's delivery record, and
+        # one let go of meanwhile refuses its appends (closed): with more sessions
+        # starting during a long run than ``max_open``, the run failed. Those in use go
+        # to the back of the line instead; with all in use, more stay open for a while.
+        passes = len(self._open)
+        while len(self._open) > self.max_open and passes > 0:
+            passes -= 1
             evicted_id, evicted = self._open.popitem(last=False)
+            if self._running(evicted_id):
+                self._open[evicted_id] = evicted
+                continue
             self._keep_warm(evicted_id, evicted)
 
+    def _running(self, session_id: str) -> bool:
+        key = self._key_of_session.get(session_id)
+        return key is not None and self.in_use is not None and self.in_use(key)
+
     def forget(self, session_id: str) -> None:
+        key = self._key_of_session.pop(session_id, None)
+        if key is not None:  # archived or gone: nothing to prefetch for its key
+            self._session_of_key.pop(key, None)
         transcript = self._open.pop(session_id, None)
         if transcript is not None:
             transcript.close()

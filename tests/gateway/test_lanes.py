@@ -546,3 +546,83 @@ async def test_slot_calls_outside_a_run_change_nothing() -> None:
         await lanes.submit("b", "b1")
         await idle(lanes)
     assert gate.items("b") == ["b1"]
+
+
+class Prefetches:
+    """A prefetch that records the keys it is given and can be made to fail or wait."""
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.keys: list[str] = []
+        self.fail = fail or set()
+        self.release = asyncio.Event()
+        self.release.set()
+        self.finished: list[str] = []
+
+    async def __call__(self, key: str) -> None:
+        self.keys.append(key)
+        if key in self.fail:
+            raise OSError(f"cannot read {key}")
+        await self.release.wait()
+        self.finished.append(key)
+
+
+async def test_the_lanes_next_in_line_for_a_slot_are_prefetched_in_order() -> None:
+    gate = Gate(hold={"a1", "b1"})
+    prefetch = Prefetches()
+    config = LanesConfig(max_concurrent_runs=2, mode="queue")
+    async with LaneManager(config, gate, prefetch=prefetch) as lanes:
+        await lanes.submit("a", "a1")
+        await lanes.submit("b", "b1")
+        await gate.wait_started("a1")
+        await gate.wait_started("b1")
+        assert prefetch.keys == []  # slots were free: nothing to read ahead of
+
+        for key in "cdef":
+            await lanes.submit(key, f"{key}1")
+        await wait_until(lambda: len(prefetch.keys) == 2)
+        assert prefetch.keys == ["c", "d"]  # only the two that the next slots go to
+
+        gate.release.set()
+        await idle(lanes)
+    # As c and d took their slots, e and f moved up and were read ahead of in turn.
+    assert prefetch.keys == ["c", "d", "e", "f"]
+    assert [key for key, _ in gate.batches] == ["a", "b", "c", "d", "e", "f"]
+
+
+async def test_a_failed_prefetch_changes_nothing_for_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = Gate(hold={"a1"})
+    prefetch = Prefetches(fail={"b"})
+    config = LanesConfig(max_concurrent_runs=1, mode="queue")
+    caplog.set_level(logging.DEBUG, logger="parley.gateway.lanes")
+    async with LaneManager(config, gate, prefetch=prefetch) as lanes:
+        await lanes.submit("a", "a1")
+        await gate.wait_started("a1")
+        await lanes.submit("b", "b1")
+        await wait_until(lambda: prefetch.keys == ["b"])
+        gate.release.set()
+        await idle(lanes)
+    assert gate.items("b") == ["b1"]
+    assert "prefetch 'b' failed: OSError: cannot read b" in caplog.text
+
+
+async def test_stop_lets_the_prefetches_under_way_finish() -> None:
+    gate = Gate(hold={"a1"})
+    prefetch = Prefetches()
+    prefetch.release.clear()
+    lanes = LaneManager(LanesConfig(max_concurrent_runs=1), gate, prefetch=prefetch)
+    await lanes.start()
+    await lanes.submit("a", "a1")
+    await gate.wait_started("a1")
+    await lanes.submit("b", "b1")
+    await wait_until(lambda: prefetch.keys == ["b"])
+
+    stopping = asyncio.create_task(lanes.stop(drain=False))
+    await wait_until(lambda: gate.cancelled == ["a1"])
+    assert not stopping.done()  # b's prefetch is still reading
+    prefetch.release.set()
+    async with asyncio.timeout(WAIT):
+        report = await stopping
+    assert prefetch.finished == ["b"]
+    assert report.unstarted == {"b": ["b1"]} and report.interrupted == {"a": ["a1"]}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from parley.core.errors import TranscriptError
 from parley.core.messages import Message
 from parley.core.transcript import Transcript
 from parley.core.transcript_store import FileTranscriptStore
@@ -140,3 +142,116 @@ async def test_a_warm_window_only_ever_comes_back_to_its_own_session(tmp_path: P
             texts = [e.message.text for e in transcript.live_entries()]
             assert texts == [f"hello from s{i}"]  # its own words, and no one else's
     cache.close_all()
+
+
+class CountingStore(FileTranscriptStore):
+    """The file store, counting the transcripts it opens from their files."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.opened: list[str] = []
+
+    def open(self, session_id: str, *, read_only: bool = False) -> Transcript:
+        self.opened.append(session_id)
+        return super().open(session_id, read_only=read_only)
+
+
+def counting_sessions(tmp_path: Path, count: int) -> CountingStore:
+    sessions(tmp_path, count)
+    return CountingStore(tmp_path)
+
+
+@pytest.mark.parametrize("warm_bytes", [0, 1 << 20], ids=["read-again", "warm"])
+async def test_a_prefetched_session_is_open_when_its_run_asks(
+    tmp_path: Path, warm_bytes: int
+) -> None:
+    store = counting_sessions(tmp_path, 2)
+    cache = TranscriptCache(store, max_open=1, shared=False, warm_bytes=warm_bytes)
+    first = await cache.get(record("s0"))
+    await cache.get(record("s1"))  # s0 let go of: warm, or closed
+    assert first.closed
+    opened = list(store.opened)
+
+    await cache.prefetch(record("s0").key)
+    prefetched = await cache.cached(record("s0"))
+    assert prefetched is not None and not prefetched.closed
+    assert (prefetched is first) == bool(warm_bytes)  # resumed, or read from its file
+    assert await cache.get(record("s0")) is prefetched
+    assert len(store.opened) == len(opened) + (0 if warm_bytes else 1)  # read once at most
+    assert [e.message.text for e in prefetched.live_entries()] == ["hello from s0"]
+    cache.close_all()
+
+
+async def test_a_run_asking_while_its_prefetch_reads_shares_that_read(tmp_path: Path) -> None:
+    store = counting_sessions(tmp_path, 2)
+    cache = TranscriptCache(store, max_open=1, shared=False)
+    await cache.get(record("s0"))
+    await cache.get(record("s1"))
+    before = len(store.opened)
+    prefetch = asyncio.create_task(cache.prefetch(record("s0").key))
+    await asyncio.sleep(0)  # the prefetch's read is under way
+    assert "s0" in cache._opening
+    transcript = await cache.get(record("s0"))
+    await prefetch
+    assert len(store.opened) == before + 1  # one read, not two objects on one file
+    assert await cache.cached(record("s0")) is transcript
+    cache.close_all()
+
+
+async def test_prefetch_reads_only_what_a_run_would_and_never_creates(tmp_path: Path) -> None:
+    store = counting_sessions(tmp_path, 2)
+    cache = TranscriptCache(store, max_open=4, shared=False)
+    created: list[str] = []
+
+    async def create_missing(rec: SessionRecord) -> Transcript:
+        created.append(rec.session_id)
+        return await asyncio.to_thread(store.create, rec.session_id, rec.key)
+
+    cache.create_missing = create_missing  # type: ignore[assignment]
+    await cache.prefetch(record("s0").key)  # a key no run has used: nothing to read
+    assert store.opened == []
+
+    gone = record("s1")
+    await cache.get(gone)
+    cache.forget("s1")  # archived: its key has no session to read ahead of
+    await cache.prefetch(gone.key)
+    assert store.opened == ["s1"]
+
+    # The registry row exists but its transcript does not: the prefetch fails, and the
+    # run's own open creates it.
+    missing = record("s9")
+    await cache.get(record("s0"))
+    cache._remember(missing.key, "s9")
+    with pytest.raises(TranscriptError):
+        await cache.prefetch(missing.key)
+    assert created == []
+    transcript = await cache.get(missing)
+    assert created == ["s9"] and transcript.header.id == "s9"
+
+    shared = TranscriptCache(store, max_open=4, shared=True)
+    await shared.get(record("s0"))
+    shared.forget("s0")
+    shared._remember(record("s0").key, "s0")
+    opened = len(store.opened)
+    await shared.prefetch(record("s0").key)  # several replicas: a run reads for itself
+    assert len(store.opened) == opened
+    cache.close_all()
+    shared.close_all()
+
+
+async def test_a_transcript_in_use_is_never_let_go_of(tmp_path: Path) -> None:
+    cache = TranscriptCache(sessions(tmp_path, 3), max_open=1, shared=False, warm_bytes=0)
+    running = {record("s0").key}
+    cache.in_use = running.__contains__
+    held = await cache.get(record("s0"))  # a run holds it from here to its delivery
+    await cache.get(record("s1"))
+    await cache.get(record("s2"))  # past max_open: s1 goes, s0 stays
+    assert not held.closed
+    held.append_message(Message.assistant("the run's reply"))  # a closed one would refuse
+    running.clear()  # the run is over: s0 can go now
+    await cache.get(record("s1"))
+    assert held.closed
+    cache.close_all()
+    reread = Transcript.open(tmp_path / "s0.jsonl")
+    assert [e.message.text for e in reread.live_entries()][-1] == "the run's reply"
+    reread.close()
