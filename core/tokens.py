@@ -344,7 +344,7 @@ class TokenCounter:
             message = e.message
             if message.derived(counted) is not None:
                 continue
-            stored = e.payload.get("tokens")
+            stored = e.stored_tokens
             count = stored.get(name) if isinstance(stored, dict) else None
             # No message counts less than its overhead: anything else is not a count.
             if isinstance(count, bool) or not isinstance(count, int):

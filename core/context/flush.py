@@ -109,7 +109,7 @@ def flushed_this_cycle(entries: Sequence[Entry]) -> bool:
     for entry in reversed(entries):
         if entry.type == ENTRY_COMPACTION:
             return False
-        if entry.type == ENTRY_CUSTOM and entry.payload.get("custom_type") == FLUSH_CUSTOM_TYPE:
+        if entry.type == ENTRY_CUSTOM and entry.custom_type == FLUSH_CUSTOM_TYPE:
             return True
     return False
 
@@ -124,7 +124,7 @@ def _may_flush(entries: Sequence[Entry]) -> bool:
             seen_compaction = True
         elif entry.type == ENTRY_MESSAGE:
             seen_message = True
-        elif entry.type == ENTRY_CUSTOM and entry.payload.get("custom_type") == FLUSH_CUSTOM_TYPE:
+        elif entry.type == ENTRY_CUSTOM and entry.custom_type == FLUSH_CUSTOM_TYPE:
             return seen_compaction and seen_message
         if seen_compaction and seen_message:
             return True

@@ -115,7 +115,7 @@ def recorded_decisions(entries: Sequence[Entry]) -> list[PruneDecision]:
     """The decisions recorded in ``entries``, in order; unreadable ones are skipped (logged)."""
     decisions: list[PruneDecision] = []
     for entry in entries:
-        if entry.type != ENTRY_CUSTOM or entry.payload.get("custom_type") != PRUNE_CUSTOM_TYPE:
+        if entry.type != ENTRY_CUSTOM or entry.custom_type != PRUNE_CUSTOM_TYPE:
             continue
         try:
             decisions.append(PruneDecision.from_dict(entry.payload.get("data")))

@@ -68,7 +68,7 @@ def _latest_id(entries: Sequence[Entry], kind: str, custom_type: str | None = No
     for entry in reversed(entries):
         if entry.type != kind:
             continue
-        if custom_type is None or entry.payload.get("custom_type") == custom_type:
+        if custom_type is None or entry.custom_type == custom_type:
             return entry.id
     return "-"
 

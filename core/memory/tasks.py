@@ -132,7 +132,7 @@ def task_record_from_turn(
             for use in message.tool_uses:
                 tools[use.name] += 1
             results += [b for b in message.content if isinstance(b, ToolResultBlock)]
-        elif entry.type == ENTRY_CUSTOM and entry.payload.get("custom_type") == TURN_ERROR:
+        elif entry.type == ENTRY_CUSTOM and entry.custom_type == TURN_ERROR:
             data = entry.payload.get("data")
             text = data.get("message") if isinstance(data, dict) else None
             turn_errors.append(str(text or "the turn failed"))

@@ -53,36 +53,138 @@ def encode_record(record: Mapping[str, Any]) -> bytes:
         raise TranscriptError(f"transcript entry cannot be serialised: {exc}") from exc
 
 
-@dataclass(frozen=True)
+# A message or custom entry whose line is at most this long keeps its line instead of
+# the line's parsed JSON; the rest is parsed again when asked for (``payload``). Parsed,
+# a short entry's JSON takes about five times its line (every dict, list and string of
+# it: its meta, usage, counts, a delivery's record): in a window of short messages that
+# was most of its memory, and of the objects freed when a window leaves memory. A long
+# entry keeps its JSON, whose strings its message shares (a line would hold them twice).
+COMPACT_LINE_BYTES = 4096
+
+
 class Entry:
-    """One transcript line. ``payload`` holds every field but the envelope; treat it as
-    read-only. A message entry's ``Message`` is parsed once, at construction, and read
-    through ``core.fences.read_user_message``: a user's words neutralised, the gateway's
-    blocks known by their fence (a legacy line's by the legacy rule)."""
+    """One transcript line, read-only. ``payload`` holds every field but the envelope.
+    A message entry's ``Message`` is parsed once, at construction, and read through
+    ``core.fences.read_user_message``: a user's words neutralised, the gateway's blocks
+    known by their fence (a legacy line's by the legacy rule).
+
+    An entry made from its stored line (``from_json``, ``from_raw`` with the line) may
+    keep only that line and what is read on every turn (the message, a custom entry's
+    type, the stored token counts; see ``COMPACT_LINE_BYTES``): its ``payload`` is then
+    parsed from the line on each use, a new dict each time."""
+
+    __slots__ = (
+        "__weakref__",
+        "_line",
+        "_message",
+        "_payload",
+        "custom_type",
+        "id",
+        "parent_id",
+        "stored_tokens",
+        "ts",
+        "type",
+    )
 
     id: str
     parent_id: str | None
     ts: str
     type: str
-    payload: dict[str, Any] = field(hash=False)
-    _message: Message | None = field(default=None, init=False, repr=False, compare=False)
+    # A custom entry's ``custom_type`` (None for other entries, or a custom entry
+    # without one): read on every turn to find prunes, flushes and deliveries.
+    custom_type: str | None
+    # A message entry's stored token counts by encoder (``TokenCounter.stamp``).
+    stored_tokens: dict[str, Any] | None
+    _payload: dict[str, Any] | None
+    _line: bytes | None
+    _message: Message | None
 
-    def __post_init__(self) -> None:
-        if self.type == ENTRY_MESSAGE:
-            raw = self.payload.get("message")
+    def __init__(
+        self, id: str, parent_id: str | None, ts: str, type: str, payload: dict[str, Any]
+    ) -> None:
+        self._fill(id, parent_id, ts, type, payload, None)
+
+    def _fill(
+        self,
+        entry_id: str,
+        parent_id: str | None,
+        ts: str,
+        kind: str,
+        payload: dict[str, Any],
+        line: bytes | None,
+    ) -> None:
+        message: Message | None = None
+        custom_type: str | None = None
+        stored_tokens: dict[str, Any] | None = None
+        if kind == ENTRY_MESSAGE:
+            raw = payload.get("message")
             if not isinstance(raw, dict):
                 raise TranscriptError("message entry without a message object")
             try:
                 message = read_user_message(Message.from_dict(raw))
             except (KeyError, TypeError, ValueError) as exc:
-                raise TranscriptError(f"unreadable message in entry {self.id}: {exc}") from exc
-            object.__setattr__(self, "_message", message)
-        elif self.type == ENTRY_COMPACTION:
-            if not isinstance(self.payload.get("summary"), str):
+                raise TranscriptError(f"unreadable message in entry {entry_id}: {exc}") from exc
+            tokens = payload.get("tokens")
+            stored_tokens = tokens if isinstance(tokens, dict) else None
+        elif kind == ENTRY_COMPACTION:
+            if not isinstance(payload.get("summary"), str):
                 raise TranscriptError("compaction entry without a summary")
-            kept = self.payload.get("first_kept_entry_id")
+            kept = payload.get("first_kept_entry_id")
             if kept is not None and not isinstance(kept, str):
                 raise TranscriptError("compaction entry with a bad first_kept_entry_id")
+        elif kind == ENTRY_CUSTOM:
+            named = payload.get("custom_type")
+            custom_type = named if isinstance(named, str) else None
+        compact = (
+            line is not None
+            and len(line) <= COMPACT_LINE_BYTES
+            and kind in (ENTRY_MESSAGE, ENTRY_CUSTOM)
+        )
+        setter = object.__setattr__
+        setter(self, "id", entry_id)
+        setter(self, "parent_id", parent_id)
+        setter(self, "ts", ts)
+        setter(self, "type", kind)
+        setter(self, "custom_type", custom_type)
+        setter(self, "stored_tokens", stored_tokens)
+        setter(self, "_message", message)
+        setter(self, "_payload", None if compact else payload)
+        setter(self, "_line", line if compact else None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"transcript entries are read-only (setting {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"transcript entries are read-only (deleting {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return (self.id, self.parent_id, self.ts, self.type) == (
+            other.id,
+            other.parent_id,
+            other.ts,
+            other.type,
+        ) and self.payload == other.payload
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.parent_id, self.ts, self.type))
+
+    def __repr__(self) -> str:
+        return (
+            f"Entry(id={self.id!r}, parent_id={self.parent_id!r}, ts={self.ts!r}, "
+            f"type={self.type!r}, payload={self.payload!r})"
+        )
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """Every field of the line but the envelope; treat it as read-only."""
+        if self._payload is not None:
+            return self._payload
+        raw = self._parsed_line()
+        for key in _ENVELOPE:
+            raw.pop(key, None)
+        return raw
 
     @property
     def message(self) -> Message:
@@ -101,16 +203,32 @@ class Entry:
         return raw if isinstance(raw, dict) else {}
 
     def to_dict(self) -> dict[str, Any]:
+        if self._payload is None:
+            return self._parsed_line()  # the envelope first, as it was stored
         return {
             "id": self.id,
             "parent_id": self.parent_id,
             "ts": self.ts,
             "type": self.type,
-            **self.payload,
+            **self._payload,
         }
 
     def to_json(self) -> str:
+        if self._line is not None:
+            try:
+                return self._line.decode("utf-8")  # exactly what was stored
+            except UnicodeDecodeError:
+                pass
         return encode_record(self.to_dict()).decode("utf-8")
+
+    def _parsed_line(self) -> dict[str, Any]:
+        assert self._line is not None
+        try:
+            raw = _DECODER.decode(self._line)
+        except (msgspec.DecodeError, ValueError, RecursionError):
+            raw = json.loads(self._line)  # read this way once already: it parses
+        assert isinstance(raw, dict)
+        return raw
 
     @classmethod
     def from_json(cls, line: bytes | str) -> Entry:
@@ -119,12 +237,13 @@ class Entry:
             raw = json.loads(line)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise TranscriptError(f"not JSON: {exc}") from exc
-        return cls.from_raw(raw)
+        return cls.from_raw(raw, line=line if isinstance(line, bytes) else None)
 
     @classmethod
-    def from_raw(cls, raw: object) -> Entry:
-        """An entry from its line's parsed JSON; raises TranscriptError when it is not
-        a well-formed entry."""
+    def from_raw(cls, raw: object, *, line: bytes | None = None) -> Entry:
+        """An entry from its line's parsed JSON (``line``: that line, which the entry
+        may keep instead of the JSON); raises TranscriptError when it is not a
+        well-formed entry."""
         if not isinstance(raw, dict):
             raise TranscriptError("entry is not a JSON object")
         entry_id, parent, ts, kind = (raw.pop(k, None) for k in _ENVELOPE)
@@ -134,7 +253,9 @@ class Entry:
             raise TranscriptError("entry with a bad parent_id")
         if not isinstance(ts, str) or not isinstance(kind, str) or kind == "session":
             raise TranscriptError("entry without a timestamp or type")
-        return cls(entry_id, parent, ts, kind, raw)
+        entry = cls.__new__(cls)
+        entry._fill(entry_id, parent, ts, kind, raw, line)
+        return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +349,9 @@ def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     if not isinstance(raws, list) or len(raws) != len(lines):
         return [parse_entry_or_none(line) for line in lines]
     entries: list[Entry | None] = []
-    for raw in raws:
+    for raw, line in zip(raws, lines, strict=True):
         try:
-            entries.append(Entry.from_raw(raw))
+            entries.append(Entry.from_raw(raw, line=line))
         except TranscriptError:
             entries.append(None)
     return entries

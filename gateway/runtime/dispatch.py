@@ -302,7 +302,7 @@ def _delivery_recorded(transcript: SessionTranscript, ids: list[int]) -> dict[st
     """The live transcript's record of a successful delivery for any of ``ids``."""
     wanted = set(ids)
     for entry in reversed(transcript.live_entries()):
-        if entry.type != "custom" or entry.payload.get("custom_type") != "delivery":
+        if entry.type != "custom" or entry.custom_type != "delivery":
             continue
         data = entry.payload.get("data") or {}
         if data.get("ok") and wanted & set(data.get("inbox_ids") or ()):

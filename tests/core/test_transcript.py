@@ -547,5 +547,6 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
 
     monkeypatch.setattr(entries_module.json, "loads", counting_loads)
     monkeypatch.setattr(entries_module, "PARSE_CHUNK_LINES", 3)
-    assert entries_module.parse_entries_or_none(lines[:3]) == one_by_one[:3]
+    three = entries_module.parse_entries_or_none(lines[:3])
     assert len(parsed_whole) == 1  # the three lines in one json parse, not three
+    assert three == one_by_one[:3]
