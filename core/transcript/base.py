@@ -190,6 +190,13 @@ class TranscriptBase:
     ) -> Iterator[tuple[int, Entry]]:
         raise NotImplementedError
 
+    def appended_since(self, count: int) -> tuple[int, list[Entry]] | None:
+        """``entry_count`` and the entries on entry lines ``count`` onwards, from memory
+        and so without blocking: when this object appended every one of them lately and
+        knows its line count without reading storage. None otherwise: read them
+        (``numbered_entries``). This base knows none."""
+        return None
+
     def append_message(
         self,
         message: Message,

@@ -26,10 +26,12 @@ both store byte-identical lines.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -58,6 +60,8 @@ log = logging.getLogger("parley.core.transcript")
 DEFAULT_READ_BLOCK = 64 * 1024  # backward reads at open
 DEFAULT_SCAN_BLOCK = 1024 * 1024  # forward reads (entries(), newline counting)
 PAGE_READ_BLOCK = 64 * 1024  # forward reads of a page: a few dozen lines, not a megabyte
+# Appended entries kept for ``appended_since``: a turn writes a few (a tool loop more).
+APPENDS_KEPT = 64
 INDEX_STRIDE = STRIDE  # entry lines between two marks of the line index
 FILE_MODE = 0o600
 
@@ -173,6 +177,9 @@ class Transcript(TranscriptBase):
         self._window = LiveWindow(live, cycle_bytes)
         self._live_start = live_start  # byte offset of the live region found at open
         self._lines_since_start = live_lines  # lines from _live_start on, appends included
+        # The newest entries this object appended, each with its line counted from
+        # _live_start (``appended_since``).
+        self._appended: deque[tuple[int, Entry]] = deque(maxlen=APPENDS_KEPT)
         self._prefix_newlines: int | None = 1 if live_start == header_end else None
         # Where entry lines start, for pages past the first (built on the first such page).
         self._index = LineIndex(header_end, INDEX_STRIDE)
@@ -310,6 +317,22 @@ class Transcript(TranscriptBase):
             if index >= offset and (entry := parse_entry_or_none(line)) is not None:
                 yield index, entry
 
+    def appended_since(self, count: int) -> tuple[int, list[Entry]] | None:
+        with self._lock:
+            if self._prefix_newlines is None:
+                return None  # counting the lines before the window reads the file
+            lines_before = self._prefix_newlines - 1
+            total = lines_before + self._lines_since_start
+            wanted = total - count
+            if wanted < 0 or wanted > len(self._appended):
+                return None
+            if wanted == 0:
+                return total, []
+            tail = list(itertools.islice(self._appended, len(self._appended) - wanted, None))
+            if tail[0][0] != count - lines_before:
+                return None
+            return total, [entry for _, entry in tail]
+
     def raw_lines(self) -> Iterator[bytes]:
         """The stored lines, header first, without newlines: what an export writes. A
         torn last line a read-only open ignored is left out."""
@@ -391,6 +414,7 @@ class Transcript(TranscriptBase):
             self._write(fd, pending.line + b"\n")
             self._window.commit(pending)
             self._index.note(start, self._size - start)
+            self._appended.append((self._lines_since_start, pending.entry))
             self._lines_since_start += 1
             if self._fsync:
                 try:

@@ -50,8 +50,12 @@ class SessionFiguresCache:
     async def stats(self, session_id: str, transcript: SessionTranscript) -> CompactionStats:
         """The session's compaction figures, as of the transcript's entries now."""
         cached = self._cache.get(session_id)
-        # On a thread, entry_count included: a file's first count reads its prefix.
-        fresh = await asyncio.to_thread(_read, transcript, cached)
+        # After a turn the new entries are the ones it appended, in memory: no thread
+        # hop, no read (one of each per turn, and the hop's GIL hand-offs, under load).
+        fresh = _fold_appended(transcript, cached)
+        if fresh is None:
+            # On a thread, entry_count included: a file's first count reads its prefix.
+            fresh = await asyncio.to_thread(_read, transcript, cached)
         self._store(session_id, fresh)
         return fresh.stats
 
@@ -72,6 +76,21 @@ class SessionFiguresCache:
         self._cache.move_to_end(session_id)
         while len(self._cache) > self.max_sessions:
             self._cache.popitem(last=False)
+
+
+def _fold_appended(transcript: SessionTranscript, cached: _Cached | None) -> _Cached | None:
+    """``cached`` brought up to date from the entries ``transcript`` appended since, when
+    it still has them in memory (``appended_since``); None when they must be read."""
+    if cached is None:
+        return None
+    header = transcript.header
+    if cached.identity != (header.id, header.created):
+        return None
+    appended = transcript.appended_since(cached.count)
+    if appended is None:
+        return None
+    count, new = appended
+    return cached if not new else _Cached(cached.identity, count, fold_stats(cached.stats, new))
 
 
 def _read(transcript: SessionTranscript, cached: _Cached | None) -> _Cached:

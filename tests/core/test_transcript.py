@@ -550,3 +550,26 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
     three = entries_module.parse_entries_or_none(lines[:3])
     assert len(parsed_whole) == 1  # the three lines in one json parse, not three
     assert three == one_by_one[:3]
+
+
+def test_appended_since_answers_from_what_this_object_appended(path: Path) -> None:
+    with Transcript.create(path, "s", "k") as t:
+        appended = [t.append_message(Message.user(f"m{i}")) for i in range(3)]
+        assert t.entry_count == 3
+        assert t.appended_since(0) == (3, appended)
+        since_one = t.appended_since(1)
+        assert since_one is not None
+        assert all(a is b for a, b in zip(since_one[1], appended[1:], strict=True))
+        assert t.appended_since(3) == (3, [])
+        assert t.appended_since(4) is None  # lines it does not have
+        for i in range(transcript_module.APPENDS_KEPT):
+            t.append_message(Message.user(f"more {i}"))
+        assert t.appended_since(0) is None  # older than the appends it keeps
+    with Transcript.open(path) as again:
+        newest = again.append_message(Message.assistant("after a reopen"))
+        assert again.entry_count == 4 + transcript_module.APPENDS_KEPT
+        assert again.appended_since(3 + transcript_module.APPENDS_KEPT) == (
+            4 + transcript_module.APPENDS_KEPT,
+            [newest],
+        )
+        assert again.appended_since(2) is None  # read at open, not appended by this object

@@ -64,16 +64,29 @@ async def test_a_turn_folds_in_only_its_own_entries(tmp_path: Path) -> None:
         first = await cache.stats("s", reads)
         assert first.count == 1 and reads.offsets == [0]
         for turn in range(5):
-            covered = t.entry_count
             _chat(t, 1)
             last = _compact(t)
             stats = await cache.stats("s", reads)
-            assert reads.offsets[-1] == covered  # the turn's entries and its compaction only
+            # The turn's entries and its compaction, folded in from memory: not read.
+            assert reads.offsets == [0]
             assert stats.count == 2 + turn and stats.last_at == last.ts
         assert await cache.stats("s", reads) is stats
-        assert len(reads.offsets) == 6  # nothing new: nothing read
         assert stats == compaction_stats(t.entries())
         assert dict(stats.by_trigger) == {"threshold": 1, "history": 5}
+
+
+async def test_what_this_object_did_not_append_lately_is_read(tmp_path: Path) -> None:
+    cache = SessionFiguresCache()
+    with Transcript.create(tmp_path / "s.jsonl", "s", "k") as t:
+        _chat(t, 3)
+        reads = Reads(t)
+        await cache.stats("s", reads)
+        covered = t.entry_count
+        _chat(t, 40)  # more than the appends it keeps (APPENDS_KEPT)
+        _compact(t)
+        stats = await cache.stats("s", reads)
+        assert reads.offsets == [0, covered]
+        assert stats == compaction_stats(t.entries())
 
 
 async def test_a_reopened_transcript_folds_from_the_cached_count(tmp_path: Path) -> None:
