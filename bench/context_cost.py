@@ -299,10 +299,10 @@ async def run_parley(conversation: list[Turn], home: Path) -> RunStats:
                 clock.seconds += turn.pause_seconds
             stats.compactions = sum(1 for e in transcript.entries() if e.type == ENTRY_COMPACTION)
             stats.extra["prunes"] = sum(
-                1 for e in transcript.entries() if e.payload.get("custom_type") == "context_prune"
+                1 for e in transcript.entries() if e.custom_type == "context_prune"
             )
             stats.extra["flushes"] = sum(
-                1 for e in transcript.entries() if e.payload.get("custom_type") == "memory_flush"
+                1 for e in transcript.entries() if e.custom_type == "memory_flush"
             )
         finally:
             transcript.close()

@@ -228,7 +228,7 @@ async def replay(
         transcript.close()
     main = [r for r in provider.requests if r.system != SUMMARY_SYSTEM_PROMPT]
     seen = json.dumps([m.to_dict() for m in main[-1].messages], ensure_ascii=False) if main else ""
-    flushes = [e for e in entries if e.payload.get("custom_type") == "memory_flush"]
+    flushes = [e for e in entries if e.custom_type == "memory_flush"]
     return {
         "overflow_errors": len(spy.lost),
         "negative_budgets": spy.negative,

@@ -15,9 +15,10 @@ cap on model work is shared out sooner.
 While lanes wait for a slot, the first ``max_concurrent_runs`` of them (in the order
 they will get one) are handed to ``prefetch(session_key)``, when one is given: what a
 run reads before its model work (the session's transcript) is then read while other
-runs hold the slots, not inside the run's own. A prefetch is only a hint: it fails
-quietly, is cancelled on stop, and the run does not wait for it (bench/load.py: with
-1,000 chats, opening windows again took 12-20 ms of each run's slot in the late rounds).
+runs hold the slots, not inside the run's own. A prefetch is only a hint: its failure
+is logged at debug level and the run goes on (reading for itself what it needs), and
+stop() waits up to the cancel grace for those under way (bench/load.py: with 1,000
+chats, opening windows again took 12-20 ms of each run's slot in the late rounds).
 
 Modes decide what one run gets:
 
@@ -374,7 +375,8 @@ class LaneManager(Generic[T]):
             try:
                 await slots.acquire()
             finally:
-                del self._waiting[lane]
+                # pop: a stop() cancelled mid-drain may have cleared the line already.
+                self._waiting.pop(lane, None)
                 lane.prefetched = False
                 self._prefetch_front()
         else:
@@ -475,8 +477,8 @@ class LaneManager(Generic[T]):
             for task in stuck:
                 log.error("%s ignored cancellation; abandoning it", task.get_name())
         if self._prefetches:
-            # Let them finish rather than cancel them: one cancelled while its worker
-            # thread reads would leave what it opened to no one.
+            # Let them finish rather than cancel them: what they open is then kept, and
+            # closed with the cache (an open that outlives it closes what it gets).
             _, late = await asyncio.wait(
                 set(self._prefetches), timeout=DEFAULT_CANCEL_GRACE_SECONDS
             )

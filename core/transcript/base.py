@@ -192,9 +192,9 @@ class TranscriptBase:
 
     def appended_since(self, count: int) -> tuple[int, list[Entry]] | None:
         """``entry_count`` and the entries on entry lines ``count`` onwards, from memory
-        and so without blocking: when this object appended every one of them lately and
-        knows its line count without reading storage. None otherwise: read them
-        (``numbered_entries``). This base knows none."""
+        and without waiting (for storage or for a writer): when this object appended
+        every one of them lately and knows its line count without reading storage. None
+        otherwise: read them (``numbered_entries``). This base knows none."""
         return None
 
     def append_message(

@@ -60,6 +60,9 @@ def encode_record(record: Mapping[str, Any]) -> bytes:
 # was most of its memory, and of the objects freed when a window leaves memory. A long
 # entry keeps its JSON, whose strings its message shares (a line would hold them twice).
 COMPACT_LINE_BYTES = 4096
+# Custom entries kept parsed whatever their size: their data is read on every turn (the
+# context's prune decisions: core.context.pruning applies each of them to every view).
+PARSED_CUSTOM_TYPES: frozenset[str] = frozenset({"context_prune"})
 
 
 class Entry:
@@ -94,7 +97,7 @@ class Entry:
     # without one): read on every turn to find prunes, flushes and deliveries.
     custom_type: str | None
     # A message entry's stored token counts by encoder (``TokenCounter.stamp``).
-    stored_tokens: dict[str, Any] | None
+    stored_tokens: Mapping[str, Any] | None
     _payload: dict[str, Any] | None
     _line: bytes | None
     _message: Message | None
@@ -115,7 +118,7 @@ class Entry:
     ) -> None:
         message: Message | None = None
         custom_type: str | None = None
-        stored_tokens: dict[str, Any] | None = None
+        stored_tokens: Mapping[str, Any] | None = None
         if kind == ENTRY_MESSAGE:
             raw = payload.get("message")
             if not isinstance(raw, dict):
@@ -138,7 +141,10 @@ class Entry:
         compact = (
             line is not None
             and len(line) <= COMPACT_LINE_BYTES
-            and kind in (ENTRY_MESSAGE, ENTRY_CUSTOM)
+            and (
+                kind == ENTRY_MESSAGE
+                or (kind == ENTRY_CUSTOM and custom_type not in PARSED_CUSTOM_TYPES)
+            )
         )
         setter = object.__setattr__
         setter(self, "id", entry_id)
@@ -203,14 +209,12 @@ class Entry:
         return raw if isinstance(raw, dict) else {}
 
     def to_dict(self) -> dict[str, Any]:
-        if self._payload is None:
-            return self._parsed_line()  # the envelope first, as it was stored
         return {
             "id": self.id,
             "parent_id": self.parent_id,
             "ts": self.ts,
             "type": self.type,
-            **self._payload,
+            **self.payload,
         }
 
     def to_json(self) -> str:
@@ -226,8 +230,12 @@ class Entry:
         try:
             raw = _DECODER.decode(self._line)
         except (msgspec.DecodeError, ValueError, RecursionError):
-            raw = json.loads(self._line)  # read this way once already: it parses
-        assert isinstance(raw, dict)
+            try:
+                raw = json.loads(self._line)  # how a line msgspec refuses was read
+            except (ValueError, RecursionError):
+                raw = None
+        if not isinstance(raw, dict):
+            raise TranscriptError(f"entry {self.id}: its stored line no longer parses")
         return raw
 
     @classmethod

@@ -177,9 +177,8 @@ class Transcript(TranscriptBase):
         self._window = LiveWindow(live, cycle_bytes)
         self._live_start = live_start  # byte offset of the live region found at open
         self._lines_since_start = live_lines  # lines from _live_start on, appends included
-        # The newest entries this object appended, each with its line counted from
-        # _live_start (``appended_since``).
-        self._appended: deque[tuple[int, Entry]] = deque(maxlen=APPENDS_KEPT)
+        # The newest entries this object appended: the file's last lines (``appended_since``).
+        self._appended: deque[Entry] = deque(maxlen=APPENDS_KEPT)
         self._prefix_newlines: int | None = 1 if live_start == header_end else None
         # Where entry lines start, for pages past the first (built on the first such page).
         self._index = LineIndex(header_end, INDEX_STRIDE)
@@ -318,20 +317,22 @@ class Transcript(TranscriptBase):
                 yield index, entry
 
     def appended_since(self, count: int) -> tuple[int, list[Entry]] | None:
-        with self._lock:
+        # Not waiting for the lock: a worker thread may hold it through a write and its
+        # fsync, or through counting the lines before the window.
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
             if self._prefix_newlines is None:
                 return None  # counting the lines before the window reads the file
-            lines_before = self._prefix_newlines - 1
-            total = lines_before + self._lines_since_start
+            total = self._prefix_newlines - 1 + self._lines_since_start
             wanted = total - count
             if wanted < 0 or wanted > len(self._appended):
-                return None
-            if wanted == 0:
-                return total, []
-            tail = list(itertools.islice(self._appended, len(self._appended) - wanted, None))
-            if tail[0][0] != count - lines_before:
-                return None
-            return total, [entry for _, entry in tail]
+                return None  # lines it does not have, or did not append lately
+            # The kept appends are the file's last lines, one after another.
+            start = len(self._appended) - wanted
+            return total, list(itertools.islice(self._appended, start, None))
+        finally:
+            self._lock.release()
 
     def raw_lines(self) -> Iterator[bytes]:
         """The stored lines, header first, without newlines: what an export writes. A
@@ -414,7 +415,7 @@ class Transcript(TranscriptBase):
             self._write(fd, pending.line + b"\n")
             self._window.commit(pending)
             self._index.note(start, self._size - start)
-            self._appended.append((self._lines_since_start, pending.entry))
+            self._appended.append(pending.entry)
             self._lines_since_start += 1
             if self._fsync:
                 try:

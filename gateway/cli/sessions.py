@@ -197,5 +197,5 @@ def _entry_line(entry: Entry) -> str:
         text = text[:160].encode("utf-8", "replace").decode("utf-8")
         return f"{message.role:<11} {text}"
     if entry.type == "custom":
-        return f"{'custom':<11} {entry.payload.get('custom_type')}"
+        return f"{'custom':<11} {entry.custom_type}"
     return f"{entry.type:<11}"

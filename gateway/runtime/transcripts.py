@@ -64,8 +64,8 @@ class TranscriptCache:
         self._warm: OrderedDict[str, WarmTranscript] = OrderedDict()
         self._warm_since: dict[str, float] = {}  # when each was suspended (monotonic)
         self._warm_total = 0
-        # The session each key's lane used last, least recently first, and back: what
-        # ``prefetch`` opens for a key.
+        # The active session each key's lane used last, least recently first, and back:
+        # what ``prefetch`` opens for a key.
         self._session_of_key: OrderedDict[str, str] = OrderedDict()
         self._key_of_session: dict[str, str] = {}
         self._remembered = max(MIN_REMEMBERED_KEYS, 4 * max_open)
@@ -77,24 +77,27 @@ class TranscriptCache:
     async def get(self, record: SessionRecord) -> SessionTranscript:
         """The session's transcript, opened (or created when it never was) on first use."""
         session_id = record.session_id
-        self._remember(record.key, session_id)
-        cached = self._open.get(session_id)
-        if cached is not None:
-            self._open.move_to_end(session_id)
-            return cached
-        # One open per session at a time: a reader outside the lane (/context, the admin
-        # API) racing the lane's first open would otherwise make a second object on the
-        # same transcript, with its own idea of where the file ends.
-        opening = self._opening.get(session_id)
-        if opening is not None and opening in self._prefetching:
+        if record.status == "active":  # a stored reply's archived session is no turn's
+            self._remember(record.key, session_id)
+        while True:
+            cached = self._open.get(session_id)
+            if cached is not None:
+                self._open.move_to_end(session_id)
+                return cached
+            # One open per session at a time: a prefetch racing the run's own open
+            # would otherwise make a second object on the same transcript, with its own
+            # idea of where the file ends (and two writers).
+            opening = self._opening.get(session_id)
+            if opening is None:
+                return await asyncio.shield(self._begin_open(session_id, record))
+            if opening not in self._prefetching:
+                return await asyncio.shield(opening)
             try:
                 return await asyncio.shield(opening)
-            except TranscriptError:
-                # The prefetch never creates a transcript: open (or create) it here.
-                opening = None
-        if opening is None or opening.done():
-            opening = self._begin_open(session_id, record)
-        return await asyncio.shield(opening)
+            except Exception:
+                # The prefetch's own failure (it never creates a transcript, and an
+                # error is for the run to meet itself): look again, and open it here.
+                continue
 
     async def prefetch(self, session_key: str) -> None:
         """Open (or resume) the transcript of the session the key's lane used last, for
@@ -104,7 +107,10 @@ class TranscriptCache:
         session_id = self._session_of_key.get(session_key)
         if self.shared or session_id is None:
             return
-        if session_id in self._open or session_id in self._opening:
+        if session_id in self._open:
+            self._open.move_to_end(session_id)  # wanted soon: not the next to go
+            return
+        if session_id in self._opening:
             return
         opening = self._begin_open(session_id, None)
         self._prefetching.add(opening)
@@ -140,12 +146,12 @@ class TranscriptCache:
 
     async def _open_one(self, session_id: str, record: SessionRecord | None) -> SessionTranscript:
         """Open (or resume) a transcript; ``record`` given: create it when its registry
-        row exists but the file never did."""
+        row exists but the file never did. Run as the task in ``_opening``."""
+        this = asyncio.current_task()
         warm = self._take_warm(session_id)
         if warm is not None:
             if await asyncio.to_thread(warm.resume):
-                self.keep(session_id, warm)
-                return warm
+                return self._keep_opened(this, session_id, warm)
             warm.close()  # changed on disk meanwhile: read it afresh
         try:
             transcript = await asyncio.to_thread(self._open_counted, session_id)
@@ -161,6 +167,18 @@ class TranscriptCache:
         report = transcript.load_report
         if not report.clean:
             log.warning("transcript %s repaired on load: %s", session_id, report)
+        return self._keep_opened(this, session_id, transcript)
+
+    def _keep_opened(
+        self, this: asyncio.Task[object] | None, session_id: str, transcript: SessionTranscript
+    ) -> SessionTranscript:
+        """Keep what an open got, unless the session was let go of while it opened
+        (``forget``: archived; ``close_all``: the gateway stops): a prefetch finishing
+        after its session's reset must not bring the archived one back, nor hold a file
+        after the cache closed its own."""
+        if self._opening.get(session_id) is not this:
+            transcript.close()
+            raise TranscriptError(f"transcript {session_id} was let go of while it opened")
         self.keep(session_id, transcript)
         return transcript
 
@@ -207,19 +225,19 @@ class TranscriptCache:
         while len(self._open) > self.max_open and passes > 0:
             passes -= 1
             evicted_id, evicted = self._open.popitem(last=False)
-            if self._running(evicted_id):
+            if self._running(evicted):
                 self._open[evicted_id] = evicted
                 continue
             self._keep_warm(evicted_id, evicted)
 
-    def _running(self, session_id: str) -> bool:
-        key = self._key_of_session.get(session_id)
-        return key is not None and self.in_use is not None and self.in_use(key)
+    def _running(self, transcript: SessionTranscript) -> bool:
+        return self.in_use is not None and self.in_use(transcript.header.key)
 
     def forget(self, session_id: str) -> None:
         key = self._key_of_session.pop(session_id, None)
         if key is not None:  # archived or gone: nothing to prefetch for its key
             self._session_of_key.pop(key, None)
+        self._opening.pop(session_id, None)  # an open under way closes what it gets
         transcript = self._open.pop(session_id, None)
         if transcript is not None:
             transcript.close()
@@ -228,6 +246,7 @@ class TranscriptCache:
             warm.close()
 
     def close_all(self) -> None:
+        self._opening.clear()  # an open under way closes what it gets
         for transcript in self._open.values():
             transcript.close()
         self._open.clear()

@@ -469,8 +469,8 @@ def recovered_progress(transcript: SessionTranscript, inbox_id: int) -> tuple[bo
         if entry.type != "message":
             continue
         message = entry.message
-        meta = entry.payload.get("meta") or {}
-        if message.role == "user" and inbox_id in (meta.get("inbox_ids") or ()):
+        # Only a user message's meta is read: a short entry parses it from its line.
+        if message.role == "user" and inbox_id in (entry.meta.get("inbox_ids") or ()):
             found, reply = True, None
         elif found and message.role == "assistant":
             final = not message.tool_uses

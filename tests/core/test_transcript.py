@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -573,3 +574,25 @@ def test_appended_since_answers_from_what_this_object_appended(path: Path) -> No
             [newest],
         )
         assert again.appended_since(2) is None  # read at open, not appended by this object
+
+
+def test_appended_since_never_waits_for_a_writer(path: Path) -> None:
+    with Transcript.create(path, "s", "k") as t:
+        t.append_message(Message.user("hi"))
+        assert t.entry_count == 1
+        held, done = threading.Event(), threading.Event()
+
+        def writer() -> None:  # a worker thread in the middle of an append (and fsync)
+            with t._lock:
+                held.set()
+                done.wait(5)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            assert held.wait(5)
+            assert t.appended_since(0) is None  # the caller reads on a thread instead
+        finally:
+            done.set()
+            thread.join()
+        assert t.appended_since(0) is not None

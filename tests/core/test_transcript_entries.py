@@ -9,6 +9,7 @@ import tracemalloc
 
 import pytest
 
+from parley.core.context.pruning import PRUNE_CUSTOM_TYPE
 from parley.core.messages import Message
 from parley.core.transcript import Entry
 from parley.core.transcript import entries as entries_module
@@ -93,3 +94,19 @@ def test_a_window_of_short_entries_takes_less_than_four_times_its_bytes() -> Non
         tracemalloc.stop()
     assert all(entry is not None for entry in window)
     assert held < 4.0 * sum(len(one) + 1 for one in lines)
+
+
+def test_prune_decisions_stay_parsed_and_a_line_without_a_parent_reads_as_before() -> None:
+    # The context applies every recorded prune to every view: read once, not per turn.
+    assert PRUNE_CUSTOM_TYPE in entries_module.PARSED_CUSTOM_TYPES
+    prune = Entry.from_json(line("p1", "custom", custom_type=PRUNE_CUSTOM_TYPE, data={"a": 1}))
+    assert prune.payload is prune.payload
+    legacy = b'{"id":"e1","ts":"2026-11-26T10:00:00Z","type":"custom","custom_type":"x"}'
+    entry = Entry.from_json(legacy)
+    assert entry.to_dict() == {
+        "id": "e1",
+        "parent_id": None,
+        "ts": "2026-11-26T10:00:00Z",
+        "type": "custom",
+        "custom_type": "x",
+    }

@@ -626,3 +626,26 @@ async def test_stop_lets_the_prefetches_under_way_finish() -> None:
         report = await stopping
     assert prefetch.finished == ["b"]
     assert report.unstarted == {"b": ["b1"]} and report.interrupted == {"a": ["a1"]}
+
+
+async def test_cancelling_stop_mid_drain_with_lanes_waiting_for_a_slot_ends_them_cleanly() -> None:
+    gate = Gate(hold={"a1"})  # never released
+    lanes: LaneManager[object] = LaneManager(
+        LanesConfig(max_concurrent_runs=1), gate, prefetch=Prefetches()
+    )
+    await lanes.start()
+    await lanes.submit("a", "a1")
+    await gate.wait_started("a1")
+    await lanes.submit("b", "b1")  # waits for the slot, in the prefetch's line
+    waiting = lanes._lanes["b"].task
+    assert waiting is not None
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(lanes.stop(drain=True, timeout=None))
+    await asyncio.sleep(0)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    async with asyncio.timeout(WAIT):
+        await asyncio.wait([waiting])
+    # Cancelled, as stop() meant: not ended by an error of the lanes' own bookkeeping.
+    assert waiting.cancelled()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -255,3 +257,84 @@ async def test_a_transcript_in_use_is_never_let_go_of(tmp_path: Path) -> None:
     reread = Transcript.open(tmp_path / "s0.jsonl")
     assert [e.message.text for e in reread.live_entries()][-1] == "the run's reply"
     reread.close()
+
+
+class GatedStore(CountingStore):
+    """Opens wait for ``release`` (set from the test), and keep what they opened."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.release = threading.Event()
+        self.transcripts: list[Transcript] = []
+        self.fail_next: Exception | None = None
+
+    def open(self, session_id: str, *, read_only: bool = False) -> Transcript:
+        assert self.release.wait(WAIT)
+        if self.fail_next is not None:
+            failure, self.fail_next = self.fail_next, None
+            raise failure
+        transcript = super().open(session_id, read_only=read_only)
+        self.transcripts.append(transcript)
+        return transcript
+
+
+WAIT = 5.0
+
+
+async def opened_later(tmp_path: Path) -> tuple[GatedStore, TranscriptCache]:
+    sessions(tmp_path, 2)
+    store = GatedStore(tmp_path)
+    cache = TranscriptCache(store, max_open=1, shared=False)
+    store.release.set()
+    await cache.get(record("s0"))
+    await cache.get(record("s1"))  # s0 closed (no warm budget): a prefetch reads it
+    store.release.clear()
+    return store, cache
+
+
+@pytest.mark.parametrize("let_go", ["forget", "close_all"])
+async def test_a_prefetch_finishing_after_its_session_was_let_go_of_keeps_nothing(
+    tmp_path: Path, let_go: str
+) -> None:
+    store, cache = await opened_later(tmp_path)
+    prefetch = asyncio.create_task(cache.prefetch(record("s0").key))
+    await asyncio.sleep(0)  # its open waits in a worker thread
+    if let_go == "forget":
+        cache.forget("s0")  # the session was reset: archived
+    else:
+        cache.close_all()  # the gateway stops
+    store.release.set()
+    with pytest.raises(TranscriptError, match="let go of while it opened"):
+        await prefetch
+    assert store.transcripts[-1].header.id == "s0" and store.transcripts[-1].closed
+    assert await cache.cached(record("s0")) is None
+    cache.close_all()
+
+
+async def test_a_run_whose_prefetch_failed_opens_its_transcript_itself(tmp_path: Path) -> None:
+    store, cache = await opened_later(tmp_path)
+    store.fail_next = OSError("disk hiccup")
+    prefetch = asyncio.create_task(cache.prefetch(record("s0").key))
+    await asyncio.sleep(0)
+    run = asyncio.create_task(cache.get(record("s0")))  # shares the prefetch's read
+    await asyncio.sleep(0)
+    store.release.set()
+    with pytest.raises(OSError, match="disk hiccup"):
+        await prefetch
+    transcript = await run  # the failure was the prefetch's: the run read for itself
+    assert transcript.header.id == "s0" and not transcript.closed
+    assert [e.message.text for e in transcript.live_entries()] == ["hello from s0"]
+    cache.close_all()
+
+
+async def test_an_archived_session_never_becomes_its_keys_prefetch(tmp_path: Path) -> None:
+    store = counting_sessions(tmp_path, 2)
+    cache = TranscriptCache(store, max_open=1, shared=False)
+    active = record("s0")
+    archived = dataclasses.replace(record("s1"), key=active.key, status="archived")
+    await cache.get(active)
+    await cache.get(archived)  # a stored reply of the old session is sent; s0 let go of
+    opened = len(store.opened)
+    await cache.prefetch(active.key)
+    assert store.opened[opened:] == ["s0"]  # the key's active session, not the archived one
+    cache.close_all()
