@@ -55,6 +55,8 @@ from parley.core.fences import SUMMARY_TAGS, fenced, neutralise
 from parley.core.messages import (
     FENCE_SUMMARY,
     Block,
+    DerivedKey,
+    ImageBlock,
     Message,
     TextBlock,
     ToolResultBlock,
@@ -215,12 +217,38 @@ def _window_start(entries: Sequence[Entry], compaction_at: int) -> int:
     return 0
 
 
+# Whether a message goes through the repair as it is whatever surrounds it (``_plain``),
+# kept on the message: the repair walks the whole window on every turn, and it stripped
+# every text block of it again to find the blank ones (bench/load.py: the repair was
+# ~7 % of the event loop's busy time in the late rounds, windows of ~270 entries).
+_PLAIN: DerivedKey[bool] = DerivedKey("plain for the repair")
+
+
+def _plain(message: Message) -> bool:
+    """A user or assistant message of text (none of it blank) and images only: no call
+    or result to place, nothing to drop, so the repair keeps it as it is."""
+    plain = message.derived(_PLAIN)
+    if plain is None:
+        plain = (
+            message.role != "tool_result"
+            and bool(message.content)
+            and all(
+                isinstance(b, ImageBlock) or (isinstance(b, TextBlock) and not _blank(b))
+                for b in message.content
+            )
+        )
+        message.keep_derived(_PLAIN, plain)
+    return plain
+
+
 def repair_history(messages: Sequence[Message]) -> list[Message]:
     """Make a message sequence valid for the providers (see the module docstring)."""
     # Pass 1: the first result after each call answers it; anything else is dropped.
     called: set[str] = set()
     answers: dict[str, ToolResultBlock] = {}
     for message in messages:
+        if _plain(message):
+            continue  # no call, no result
         if message.role == "assistant":
             called.update(
                 b.id for b in message.content if isinstance(b, ToolUseBlock) and _well_formed(b)
@@ -238,6 +266,9 @@ def repair_history(messages: Sequence[Message]) -> list[Message]:
     out: list[Message] = []
     emitted_calls: set[str] = set()
     for index, message in enumerate(messages):
+        if _plain(message):
+            _push(out, message)
+            continue
         if message.role == "assistant":
             kept = _assistant_blocks(message, emitted_calls)
             if not kept:

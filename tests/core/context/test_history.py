@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parley.core.context import history as history_module
 from parley.core.context.history import (
     COMPACTION_SUMMARY_PREFIX,
     COMPACTION_SUMMARY_SUFFIX,
@@ -22,6 +23,7 @@ from parley.core.context.history import (
 from parley.core.messages import (
     FENCE_SUMMARY,
     Block,
+    ImageBlock,
     Message,
     TextBlock,
     ToolResultBlock,
@@ -451,3 +453,29 @@ def test_repaired_history_is_always_valid(
             assert all(isinstance(b, ToolResultBlock) for b in message.content)
         else:
             assert not any(isinstance(b, ToolResultBlock | ToolUseBlock) for b in message.content)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_assistant, _user_side), max_size=12))
+def test_plain_messages_take_a_short_cut_to_the_same_repair(messages: list[Message]) -> None:
+    # The short cut for plain messages (text and images, none blank) against the full
+    # repair of every message; images stand in beside the text.
+    messages = [
+        Message(m.role, (*m.content, ImageBlock("image/png", "iVBO"))) if i % 4 == 3 else m
+        for i, m in enumerate(messages)
+    ]
+    fast = repair_history(messages)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(history_module, "_plain", lambda message: False)
+        slow = repair_history(messages)
+    assert fast == slow
+
+
+def test_a_plain_message_is_passed_on_as_it_is_and_a_blank_block_still_goes() -> None:
+    question, answer = Message.user("q"), Message.assistant("a")
+    blank = Message("assistant", (TextBlock("a2"), TextBlock("  ")))
+    first = repair_history([question, answer, blank])
+    again = repair_history([question, answer, blank])  # the status is kept on each message
+    assert first == again
+    assert first[0] is question
+    assert first[1].content == (TextBlock("a"), TextBlock("a2"))  # merged, the blank gone
