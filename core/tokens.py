@@ -345,7 +345,7 @@ class TokenCounter:
             if message.derived(counted) is not None:
                 continue
             stored = e.stored_tokens
-            count = stored.get(name) if isinstance(stored, dict) else None
+            count = stored.get(name) if stored is not None else None
             # No message counts less than its overhead: anything else is not a count.
             if isinstance(count, bool) or not isinstance(count, int):
                 continue

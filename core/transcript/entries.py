@@ -227,13 +227,7 @@ class Entry:
 
     def _parsed_line(self) -> dict[str, Any]:
         assert self._line is not None
-        try:
-            raw = _DECODER.decode(self._line)
-        except (msgspec.DecodeError, ValueError, RecursionError):
-            try:
-                raw = json.loads(self._line)  # how a line msgspec refuses was read
-            except (ValueError, RecursionError):
-                raw = None
+        raw = _decode(self._line)
         if not isinstance(raw, dict):
             raise TranscriptError(f"entry {self.id}: its stored line no longer parses")
         return raw
@@ -336,6 +330,18 @@ def parse_entries_or_none(lines: Sequence[bytes]) -> list[Entry | None]:
     return entries
 
 
+def _decode(data: bytes) -> object:
+    """``data``'s JSON value: by msgspec, else (strict JSON only) by json as it always
+    was; None when neither takes it."""
+    try:
+        return _DECODER.decode(data)
+    except (msgspec.DecodeError, ValueError, RecursionError):  # UnicodeDecodeError too
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+
+
 def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     if len(lines) < 2:
         return [parse_entry_or_none(line) for line in lines]
@@ -344,15 +350,7 @@ def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     # refuses (a lone surrogate's \u escape, which encode_record writes on purpose, a
     # number out of range, a stray byte, or a corrupt line) is parsed by json as it
     # always was, whole, and line by line when json refuses it too.
-    joined = b"[" + b",".join(lines) + b"]"
-    raws: object = None
-    try:
-        raws = _DECODER.decode(joined)
-    except (msgspec.DecodeError, ValueError, RecursionError):  # UnicodeDecodeError too
-        try:
-            raws = json.loads(joined)
-        except (ValueError, RecursionError):
-            raws = None
+    raws = _decode(b"[" + b",".join(lines) + b"]")
     # A line holding two values ("{...},{...}") parses as two: the count tells.
     if not isinstance(raws, list) or len(raws) != len(lines):
         return [parse_entry_or_none(line) for line in lines]

@@ -78,13 +78,15 @@ class SessionFiguresCache:
             self._cache.popitem(last=False)
 
 
+def _identity(transcript: SessionTranscript) -> tuple[str, str]:
+    header = transcript.header
+    return (header.id, header.created)
+
+
 def _fold_appended(transcript: SessionTranscript, cached: _Cached | None) -> _Cached | None:
     """``cached`` brought up to date from the entries ``transcript`` appended since, when
     it still has them in memory (``appended_since``); None when they must be read."""
-    if cached is None:
-        return None
-    header = transcript.header
-    if cached.identity != (header.id, header.created):
+    if cached is None or cached.identity != _identity(transcript):
         return None
     appended = transcript.appended_since(cached.count)
     if appended is None:
@@ -96,8 +98,7 @@ def _fold_appended(transcript: SessionTranscript, cached: _Cached | None) -> _Ca
 def _read(transcript: SessionTranscript, cached: _Cached | None) -> _Cached:
     """The figures of ``transcript`` now: ``cached`` brought up to date when it covers
     a prefix of this transcript, else read from its first entry."""
-    header = transcript.header
-    identity = (header.id, header.created)
+    identity = _identity(transcript)
     count = transcript.entry_count
     if cached is not None and cached.identity == identity and cached.count <= count:
         if cached.count == count:
