@@ -117,7 +117,7 @@ class Gateway:
             self.state.transcripts,
             max_open=self.config.storage.max_open_transcripts,
             shared=shared,
-            warm_bytes=self.config.storage.warm_transcripts_mib * 1024 * 1024,
+            warm_bytes=self.config.storage.warm_transcripts_bytes(),
         )
         self.lanes: LaneManager[LaneItem | LaneTask] = LaneManager(
             self.config.lanes,

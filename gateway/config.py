@@ -25,7 +25,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -64,6 +64,23 @@ _ADMIN_ENV: dict[str, tuple[str, ...]] = {
 }
 
 
+# ``warm_transcripts_mib = "auto"``: this share of the machine's memory, within bounds.
+MIB = 1024 * 1024
+WARM_AUTO_SHARE = 64
+WARM_AUTO_MIN_MIB = 16
+WARM_AUTO_MAX_MIB = 64
+WARM_AUTO_UNKNOWN_MIB = 32  # where the system does not say how much memory it has
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's memory, where the system tells (None elsewhere)."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # no sysconf, or no such name here
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -87,15 +104,30 @@ class StorageConfig(_Strict):
     # Past max_open_transcripts a session's file is closed but its live window stays in
     # memory, so picking it up again reads nothing; 0 turns that off. Counted in the
     # windows' file bytes: parsed, counted and encoded for the provider, a window of
-    # short messages takes about 4.2 times that in memory (measured: 6.4 when entries
-    # kept their parsed JSON rather than their lines), so 32 is ~135 MiB at most, what
-    # 22 was before.
-    warm_transcripts_mib: int = Field(
-        32,
-        ge=0,
-        le=65_536,
-        description="live windows kept after their file is closed, in MiB of file (~4x in memory)",
+    # short messages takes about 4 times that in memory. "auto": 1/64 of the machine's
+    # memory, between 16 and 64 MiB (at most ~1/16 of memory, ~270 MiB, in windows). A
+    # window that does not fit is read again on its session's next turn, a cost that
+    # grows with the session: bench/load.py (1,000 chats) answered 173 msgs/s with a
+    # p99 of 6.7 s at 32 MiB, where every window fits from round ~55 on, against 185
+    # and 5.1 s at 64.
+    warm_transcripts_mib: Annotated[int, Field(ge=0, le=65_536)] | Literal["auto"] = Field(
+        "auto",
+        description="live windows kept after their file is closed, in MiB of file (~4x in "
+        'memory); "auto": 1/64 of memory, 16 to 64',
     )
+
+    def warm_transcripts_bytes(self, physical_bytes: int | None = None) -> int:
+        """``warm_transcripts_mib`` in bytes, "auto" worked out from ``physical_bytes``
+        (the machine's memory, asked of the system when None)."""
+        if self.warm_transcripts_mib != "auto":
+            return self.warm_transcripts_mib * MIB
+        if physical_bytes is None:
+            physical_bytes = physical_memory_bytes()
+        if physical_bytes is None:
+            return WARM_AUTO_UNKNOWN_MIB * MIB
+        share = physical_bytes // WARM_AUTO_SHARE // MIB
+        return min(WARM_AUTO_MAX_MIB, max(WARM_AUTO_MIN_MIB, share)) * MIB
+
     # pgvector's HNSW index answers by the server's distance operators; some pgvector
     # builds cannot run them (SIGILL on CPUs without the instructions they were built for).
     vector_index: Literal["hnsw", "exact"] = Field(

@@ -116,36 +116,41 @@ class Entry:
         payload: dict[str, Any],
         line: bytes | None,
     ) -> None:
-        message: Message | None = None
-        custom_type: str | None = None
-        stored_tokens: Mapping[str, Any] | None = None
-        if kind == ENTRY_MESSAGE:
-            raw = payload.get("message")
-            if not isinstance(raw, dict):
-                raise TranscriptError("message entry without a message object")
-            try:
-                message = read_user_message(Message.from_dict(raw))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise TranscriptError(f"unreadable message in entry {entry_id}: {exc}") from exc
-            tokens = payload.get("tokens")
-            stored_tokens = tokens if isinstance(tokens, dict) else None
-        elif kind == ENTRY_COMPACTION:
+        get = payload.get
+        message, custom_type, stored_tokens = _content(
+            entry_id, kind, get("message"), get("tokens"), get("custom_type")
+        )
+        if kind == ENTRY_COMPACTION:
             if not isinstance(payload.get("summary"), str):
                 raise TranscriptError("compaction entry without a summary")
             kept = payload.get("first_kept_entry_id")
             if kept is not None and not isinstance(kept, str):
                 raise TranscriptError("compaction entry with a bad first_kept_entry_id")
-        elif kind == ENTRY_CUSTOM:
-            named = payload.get("custom_type")
-            custom_type = named if isinstance(named, str) else None
-        compact = (
-            line is not None
-            and len(line) <= COMPACT_LINE_BYTES
-            and (
-                kind == ENTRY_MESSAGE
-                or (kind == ENTRY_CUSTOM and custom_type not in PARSED_CUSTOM_TYPES)
-            )
+        compact = line is not None and _keeps_line(len(line), kind, custom_type)
+        self._set(
+            entry_id,
+            parent_id,
+            ts,
+            kind,
+            custom_type,
+            stored_tokens,
+            message,
+            None if compact else payload,
+            line if compact else None,
         )
+
+    def _set(
+        self,
+        entry_id: str,
+        parent_id: str | None,
+        ts: str,
+        kind: str,
+        custom_type: str | None,
+        stored_tokens: Mapping[str, Any] | None,
+        message: Message | None,
+        payload: dict[str, Any] | None,
+        line: bytes | None,
+    ) -> None:
         setter = object.__setattr__
         setter(self, "id", entry_id)
         setter(self, "parent_id", parent_id)
@@ -154,8 +159,8 @@ class Entry:
         setter(self, "custom_type", custom_type)
         setter(self, "stored_tokens", stored_tokens)
         setter(self, "_message", message)
-        setter(self, "_payload", None if compact else payload)
-        setter(self, "_line", line if compact else None)
+        setter(self, "_payload", payload)
+        setter(self, "_line", line)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"transcript entries are read-only (setting {name!r})")
@@ -235,6 +240,13 @@ class Entry:
     @classmethod
     def from_json(cls, line: bytes | str) -> Entry:
         """Parse one line; raises TranscriptError when it is not a well-formed entry."""
+        if isinstance(line, bytes):
+            try:
+                head = _HEAD.decode(line)
+            except (msgspec.DecodeError, ValueError, RecursionError):
+                head = None  # not strict JSON, or not an object: json decides below
+            if head is not None and (entry := _from_head(head, line, None)) is not None:
+                return entry
         try:
             raw = json.loads(line)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -249,15 +261,87 @@ class Entry:
         if not isinstance(raw, dict):
             raise TranscriptError("entry is not a JSON object")
         entry_id, parent, ts, kind = (raw.pop(k, None) for k in _ENVELOPE)
-        if not isinstance(entry_id, str) or not entry_id:
-            raise TranscriptError("entry without an id")
-        if parent is not None and not isinstance(parent, str):
-            raise TranscriptError("entry with a bad parent_id")
-        if not isinstance(ts, str) or not isinstance(kind, str) or kind == "session":
-            raise TranscriptError("entry without a timestamp or type")
+        _check_envelope(entry_id, parent, ts, kind)
         entry = cls.__new__(cls)
         entry._fill(entry_id, parent, ts, kind, raw, line)
         return entry
+
+
+def _check_envelope(entry_id: object, parent: object, ts: object, kind: object) -> None:
+    if not isinstance(entry_id, str) or not entry_id:
+        raise TranscriptError("entry without an id")
+    if parent is not None and not isinstance(parent, str):
+        raise TranscriptError("entry with a bad parent_id")
+    if not isinstance(ts, str) or not isinstance(kind, str) or kind == "session":
+        raise TranscriptError("entry without a timestamp or type")
+
+
+def _content(
+    entry_id: str, kind: str, message_raw: object, tokens: object, named: object
+) -> tuple[Message | None, str | None, Mapping[str, Any] | None]:
+    """What an entry keeps parsed whatever else it keeps: a message entry's message and
+    stored token counts, a custom entry's type."""
+    if kind == ENTRY_MESSAGE:
+        if not isinstance(message_raw, dict):
+            raise TranscriptError("message entry without a message object")
+        try:
+            message = read_user_message(Message.from_dict(message_raw))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TranscriptError(f"unreadable message in entry {entry_id}: {exc}") from exc
+        return message, None, tokens if isinstance(tokens, dict) else None
+    if kind == ENTRY_CUSTOM:
+        return None, named if isinstance(named, str) else None, None
+    return None, None, None
+
+
+def _keeps_line(size: int, kind: str, custom_type: str | None) -> bool:
+    """Whether an entry of this kind whose line is ``size`` bytes keeps its line rather
+    than its parsed JSON (``COMPACT_LINE_BYTES``)."""
+    return size <= COMPACT_LINE_BYTES and (
+        kind == ENTRY_MESSAGE or (kind == ENTRY_CUSTOM and custom_type not in PARSED_CUSTOM_TYPES)
+    )
+
+
+class _Head(msgspec.Struct):
+    """The fields of an entry that keeps its line (``_keeps_line``), read from that line
+    without the rest: its meta, usage, or a delivery's record are skipped by the
+    decoder rather than built into dicts that would be dropped at once. Any JSON value
+    decodes; ``_from_head`` checks them as ``Entry.from_raw`` does."""
+
+    id: Any = None
+    parent_id: Any = None
+    ts: Any = None
+    type: Any = None
+    custom_type: Any = None
+    tokens: Any = None
+    message: Any = None
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+_HEADS = msgspec.json.Decoder(list[_Head])
+
+
+def _from_head(head: _Head, line: bytes, previous_id: str | None) -> Entry | None:
+    """The entry ``head`` was read from, when it is one that keeps its line; None when
+    it is not (another kind, or too long): the caller then parses the line whole.
+    Raises TranscriptError for an entry that is not well formed. ``previous_id``: the
+    id of the line before, whose string a parent id equal to it shares."""
+    kind = head.type
+    if kind not in (ENTRY_MESSAGE, ENTRY_CUSTOM):  # a tuple: kind may be any JSON value
+        return None
+    named = head.custom_type
+    if len(line) > COMPACT_LINE_BYTES or (
+        kind == ENTRY_CUSTOM and isinstance(named, str) and named in PARSED_CUSTOM_TYPES
+    ):
+        return None
+    entry_id, parent = head.id, head.parent_id
+    _check_envelope(entry_id, parent, head.ts, kind)
+    message, custom_type, stored_tokens = _content(entry_id, kind, head.message, head.tokens, named)
+    if parent is not None and parent == previous_id:
+        parent = previous_id  # one string for both: a window holds every id twice
+    entry = Entry.__new__(Entry)
+    entry._set(entry_id, parent, head.ts, kind, custom_type, stored_tokens, message, None, line)
+    return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,16 +429,38 @@ def _decode(data: bytes) -> object:
 def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     if len(lines) < 2:
         return [parse_entry_or_none(line) for line in lines]
+    joined = b"[" + b",".join(lines) + b"]"
+    # Most of a window is entries that keep their line (``_Head``): read only what they
+    # keep, and the rest of the chunk's lines one by one. A chunk msgspec refuses goes
+    # the way below.
+    try:
+        heads = _HEADS.decode(joined)
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        heads = None
+    if heads is not None and len(heads) == len(lines):
+        entries: list[Entry | None] = []
+        previous_id: str | None = None
+        for head, line in zip(heads, lines, strict=True):
+            try:
+                entry = _from_head(head, line, previous_id)
+            except TranscriptError:
+                entry = None
+            else:
+                if entry is None:
+                    entry = parse_entry_or_none(line)
+            entries.append(entry)
+            previous_id = entry.id if entry is not None else None
+        return entries
     # msgspec: about twice as fast as json on a window, and a window read again is most
     # of what picking up a long session costs. It takes strict JSON only: a chunk it
     # refuses (a lone surrogate's \u escape, which encode_record writes on purpose, a
     # number out of range, a stray byte, or a corrupt line) is parsed by json as it
     # always was, whole, and line by line when json refuses it too.
-    raws = _decode(b"[" + b",".join(lines) + b"]")
+    raws = _decode(joined)
     # A line holding two values ("{...},{...}") parses as two: the count tells.
     if not isinstance(raws, list) or len(raws) != len(lines):
         return [parse_entry_or_none(line) for line in lines]
-    entries: list[Entry | None] = []
+    entries = []
     for raw, line in zip(raws, lines, strict=True):
         try:
             entries.append(Entry.from_raw(raw, line=line))

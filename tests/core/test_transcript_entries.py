@@ -8,8 +8,11 @@ import json
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parley.core.context.pruning import PRUNE_CUSTOM_TYPE
+from parley.core.errors import TranscriptError
 from parley.core.messages import Message
 from parley.core.transcript import Entry
 from parley.core.transcript import entries as entries_module
@@ -110,3 +113,123 @@ def test_prune_decisions_stay_parsed_and_a_line_without_a_parent_reads_as_before
         "type": "custom",
         "custom_type": "x",
     }
+
+
+# -- the window's fast read (``_Head``) against the whole parse, line by line ---------------
+
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+BLOCK = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.just("text"), "text": TEXT},
+        optional={"fence": st.sampled_from(["turn-context", "recalled-memory", "bogus", 3])},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_use"), "id": TEXT, "name": TEXT, "input": st.just({"q": 1.5})}
+    ),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": TEXT, "content": TEXT}),
+    st.fixed_dictionaries({"type": st.just("image"), "media_type": st.just("image/png")}),
+    st.just({"type": "video"}),  # unknown: the entry is unreadable
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "robot"])},
+    optional={"content": st.one_of(st.lists(BLOCK, max_size=3), TEXT)},
+)
+PAYLOAD = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.just("message"), "message": st.one_of(MESSAGE, st.just("not an object"))},
+        optional={
+            "tokens": st.one_of(st.just({"cl100k_base/1": 12}), st.just([12])),
+            "meta": st.just({"inbox_ids": [3]}),
+            "usage": st.just({"input": 1, "output": 2}),
+            "pad": st.integers(0, 5_000).map(lambda n: "p" * n),  # some lines too long to keep
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("custom")},
+        optional={
+            "custom_type": st.sampled_from(["delivery", PRUNE_CUSTOM_TYPE, 7]),
+            "data": st.just({"ok": True}),
+            "message": st.just({"role": "user", "content": "ignored: not a message entry"}),
+        },
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("compaction")},
+        optional={"summary": st.sampled_from(["s", 1]), "first_kept_entry_id": st.just("e0")},
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["future-kind", "session", 5])}),
+)
+ENVELOPE = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.sampled_from(["e1", "e2", "", 4]),
+        "parent_id": st.sampled_from([None, "e1", "e2", 9]),
+        "ts": st.sampled_from(["2026-11-26T10:00:00.000Z", None]),
+    },
+)
+LINE = st.one_of(
+    st.builds(lambda env, payload: json.dumps({**env, **payload}).encode(), ENVELOPE, PAYLOAD),
+    st.sampled_from([b"[1, 2]", b'"text"', b"{not json", b'{"id":"e1"},{"id":"e2"}', b"NaN"]),
+    # A lone surrogate's escape: json takes it, msgspec does not.
+    st.just(b'{"id":"e3","ts":"t","type":"message","message":{"role":"user","content":"\\ud800"}}'),
+)
+
+
+def whole(one: bytes) -> Entry | None:
+    """The entry the line holds as the whole parse reads it (``Entry.from_raw``)."""
+    try:
+        return Entry.from_raw(json.loads(one), line=one)
+    except (ValueError, TranscriptError):
+        return None
+
+
+def same_entry(got: Entry | None, expected: Entry | None) -> None:
+    if expected is None:
+        assert got is None
+        return
+    assert got is not None
+    assert (got.id, got.parent_id, got.ts, got.type) == (
+        expected.id,
+        expected.parent_id,
+        expected.ts,
+        expected.type,
+    )
+    assert got.custom_type == expected.custom_type
+    assert got.stored_tokens == expected.stored_tokens
+    assert got.payload == expected.payload
+    assert got.to_json() == expected.to_json()
+    if expected.type == "message":
+        assert got.message == expected.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(LINE, min_size=1, max_size=8))
+def test_a_window_read_fast_holds_what_the_whole_parse_of_each_line_does(
+    lines: list[bytes],
+) -> None:
+    window = entries_module.parse_entries_or_none(lines)
+    assert len(window) == len(lines)
+    for got, one in zip(window, lines, strict=True):
+        same_entry(got, whole(one))
+        try:
+            single: Entry | None = Entry.from_json(one)
+        except TranscriptError:
+            single = None
+        same_entry(single, whole(one))
+
+
+def test_a_parent_id_shares_the_string_of_the_entry_before_it() -> None:
+    first = line("e1", "message", **USER)
+    second = json.dumps(
+        {"id": "e2", "parent_id": "e1", "ts": "2026-11-26T10:00:00.000Z", "type": "custom"}
+        | DELIVERY
+    ).encode()
+    window = entries_module.parse_entries_or_none([first, second])
+    assert window[0] is not None and window[1] is not None
+    assert window[1].parent_id == "e1"
+    assert window[1].parent_id is window[0].id  # one string for both in memory
+
+
+def test_a_window_with_a_line_that_is_not_an_object_still_reads_the_others() -> None:
+    lines = [line("e1", "message", **USER), b"[1, 2]", line("e2", "custom", **DELIVERY)]
+    window = entries_module.parse_entries_or_none(lines)
+    assert [None if e is None else e.id for e in window] == ["e1", None, "e2"]

@@ -170,3 +170,35 @@ def test_webhook_mode_needs_url_and_secret(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigFileError, match="webhook_url and webhook_secret"):
         load_config(path, env={})
+
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("memory", "mib"),
+    [(GIB // 2, 16), (GIB, 16), (2 * GIB, 32), (3 * GIB, 48), (4 * GIB, 64), (64 * GIB, 64)],
+)
+def test_warm_windows_take_a_share_of_the_machines_memory_by_default(
+    tmp_path: Path, memory: int, mib: int
+) -> None:
+    storage = load_config(env={"PARLEY_HOME": str(tmp_path)}).config.storage
+    assert storage.warm_transcripts_mib == "auto"
+    assert storage.warm_transcripts_bytes(memory) == mib * 1024 * 1024
+    # Asked of this machine when not given.
+    assert 16 * 1024 * 1024 <= storage.warm_transcripts_bytes() <= 64 * 1024 * 1024
+
+
+def test_warm_windows_set_by_hand_or_off_whatever_the_memory(tmp_path: Path) -> None:
+    env = {"PARLEY_HOME": str(tmp_path), "PARLEY_STORAGE__WARM_TRANSCRIPTS_MIB": "100"}
+    assert load_config(env=env).config.storage.warm_transcripts_bytes(GIB) == 100 * 1024 * 1024
+    off = write(tmp_path, "[storage]\nwarm_transcripts_mib = 0\n")
+    assert (
+        load_config(off, env={"PARLEY_HOME": str(tmp_path)}).config.storage.warm_transcripts_bytes(
+            64 * GIB
+        )
+        == 0
+    )
+    with pytest.raises(ConfigFileError) as info:
+        load_config(env={**env, "PARLEY_STORAGE__WARM_TRANSCRIPTS_MIB": "lots"})
+    assert info.value.problems[0][0].startswith("storage.warm_transcripts_mib")
