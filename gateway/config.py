@@ -107,9 +107,9 @@ class StorageConfig(_Strict):
     # short messages takes about 4 times that in memory. "auto": 1/64 of the machine's
     # memory, between 16 and 64 MiB (at most ~1/16 of memory, ~270 MiB, in windows). A
     # window that does not fit is read again on its session's next turn, a cost that
-    # grows with the session: bench/load.py (1,000 chats) answered 173 msgs/s with a
-    # p99 of 6.7 s at 32 MiB, where every window fits from round ~55 on, against 185
-    # and 5.1 s at 64.
+    # grows with the session: bench/load.py (1,000 chats, 420 s) answered 173 msgs/s
+    # with a p99 of 6.7 s at 32 MiB, where the windows outgrew the budget from round
+    # ~55 on, against 185 and 5.1 s at 64, where all of them still fit at round 78.
     warm_transcripts_mib: Annotated[int, Field(ge=0, le=65_536)] | Literal["auto"] = Field(
         "auto",
         description="live windows kept after their file is closed, in MiB of file (~4x in "
