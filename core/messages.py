@@ -84,6 +84,8 @@ Block: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock
 
 
 def block_from_dict(raw: dict[str, Any]) -> Block:
+    if not isinstance(raw, dict):  # a stored line holds anything: unreadable, not a crash
+        raise ValueError(f"content block is not an object: {type(raw).__name__}")
     kind = raw.get("type")
     if kind == "text":
         fence = raw.get("fence")

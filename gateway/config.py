@@ -25,9 +25,17 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from parley.channels.config import ChannelsConfig
 from parley.core.agent_config import AgentConfig
@@ -36,6 +44,7 @@ from parley.core.memory.memory_config import MemorySettings
 from parley.core.providers.provider_config import ProvidersConfig
 from parley.gateway.errors import ConfigFileError
 from parley.gateway.lanes import LanesConfig
+from parley.gateway.machine_memory import usable_memory_bytes
 from parley.gateway.session_config import SessionConfig
 
 DEFAULT_HOME = Path("~/.parley")
@@ -69,16 +78,7 @@ MIB = 1024 * 1024
 WARM_AUTO_SHARE = 64
 WARM_AUTO_MIN_MIB = 16
 WARM_AUTO_MAX_MIB = 64
-WARM_AUTO_UNKNOWN_MIB = 32  # where the system does not say how much memory it has
-
-
-def physical_memory_bytes() -> int | None:
-    """The machine's memory, where the system tells (None elsewhere)."""
-    try:
-        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):  # no sysconf, or no such name here
-        return None
-    return pages * page_size if pages > 0 and page_size > 0 else None
+WARM_AUTO_UNKNOWN_MIB = 32  # where the system does not say how much memory there is
 
 
 class _Strict(BaseModel):
@@ -108,24 +108,34 @@ class StorageConfig(_Strict):
     # memory, between 16 and 64 MiB (at most ~1/16 of memory, ~270 MiB, in windows). A
     # window that does not fit is read again on its session's next turn, a cost that
     # grows with the session: bench/load.py (1,000 chats, 420 s) answered 173 msgs/s
-    # with a p99 of 6.7 s at 32 MiB, where the windows outgrew the budget from round
-    # ~55 on, against 185 and 5.1 s at 64, where all of them still fit at round 78.
-    warm_transcripts_mib: Annotated[int, Field(ge=0, le=65_536)] | Literal["auto"] = Field(
+    # with a p99 of 6.7 s at 32 MiB, which the windows outgrew from round ~38 on,
+    # against 183 and 5.3 s with every window warm (64 MiB holds them to round ~78).
+    warm_transcripts_mib: int | Literal["auto"] = Field(
         "auto",
         description="live windows kept after their file is closed, in MiB of file (~4x in "
         'memory); "auto": 1/64 of memory, 16 to 64',
     )
 
-    def warm_transcripts_bytes(self, physical_bytes: int | None = None) -> int:
-        """``warm_transcripts_mib`` in bytes, "auto" worked out from ``physical_bytes``
-        (the machine's memory, asked of the system when None)."""
+    @field_validator("warm_transcripts_mib", mode="before")
+    @classmethod
+    def _warm_mib(cls, value: object) -> object:
+        # One clear message for anything else, rather than one per member of the union.
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65_536:
+            return value
+        raise ValueError(f'must be "auto" or a whole number of MiB from 0 to 65536, not {value!r}')
+
+    def warm_transcripts_bytes(self, memory_bytes: int | None = None) -> int:
+        """``warm_transcripts_mib`` in bytes, "auto" worked out from ``memory_bytes``
+        (the memory the gateway may count on, asked of the system when None)."""
         if self.warm_transcripts_mib != "auto":
             return self.warm_transcripts_mib * MIB
-        if physical_bytes is None:
-            physical_bytes = physical_memory_bytes()
-        if physical_bytes is None:
+        if memory_bytes is None:
+            memory_bytes = usable_memory_bytes()
+        if memory_bytes is None:
             return WARM_AUTO_UNKNOWN_MIB * MIB
-        share = physical_bytes // WARM_AUTO_SHARE // MIB
+        share = memory_bytes // WARM_AUTO_SHARE // MIB
         return min(WARM_AUTO_MAX_MIB, max(WARM_AUTO_MIN_MIB, share)) * MIB
 
     # pgvector's HNSW index answers by the server's distance operators; some pgvector

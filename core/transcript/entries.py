@@ -240,7 +240,8 @@ class Entry:
     @classmethod
     def from_json(cls, line: bytes | str) -> Entry:
         """Parse one line; raises TranscriptError when it is not a well-formed entry."""
-        if isinstance(line, bytes):
+        # A line parsed whole anyway (too long to keep, see _keeps_line) is not read twice.
+        if isinstance(line, bytes) and len(line) <= COMPACT_LINE_BYTES and _is_text(line):
             try:
                 head = _HEAD.decode(line)
             except (msgspec.DecodeError, ValueError, RecursionError):
@@ -322,10 +323,11 @@ _HEADS = msgspec.json.Decoder(list[_Head])
 
 
 def _from_head(head: _Head, line: bytes, previous_id: str | None) -> Entry | None:
-    """The entry ``head`` was read from, when it is one that keeps its line; None when
-    it is not (another kind, or too long): the caller then parses the line whole.
-    Raises TranscriptError for an entry that is not well formed. ``previous_id``: the
-    id of the line before, whose string a parent id equal to it shares."""
+    """The entry ``head`` was read from (``line``, known to be text: ``_is_text``),
+    when it is one that keeps its line; None when it is not (another kind, or too
+    long): the caller then parses the line whole. Raises TranscriptError for an entry
+    that is not well formed. ``previous_id``: the id of the line before, whose string
+    a parent id equal to it shares."""
     kind = head.type
     if kind not in (ENTRY_MESSAGE, ENTRY_CUSTOM):  # a tuple: kind may be any JSON value
         return None
@@ -429,41 +431,70 @@ def _decode(data: bytes) -> object:
 def _parse_chunk(lines: Sequence[bytes]) -> list[Entry | None]:
     if len(lines) < 2:
         return [parse_entry_or_none(line) for line in lines]
+    heads = _heads(lines)
+    if heads is None:
+        # A line msgspec refuses (a lone surrogate's \u escape, which encode_record
+        # writes on purpose, a number out of range, a stray byte, a corrupt line) or one
+        # holding two values ("{...},{...}"): each line is read on its own, so that one
+        # line does not keep the rest of its chunk from the fast read.
+        return [parse_entry_or_none(line) for line in lines]
+    entries: list[Entry | None] = []
+    whole: list[int] = []  # the lines to parse whole, by index
+    previous_id: str | None = None
+    for index, (head, line) in enumerate(zip(heads, lines, strict=True)):
+        try:
+            entry = _from_head(head, line, previous_id)
+        except TranscriptError:
+            entry = None
+        else:
+            if entry is None:
+                whole.append(index)
+        entries.append(entry)
+        previous_id = entry.id if entry is not None else None
+    if whole:
+        parsed = _parse_whole([lines[i] for i in whole])
+        for index, entry in zip(whole, parsed, strict=True):
+            entries[index] = entry
+    return entries
+
+
+def _heads(lines: Sequence[bytes]) -> list[_Head] | None:
+    """Each line's ``_Head``, in one parse; None when a line is not strict JSON text
+    holding one object."""
     joined = b"[" + b",".join(lines) + b"]"
-    # Most of a window is entries that keep their line (``_Head``): read only what they
-    # keep, and the rest of the chunk's lines one by one. A chunk msgspec refuses goes
-    # the way below.
+    if not _is_text(joined):
+        return None
     try:
         heads = _HEADS.decode(joined)
     except (msgspec.DecodeError, ValueError, RecursionError):
-        heads = None
-    if heads is not None and len(heads) == len(lines):
-        entries: list[Entry | None] = []
-        previous_id: str | None = None
-        for head, line in zip(heads, lines, strict=True):
-            try:
-                entry = _from_head(head, line, previous_id)
-            except TranscriptError:
-                entry = None
-            else:
-                if entry is None:
-                    entry = parse_entry_or_none(line)
-            entries.append(entry)
-            previous_id = entry.id if entry is not None else None
-        return entries
-    # msgspec: about twice as fast as json on a window, and a window read again is most
-    # of what picking up a long session costs. It takes strict JSON only: a chunk it
-    # refuses (a lone surrogate's \u escape, which encode_record writes on purpose, a
-    # number out of range, a stray byte, or a corrupt line) is parsed by json as it
-    # always was, whole, and line by line when json refuses it too.
-    raws = _decode(joined)
-    # A line holding two values ("{...},{...}") parses as two: the count tells.
+        return None
+    return heads if len(heads) == len(lines) else None
+
+
+def _parse_whole(lines: Sequence[bytes]) -> list[Entry | None]:
+    """Entries that keep their parsed JSON, in one parse: it shares the decoder's key
+    strings across them. msgspec, about twice as fast as json; json when msgspec
+    refuses, whole, and line by line when json does too."""
+    if len(lines) < 2:
+        return [parse_entry_or_none(line) for line in lines]
+    raws = _decode(b"[" + b",".join(lines) + b"]")
     if not isinstance(raws, list) or len(raws) != len(lines):
         return [parse_entry_or_none(line) for line in lines]
-    entries = []
+    entries: list[Entry | None] = []
     for raw, line in zip(raws, lines, strict=True):
         try:
             entries.append(Entry.from_raw(raw, line=line))
         except TranscriptError:
             entries.append(None)
     return entries
+
+
+def _is_text(data: bytes) -> bool:
+    """Whether ``data`` is text as json reads a line (UTF-8, surrogates let through).
+    msgspec checks only the fields it decodes: a bad byte in a field ``_Head`` skips
+    would otherwise pass, and the line is corrupt."""
+    try:
+        data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -129,6 +129,7 @@ BLOCK = st.one_of(
     st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": TEXT, "content": TEXT}),
     st.fixed_dictionaries({"type": st.just("image"), "media_type": st.just("image/png")}),
     st.just({"type": "video"}),  # unknown: the entry is unreadable
+    st.just("not a block"),  # unreadable too, and no crash
 )
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant", "system", "robot"])},
@@ -158,7 +159,14 @@ PAYLOAD = st.one_of(
     ),
     st.fixed_dictionaries({"type": st.sampled_from(["future-kind", "session", 5])}),
 )
-ENVELOPE = st.fixed_dictionaries(
+WELL_FORMED_ENVELOPE = st.fixed_dictionaries(
+    {
+        "id": st.sampled_from(["e1", "e2"]),
+        "parent_id": st.sampled_from([None, "e1", "e2"]),
+        "ts": st.just("2026-11-26T10:00:00.000Z"),
+    }
+)
+ODD_ENVELOPE = st.fixed_dictionaries(
     {},
     optional={
         "id": st.sampled_from(["e1", "e2", "", 4]),
@@ -166,8 +174,24 @@ ENVELOPE = st.fixed_dictionaries(
         "ts": st.sampled_from(["2026-11-26T10:00:00.000Z", None]),
     },
 )
+# Mostly well formed, so that what follows the envelope is what decides.
+ENVELOPE = st.one_of(WELL_FORMED_ENVELOPE, WELL_FORMED_ENVELOPE, ODD_ENVELOPE)
+
+
+def encoded(record: dict[str, object], ascii_only: bool) -> bytes:
+    # The store writes UTF-8 as it is (encode_record); escaped is JSON too.
+    return json.dumps(record, ensure_ascii=ascii_only).encode()
+
+
+def with_bad_byte(record: dict[str, object], ascii_only: bool) -> bytes:
+    """The line with a byte that is not UTF-8 in a field the fast read skips."""
+    return encoded({**record, "meta": {"note": "MARK"}}, ascii_only).replace(b"MARK", b"\xff")
+
+
+RECORD = st.builds(lambda env, payload: {**env, **payload}, ENVELOPE, PAYLOAD)
 LINE = st.one_of(
-    st.builds(lambda env, payload: json.dumps({**env, **payload}).encode(), ENVELOPE, PAYLOAD),
+    st.builds(encoded, RECORD, st.booleans()),
+    st.builds(with_bad_byte, RECORD, st.booleans()),
     st.sampled_from([b"[1, 2]", b'"text"', b"{not json", b'{"id":"e1"},{"id":"e2"}', b"NaN"]),
     # A lone surrogate's escape: json takes it, msgspec does not.
     st.just(b'{"id":"e3","ts":"t","type":"message","message":{"role":"user","content":"\\ud800"}}'),
@@ -217,6 +241,46 @@ def test_a_window_read_fast_holds_what_the_whole_parse_of_each_line_does(
         same_entry(single, whole(one))
 
 
+GOOD_PAYLOAD = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "type": st.just("message"),
+            "message": st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "assistant"]),
+                    "content": st.lists(BLOCK.filter(lambda b: b != "not a block"), max_size=3),
+                }
+            ),
+        },
+        optional={"tokens": st.just({"cl100k_base/1": 12}), "meta": st.just({"é": [1]})},
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("custom"), "custom_type": st.sampled_from(["delivery", "x"])},
+        optional={"data": st.just({"ok": True})},
+    ),
+    st.just({"type": "compaction", "summary": "s", "first_kept_entry_id": None}),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(GOOD_PAYLOAD, min_size=2, max_size=12), st.booleans())
+def test_a_window_of_entries_reads_fast_as_the_whole_parse_does(
+    payloads: list[dict[str, object]], ascii_only: bool
+) -> None:
+    lines, parent = [], None
+    for n, payload in enumerate(payloads):
+        envelope = {"id": f"e{n}", "parent_id": parent, "ts": "2026-11-26T10:00:00.000Z"}
+        lines.append(encoded({**envelope, **payload}, ascii_only))
+        parent = f"e{n}"
+    window = entries_module.parse_entries_or_none(lines)
+    for got, one in zip(window, lines, strict=True):
+        expected = whole(one)
+        same_entry(got, expected)
+    # Only an unknown block type makes a message unreadable here.
+    readable = [whole(one) is not None for one in lines]
+    assert [e is not None for e in window] == readable
+
+
 def test_a_parent_id_shares_the_string_of_the_entry_before_it() -> None:
     first = line("e1", "message", **USER)
     second = json.dumps(
@@ -227,6 +291,21 @@ def test_a_parent_id_shares_the_string_of_the_entry_before_it() -> None:
     assert window[0] is not None and window[1] is not None
     assert window[1].parent_id == "e1"
     assert window[1].parent_id is window[0].id  # one string for both in memory
+
+
+def test_a_line_with_a_byte_that_is_not_utf8_is_corrupt_wherever_the_byte_is() -> None:
+    # In a field the fast read skips (meta): json refuses the line, and so must it.
+    bad = line("e2", "message", **{**USER, "meta": {"note": "MARK"}}).replace(b"MARK", b"\xff")
+    assert entries_module.parse_entry_or_none(bad) is None
+    window = entries_module.parse_entries_or_none([line("e1", "custom", **DELIVERY), bad])
+    assert window[0] is not None and window[1] is None
+
+
+def test_a_content_block_that_is_not_an_object_makes_its_entry_unreadable() -> None:
+    odd = line("e2", "message", message={"role": "user", "content": ["not a block"]})
+    assert entries_module.parse_entry_or_none(odd) is None
+    window = entries_module.parse_entries_or_none([line("e1", "custom", **DELIVERY), odd])
+    assert window[0] is not None and window[1] is None
 
 
 def test_a_window_with_a_line_that_is_not_an_object_still_reads_the_others() -> None:

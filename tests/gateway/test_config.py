@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from parley.gateway import config as config_module
 from parley.gateway.config import (
     ParleyConfig,
     effective_config_toml,
@@ -185,8 +186,16 @@ def test_warm_windows_take_a_share_of_the_machines_memory_by_default(
     storage = load_config(env={"PARLEY_HOME": str(tmp_path)}).config.storage
     assert storage.warm_transcripts_mib == "auto"
     assert storage.warm_transcripts_bytes(memory) == mib * 1024 * 1024
-    # Asked of this machine when not given.
-    assert 16 * 1024 * 1024 <= storage.warm_transcripts_bytes() <= 64 * 1024 * 1024
+
+
+def test_warm_windows_ask_the_system_how_much_memory_there_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = load_config(env={"PARLEY_HOME": str(tmp_path)}).config.storage
+    monkeypatch.setattr(config_module, "usable_memory_bytes", lambda: 3 * GIB)
+    assert storage.warm_transcripts_bytes() == 48 * 1024 * 1024
+    monkeypatch.setattr(config_module, "usable_memory_bytes", lambda: None)  # not known
+    assert storage.warm_transcripts_bytes() == 32 * 1024 * 1024
 
 
 def test_warm_windows_set_by_hand_or_off_whatever_the_memory(tmp_path: Path) -> None:
@@ -199,6 +208,11 @@ def test_warm_windows_set_by_hand_or_off_whatever_the_memory(tmp_path: Path) -> 
         )
         == 0
     )
-    with pytest.raises(ConfigFileError) as info:
-        load_config(env={**env, "PARLEY_STORAGE__WARM_TRANSCRIPTS_MIB": "lots"})
-    assert info.value.problems[0][0].startswith("storage.warm_transcripts_mib")
+    shouted = {**env, "PARLEY_STORAGE__WARM_TRANSCRIPTS_MIB": "AUTO"}
+    assert load_config(env=shouted).config.storage.warm_transcripts_mib == "auto"
+    for bad in ("lots", "-1", "32.5", "70000"):
+        with pytest.raises(ConfigFileError) as info:
+            load_config(env={**env, "PARLEY_STORAGE__WARM_TRANSCRIPTS_MIB": bad})
+        # One problem, that says what would do.
+        assert [p[0] for p in info.value.problems] == ["storage.warm_transcripts_mib"]
+        assert '"auto" or a whole number of MiB' in info.value.problems[0][1]
