@@ -73,7 +73,8 @@ _ADMIN_ENV: dict[str, tuple[str, ...]] = {
 }
 
 
-# ``warm_transcripts_mib = "auto"``: this share of the machine's memory, within bounds.
+# ``warm_transcripts_mib = "auto"``: this share of the memory the gateway may count on
+# (the machine's, or its cgroup's limit: gateway/machine_memory.py), within bounds.
 MIB = 1024 * 1024
 WARM_AUTO_SHARE = 64
 WARM_AUTO_MIN_MIB = 16

@@ -533,8 +533,9 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
         "e7",
     ]
     assert one_by_one[1] is not None and one_by_one[1].message.text == "odd \ud800"
-    # Clean lines take the fast path and read back equal; a chunk the fast parser
-    # refuses is still parsed whole by json when json takes it.
+    # Clean lines take the fast path and read back equal; in a chunk the fast parser
+    # refuses, only the lines it refuses go to json, each on its own: one odd line does
+    # not keep the rest of its chunk from the fast read.
     assert entries_module.parse_entries_or_none(lines[:1] + lines[-1:]) == [
         one_by_one[0],
         one_by_one[-1],
@@ -549,7 +550,7 @@ def test_a_window_parses_in_chunks_as_it_does_line_by_line(
     monkeypatch.setattr(entries_module.json, "loads", counting_loads)
     monkeypatch.setattr(entries_module, "PARSE_CHUNK_LINES", 3)
     three = entries_module.parse_entries_or_none(lines[:3])
-    assert len(parsed_whole) == 1  # the three lines in one json parse, not three
+    assert parsed_whole == [len(lines[1]), len(lines[2])]  # not the clean first line
     assert three == one_by_one[:3]
 
 
