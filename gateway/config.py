@@ -105,8 +105,8 @@ class StorageConfig(_Strict):
     # Past max_open_transcripts a session's file is closed but its live window stays in
     # memory, so picking it up again reads nothing; 0 turns that off. Counted in the
     # windows' file bytes: parsed, counted and encoded for the provider, a window of
-    # short messages takes about 4 times that in memory. "auto": 1/64 of the machine's
-    # memory, between 16 and 64 MiB (at most ~1/16 of memory, ~270 MiB, in windows). A
+    # short messages takes about 4 times that in memory. "auto": 1/64 of the memory the
+    # gateway may count on, between 16 and 64 MiB (~270 MiB in windows at most). A
     # window that does not fit is read again on its session's next turn, a cost that
     # grows with the session: bench/load.py (1,000 chats, 420 s) answered 173 msgs/s
     # with a p99 of 6.7 s at 32 MiB, which the windows outgrew from round ~38 on,
