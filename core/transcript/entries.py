@@ -328,12 +328,10 @@ def _from_head(head: _Head, line: bytes, previous_id: str | None) -> Entry | Non
     long): the caller then parses the line whole. Raises TranscriptError for an entry
     that is not well formed. ``previous_id``: the id of the line before, whose string
     a parent id equal to it shares."""
-    kind = head.type
-    if kind not in (ENTRY_MESSAGE, ENTRY_CUSTOM):  # a tuple: kind may be any JSON value
-        return None
-    named = head.custom_type
-    if len(line) > COMPACT_LINE_BYTES or (
-        kind == ENTRY_CUSTOM and isinstance(named, str) and named in PARSED_CUSTOM_TYPES
+    kind, named = head.type, head.custom_type
+    # The same rule as the whole parse's (any JSON value may stand in these fields).
+    if not isinstance(kind, str) or not _keeps_line(
+        len(line), kind, named if isinstance(named, str) else None
     ):
         return None
     entry_id, parent = head.id, head.parent_id
