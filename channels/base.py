@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from aiohttp import web
 
@@ -67,6 +67,15 @@ class InboundNotStored(ChannelError):
     handler takes it or the adapter stops. The gateway has already told the sender."""
 
 
+class EarlierMessage(NamedTuple):
+    """A group message the bot was not addressed in, kept as context (``group_context``)."""
+
+    sender_id: str
+    sender_name: str
+    text: str
+    timestamp: str  # ISO 8601, with its offset
+
+
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
     """One message from a person, normalised. ``text`` has platform markup stripped."""
@@ -88,6 +97,10 @@ class InboundMessage:
     guild_id: str | None = None  # Discord: the guild a channel belongs to (for its rules)
     automated: bool = False  # heartbeats, cron events: never reset a session
     edited: bool = False  # an edit of an earlier message, delivered under the edit rule
+    # Set by the gateway, never by an adapter: what others said in the group since the
+    # bot last answered there, not addressed to it, oldest first. Kept with the message
+    # in the inbox, so a turn run after a restart still has it.
+    group_context: tuple[EarlierMessage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +196,9 @@ class ChatPolicy:
     activation: Activation = "always"
     dm_policy: DmPolicy = "open"
     allow_from: frozenset[str] = frozenset()  # user ids, lowercased
+    # A group where the bot waits to be addressed: how many of the messages not
+    # addressed to it the gateway keeps, to show the model when it is (0: none).
+    group_context_messages: int = 0
 
 
 OPEN_POLICY = ChatPolicy()

@@ -38,6 +38,9 @@ _WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _TELEGRAM_TOKEN_RE = re.compile(r"\d+:[A-Za-z0-9_-]+")
 # Far above what any bot needs, low enough that "all shards" stays a small tuple.
 MAX_SHARD_COUNT = 65_536
+# Messages not addressed to the bot kept per group chat, shown when it is addressed.
+DEFAULT_GROUP_CONTEXT_MESSAGES = 50
+MAX_GROUP_CONTEXT_MESSAGES = 500
 
 
 class _Strict(BaseModel):
@@ -147,6 +150,12 @@ class TelegramAccountConfig(_AccountAccess):
         return value
 
 
+def _group_policy(activation: Activation, context_messages: int) -> ChatPolicy:
+    # Only where the bot waits to be addressed: with "always" every message is a turn.
+    kept = context_messages if activation == "mention" else 0
+    return ChatPolicy(activation=activation, group_context_messages=kept)
+
+
 class TelegramConfig(_ChannelAccess):
     mode: TelegramMode = Field("polling", description="polling | webhook")
     poll_timeout_seconds: int = Field(30, ge=0, le=50, description="getUpdates long-poll wait")
@@ -157,6 +166,13 @@ class TelegramConfig(_ChannelAccess):
         default_factory=dict, description='per-group rules, by chat id ("-100123...")'
     )
     reply_in_groups: bool = Field(True, description="replies quote the message they answer")
+    group_context_messages: int = Field(
+        DEFAULT_GROUP_CONTEXT_MESSAGES,
+        ge=0,
+        le=MAX_GROUP_CONTEXT_MESSAGES,
+        description="where the bot answers only when addressed: how many of the other "
+        "messages it keeps per chat and shows the model when addressed (0: none)",
+    )
     max_retry_after_seconds: float = Field(
         30.0, ge=0, le=3600, description="flood control longer than this fails the send"
     )
@@ -189,7 +205,7 @@ class TelegramConfig(_ChannelAccess):
             return self._direct_policy(self.accounts.get(account))
         rule = self.groups.get(chat_id)
         activation = (rule.activation if rule else None) or self.group_activation
-        return ChatPolicy(activation=activation)
+        return _group_policy(activation, self.group_context_messages)
 
 
 class DiscordChannelRule(_Strict):
@@ -256,6 +272,13 @@ class DiscordConfig(_ChannelAccess):
         default_factory=dict, description="per-guild rules (and per-channel), by guild id"
     )
     allow_bots: bool = Field(False, description="answer messages from other bots")
+    group_context_messages: int = Field(
+        DEFAULT_GROUP_CONTEXT_MESSAGES,
+        ge=0,
+        le=MAX_GROUP_CONTEXT_MESSAGES,
+        description="where the bot answers only when addressed: how many of the other "
+        "messages it keeps per chat and shows the model when addressed (0: none)",
+    )
     # Process-wide: discord.py keeps both in class attributes.
     api_base_url: str = Field(
         "https://discord.com/api/v10", description="the REST API (a proxy or a test fake)"
@@ -296,7 +319,7 @@ class DiscordConfig(_ChannelAccess):
                 rule = guild.channels.get(cid or "")
                 if rule is not None and rule.activation is not None:
                     activation = rule.activation
-        return ChatPolicy(activation=activation)
+        return _group_policy(activation, self.group_context_messages)
 
 
 class WebConfig(_Strict):

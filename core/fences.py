@@ -1,12 +1,15 @@
 """Fences: the gateway's own blocks, and why untrusted text cannot pass for one.
 
-The gateway writes three kinds of text block around what people say:
+The gateway writes four kinds of text block around what people say:
 
 * the turn context, ``<turn-context>time: …; from: NAME [id]</turn-context>``, the
   last block of every user message (``core.prompt.render_turn_context``);
 * recalled memory, ``<recalled-memory>…</recalled-memory>``, the first block of a user
   message when recall found something (``core.memory.recall``);
-* the compaction summary that heads the model's view (``core.context.history``).
+* the compaction summary that heads the model's view (``core.context.history``);
+* group context, ``<group-context>…</group-context>``, before the words of a user
+  message in a group: what others said there since the agent last answered
+  (``core.group_context.render_group_context``).
 
 Each holds text the gateway does not control: sender names and ids, snippets of what
 anyone once wrote, a model's summary of it. Two rules keep that text in its place.
@@ -59,6 +62,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from parley.core.messages import (
+    FENCE_GROUP_CONTEXT,
     FENCE_RECALLED_MEMORY,
     FENCE_SUMMARY,
     FENCE_TURN_CONTEXT,
@@ -69,6 +73,8 @@ from parley.core.messages import (
 
 __all__ = [
     "GATEWAY_TAGS",
+    "GROUP_CONTEXT_CLOSE",
+    "GROUP_CONTEXT_OPEN",
     "RECALL_CLOSE",
     "RECALL_OPEN",
     "SUMMARY_TAGS",
@@ -84,13 +90,16 @@ TURN_CONTEXT_OPEN = "<turn-context>"
 TURN_CONTEXT_CLOSE = "</turn-context>"
 RECALL_OPEN = "<recalled-memory>"
 RECALL_CLOSE = "</recalled-memory>"
+GROUP_CONTEXT_OPEN = "<group-context>"
+GROUP_CONTEXT_CLOSE = "</group-context>"
 _MARKERS = {
     FENCE_TURN_CONTEXT: (TURN_CONTEXT_OPEN, TURN_CONTEXT_CLOSE),
     FENCE_RECALLED_MEMORY: (RECALL_OPEN, RECALL_CLOSE),
 }
 
-# The markers neutralised in a user's words, a recalled snippet or a sender name.
-GATEWAY_TAGS: tuple[str, ...] = (FENCE_TURN_CONTEXT, FENCE_RECALLED_MEMORY)
+# The markers neutralised in a user's words, a recalled snippet, a sender name or a
+# line of group context. Group context came after the legacy rule: never claimed by it.
+GATEWAY_TAGS: tuple[str, ...] = (FENCE_TURN_CONTEXT, FENCE_RECALLED_MEMORY, FENCE_GROUP_CONTEXT)
 # In the compaction summary, its own wrapper too. Not in a user's words: "<summary>"
 # is an HTML element people write about, and a message never sits inside the summary.
 SUMMARY_TAGS: tuple[str, ...] = (*GATEWAY_TAGS, FENCE_SUMMARY)

@@ -20,7 +20,10 @@ ROLES: tuple[str, ...] = ("user", "assistant", "tool_result")
 FENCE_TURN_CONTEXT = "turn-context"
 FENCE_RECALLED_MEMORY = "recalled-memory"
 FENCE_SUMMARY = "summary"
-FENCES: frozenset[str] = frozenset({FENCE_TURN_CONTEXT, FENCE_RECALLED_MEMORY, FENCE_SUMMARY})
+FENCE_GROUP_CONTEXT = "group-context"
+FENCES: frozenset[str] = frozenset(
+    {FENCE_TURN_CONTEXT, FENCE_RECALLED_MEMORY, FENCE_SUMMARY, FENCE_GROUP_CONTEXT}
+)
 
 
 @dataclass(frozen=True, slots=True)

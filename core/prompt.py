@@ -38,7 +38,13 @@ from parley.core.fences import (
     fenced,
     neutralise_line,
 )
-from parley.core.messages import FENCE_RECALLED_MEMORY, FENCE_TURN_CONTEXT, TextBlock, ToolSpec
+from parley.core.messages import (
+    FENCE_GROUP_CONTEXT,
+    FENCE_RECALLED_MEMORY,
+    FENCE_TURN_CONTEXT,
+    TextBlock,
+    ToolSpec,
+)
 from parley.core.model_profile import STANDARD, ModelProfile
 
 PROJECT_FILES = ("AGENTS.md", "SOUL.md", "IDENTITY.md", "USER.md", "TOOLS.md", "MEMORY.md")
@@ -406,9 +412,16 @@ def is_recall_block(block: object) -> bool:
     return isinstance(block, TextBlock) and block.fence == FENCE_RECALLED_MEMORY
 
 
+def is_group_context(block: object) -> bool:
+    """Is this the group context ``core.group_context`` rendered: what others said in a
+    group before the agent was addressed, not the words of the message it rides in?"""
+    return isinstance(block, TextBlock) and block.fence == FENCE_GROUP_CONTEXT
+
+
 def is_volatile(block: object) -> bool:
-    """Turn context or recalled memory: stored with the user message, never its words."""
-    return is_turn_context(block) or is_recall_block(block)
+    """Turn context, recalled memory or group context: stored with the user message,
+    never its words."""
+    return is_turn_context(block) or is_recall_block(block) or is_group_context(block)
 
 
 def render_turn_context(

@@ -52,6 +52,7 @@ from parley.core.errors import (
     ProviderError,
 )
 from parley.core.fences import read_user_message
+from parley.core.group_context import group_context_block
 from parley.core.memory.audience import Viewer
 from parley.core.memory.recall import (
     RECALL_META_KEY,
@@ -107,6 +108,9 @@ class TurnRequest:
     session_key: str
     user_text: str
     context_text: str = ""  # volatile facts, stored as the last block of the user message
+    # What others said in the group since the last answer (core.group_context), stored
+    # as a block before the words; "" when there is none.
+    group_context_text: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # the user message is already in the transcript (crash recovery)
     model: str | None = None  # per-session override
@@ -228,6 +232,8 @@ class Runner:
             # the turn context at the tail when it must shed text, and recalled notes are
             # the cheapest thing to lose. Either way it is in the volatile newest message.
             blocks = [recall.block] if recall is not None and recall.block is not None else []
+            if turn.group_context_text:
+                blocks.append(group_context_block(turn.group_context_text))
             blocks.append(TextBlock(turn.user_text))
             if turn.context_text:
                 blocks.append(turn_context_block(turn.context_text))

@@ -27,7 +27,7 @@ from parley.core.errors import (
     ContextBudgetError,
 )
 from parley.core.messages import Message, TextBlock, ToolResultBlock
-from parley.core.prompt import is_recall_block, is_turn_context
+from parley.core.prompt import is_group_context, is_recall_block, is_turn_context
 
 TRIMMED_RESULT = "[tool result removed from this request to fit the context window]"
 
@@ -131,6 +131,9 @@ def _drop_merged_text(
         if is_recall_block(block):
             # Recalled memory rides first in the message, so it goes first.
             note = f"[~{tokens:,} tokens of recalled memory left out to fit the window]"
+        elif is_group_context(block):
+            # Then what others said in the group, before any words of the person.
+            note = f"[~{tokens:,} tokens of earlier group messages left out to fit the window]"
         else:
             note = (
                 f"[an earlier message of ~{tokens:,} tokens did not fit the context window "

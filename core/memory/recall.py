@@ -48,7 +48,8 @@ from parley.core.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from parley.core.prompt import is_recall_block, is_turn_context
+from parley.core.prompt import is_recall_block as is_recall_block  # re-exported
+from parley.core.prompt import is_volatile
 from parley.core.tokens import default_counter
 from parley.core.transcript import ENTRY_COMPACTION, ENTRY_MESSAGE, Entry
 
@@ -262,14 +263,13 @@ def _collapse(text: str) -> str:
 
 
 def previous_user_text(entries: Sequence[Entry]) -> str:
-    """The words of the latest user message in ``entries`` (no turn context, no recall)."""
+    """The words of the latest user message in ``entries`` (no turn context, no recall,
+    no group context)."""
     for entry in reversed(entries):
         if entry.type != ENTRY_MESSAGE or entry.message.role != "user":
             continue
         words = [
-            b.text
-            for b in entry.message.content
-            if isinstance(b, TextBlock) and not is_recall_block(b) and not is_turn_context(b)
+            b.text for b in entry.message.content if isinstance(b, TextBlock) and not is_volatile(b)
         ]
         if words:
             return "\n".join(words)

@@ -30,6 +30,9 @@ class Admission:
     reason: str = ""
     notice: str | None = None  # text to send the sender instead of an answer
     pairing: PairingRequest | None = None
+    # A group message the bot was not addressed in, or one that addresses it: how many
+    # of the group's other messages to keep as context (0: none, or not a group).
+    group_context_messages: int = 0
 
 
 ADMITTED = Admission(allowed=True)
@@ -54,9 +57,12 @@ class AccessGate:
             return ADMITTED
         policy = channel.policy(message)
         if message.chat_type != "direct":
+            kept = policy.group_context_messages
             if policy.activation == "mention" and not message.mentions_bot:
-                return Admission(allowed=False, reason="not addressed to the bot")
-            return ADMITTED
+                return Admission(
+                    allowed=False, reason="not addressed to the bot", group_context_messages=kept
+                )
+            return Admission(allowed=True, group_context_messages=kept) if kept else ADMITTED
         if policy.dm_policy == "open" or message.sender_id.lower() in policy.allow_from:
             return ADMITTED
         if policy.dm_policy == "allowlist":

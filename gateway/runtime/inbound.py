@@ -2,6 +2,10 @@
 recorded in the durable inbox (a platform's redelivery is answered once), the
 commands answered at once, then handed to its session's lane.
 
+A group message not addressed to the agent is kept as group context
+(``gateway.runtime.group_context``); the next message that addresses it there is
+recorded with what was kept.
+
 A message the inbox cannot record is not accepted: the adapter reports it, and the
 platform (or the browser) may deliver it again once the state takes writes.
 """
@@ -9,10 +13,17 @@ platform (or the browser) may deliver it again once the state takes writes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import OrderedDict
 
-from parley.channels.base import Channel, ChannelError, InboundMessage, InboundNotStored
+from parley.channels.base import (
+    Channel,
+    ChannelError,
+    EarlierMessage,
+    InboundMessage,
+    InboundNotStored,
+)
 from parley.gateway.lanes import LaneManager
 from parley.gateway.runtime.access import AccessGate
 from parley.gateway.runtime.commands.parsing import parse_info_command
@@ -20,6 +31,7 @@ from parley.gateway.runtime.commands.replies import CommandReplies
 from parley.gateway.runtime.context import Runtime
 from parley.gateway.runtime.delivery import Delivery, reply_to
 from parley.gateway.runtime.dispatch import Dispatch
+from parley.gateway.runtime.group_context import GroupContextBuffer
 from parley.gateway.runtime.lane_items import LaneItem, LaneTask
 from parley.gateway.runtime.user_errors import BUSY_TEXT, NOT_RECORDED_TEXT
 from parley.gateway.storage.errors import storage_failure
@@ -42,6 +54,7 @@ class Inbound:
         delivery: Delivery,
         commands: CommandReplies,
         ready: asyncio.Event,
+        group_context: GroupContextBuffer | None = None,
     ) -> None:
         self.rt = rt
         self.access = access
@@ -50,6 +63,7 @@ class Inbound:
         self.delivery = delivery
         self.commands = commands
         self.ready = ready  # set once the gateway has started and recovered
+        self.group_context = group_context if group_context is not None else GroupContextBuffer()
         self._not_recorded: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 
     async def handle(self, message: InboundMessage) -> None:
@@ -57,13 +71,24 @@ class Inbound:
         rt = self.rt
         message = well_formed(message)
         channel = rt.channels.get(message.channel)
+        keep_context = 0
         if channel is not None:
             admission = await self.access.admit(channel, message)
+            keep_context = admission.group_context_messages
             if not admission.allowed:
+                if keep_context:
+                    self.group_context.keep(rt.route(message).key, message, keep_context)
                 if admission.notice is not None:
                     await self._notify(channel, message, admission.notice)
                 return
         route = rt.route(message)
+        info = parse_info_command(message.text)
+        taken: tuple[EarlierMessage, ...] = ()
+        if keep_context and info is None:
+            # Peeked, not taken: a message the inbox refuses or already has leaves it.
+            taken = self.group_context.peek(route.key)
+            if taken:
+                message = dataclasses.replace(message, group_context=taken)
         try:
             recorded = await rt.inbox.record(message, session_key=route.key)
         except Exception as exc:
@@ -90,10 +115,10 @@ class Inbound:
                 recorded.item.status,
             )
             return
+        self.group_context.drop(route.key, taken)
         rt.metrics.inbound(message.channel)
         await self.ready.wait()
         item_id = recorded.item.id
-        info = parse_info_command(message.text)
         if info is not None:
             text = await self.commands.answer(info, route, message)
             await self.delivery.deliver([item_id], message, None, text)

@@ -16,6 +16,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 
 from parley.channels.base import (
     Channel,
@@ -35,6 +36,7 @@ from parley.core.errors import (
     ProviderTimeoutError,
     ServerError,
 )
+from parley.core.group_context import GroupLine, render_group_context
 from parley.core.memory.audience import Viewer, visible_scopes
 from parley.core.prompt import SILENT_REPLY, render_turn_context
 from parley.core.runner import TurnRequest, TurnResult
@@ -116,17 +118,19 @@ class Turns:
                 drafts.reset("retry")
 
         viewer = rt.viewer(first.route, message)
+        now = rt.clock().astimezone(rt.zone)
         turn = TurnRequest(
             session_key=record.key,
             user_text=text,
             context_text=render_turn_context(
-                now=rt.clock().astimezone(rt.zone),
+                now=now,
                 channel=message.channel,
                 chat_type=first.route.chat_type,
                 sender_name=message.sender_name,
                 sender_id=message.sender_id,
                 compact=rt.profile.compact_turn_context,
             ),
+            group_context_text=render_group_context(group_lines(items), now=now),
             meta={"inbox_ids": ids, "message_ids": [i.message.message_id for i in items]},
             resume=resume,
             model=record.settings.get("model"),
@@ -478,3 +482,20 @@ def recovered_progress(transcript: SessionTranscript, inbox_id: int) -> tuple[bo
         elif found and message.role == "user":
             break
     return found, reply
+
+
+def group_lines(items: list[LaneItem]) -> list[GroupLine]:
+    """What others said in the group before the turn's messages (each message carries
+    the lines kept before it: ``gateway.runtime.group_context``), oldest first. A line
+    whose time cannot be read (a hand-edited inbox row) keeps the message's."""
+    lines: list[GroupLine] = []
+    for item in items:
+        for earlier in item.message.group_context:
+            try:
+                at = datetime.fromisoformat(earlier.timestamp)
+            except (TypeError, ValueError):
+                at = item.message.timestamp
+            if at.tzinfo is None:
+                at = at.replace(tzinfo=UTC)
+            lines.append(GroupLine(earlier.sender_name, earlier.sender_id, earlier.text, at))
+    return lines

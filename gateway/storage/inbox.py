@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from parley.channels.base import InboundMessage, SeenMark
+from parley.channels.base import EarlierMessage, InboundMessage, SeenMark
 from parley.gateway.routing import normalise_channel, normalise_peer_id
 
 OPEN_STATES = ("received", "replied")
@@ -115,6 +115,8 @@ def message_to_json(message: InboundMessage) -> str:
 def message_from_json(raw: str) -> InboundMessage:
     data = json.loads(raw)
     data["timestamp"] = datetime.fromisoformat(data["timestamp"])
+    # Rows written before group context have none; JSON gives the lines back as lists.
+    data["group_context"] = tuple(EarlierMessage(*line) for line in data.get("group_context", ()))
     return InboundMessage(**data)
 
 

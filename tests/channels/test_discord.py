@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from parley.channels.base import ChatPolicy, InboundMessage
+from parley.channels.config import DEFAULT_GROUP_CONTEXT_MESSAGES
 from tests.channels.discord_support import (
     ANN,
     BOB,
@@ -79,7 +80,10 @@ async def test_guild_messages_with_and_without_the_mention(
         assert message.guild_id == GUILD_ID and message.sender_name == "Annie"
         assert message.text == text
         assert message.mentions_bot == bool(pings)  # mentioned exactly when pinged
-        assert channel.policy(message) == ChatPolicy(activation="mention")
+        # Where the bot waits to be addressed, the rest is kept as group context.
+        assert channel.policy(message) == ChatPolicy(
+            activation="mention", group_context_messages=DEFAULT_GROUP_CONTEXT_MESSAGES
+        )
 
 
 async def test_a_guild_not_yet_cached_is_still_a_group(fake: FakeDiscord) -> None:

@@ -238,6 +238,8 @@ def test_policy_per_guild_and_per_channel() -> None:
         return channel.policy(message)
 
     assert policy("group", GENERAL, GUILD_ID).activation == "always"  # the guild's rule
+    assert policy("group", GENERAL, GUILD_ID).group_context_messages == 0  # all are turns
+    assert policy("group", RANDOM, GUILD_ID).group_context_messages == 50
     assert policy("group", RANDOM, GUILD_ID).activation == "mention"  # the channel's rule
     assert policy("thread", RANDOM, GUILD_ID, THREAD).activation == "mention"  # the parent's
     assert policy("group", "420000000000000001", "320000000000000001").activation == "always"

@@ -12,6 +12,7 @@ from telegram.error import RetryAfter
 
 from parley.channels.base import (
     ChannelStartError,
+    ChatPolicy,
     DeliveryError,
     InboundMessage,
     OutboundMessage,
@@ -252,7 +253,10 @@ async def test_policy_comes_from_config(fake: FakeTelegram) -> None:
     assert channel.policy(dm).dm_policy == "allowlist"
     assert channel.policy(dm).allow_from == frozenset({"42"})
     assert channel.policy(group).activation == "always"
+    assert channel.policy(group).group_context_messages == 0  # every message is a turn
     assert channel.webhook_routes() == []
+    keeping = TelegramChannel(make_config(fake, group_context_messages=7))
+    assert keeping.policy(group) == ChatPolicy(activation="mention", group_context_messages=7)
 
 
 async def test_two_accounts_each_with_its_own_bot(fake: FakeTelegram) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from parley.channels.discord_adapter import DiscordChannel
+from parley.core.fences import GROUP_CONTEXT_OPEN
 from parley.gateway.app import Gateway
 from parley.gateway.config import load_config
 from tests.channels.discord_support import (
@@ -30,7 +31,7 @@ from tests.channels.discord_support import (
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.discord_api import SEND_MESSAGE, FakeDiscord
 from tests.fakes.llm_common import Reply
-from tests.gateway.test_telegram_e2e import gateway_env
+from tests.gateway.test_telegram_e2e import gateway_env, user_texts
 
 
 class World:
@@ -118,7 +119,11 @@ async def test_guild_answers_only_when_mentioned(
         assert str(reply.message_reference["message_id"]) == asked["id"]
         allowed = reply.allowed_mentions
         assert allowed["parse"] == [] and allowed.get("replied_user") is True
-        assert len(w.llm.requests_bodies) == 1  # the chatter never reached the model
+        # The chatter was no turn of its own: it came with the mention, as group context.
+        [body] = w.llm.requests_bodies
+        context = user_texts(body)[0]
+        assert context.startswith(GROUP_CONTEXT_OPEN) and "Annie" in context
+        assert "anyone here?" in context
 
 
 async def test_thread_is_its_own_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from parley.channels.telegram import TelegramChannel
 from parley.channels.text import utf16_len
+from parley.core.fences import GROUP_CONTEXT_OPEN
 from parley.core.transcript import Transcript
 from parley.gateway.app import Gateway
 from parley.gateway.config import load_config
@@ -38,12 +39,17 @@ GROUP = -1001234
 
 
 def said(body: dict[str, Any]) -> str:
-    """The newest user text the model was sent, without the turn context."""
+    """The newest user text the model was sent, without the turn context (it follows)
+    or group context (it comes first)."""
+    texts = [t for t in user_texts(body) if not t.startswith(GROUP_CONTEXT_OPEN)]
+    return texts[0] if texts else str(body["messages"][-1]["content"])
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
     blocks = body["messages"][-1]["content"]
-    texts = (
-        [b["text"] for b in blocks if b.get("type") == "text"] if isinstance(blocks, list) else []
-    )
-    return texts[0] if texts else str(blocks)
+    if not isinstance(blocks, list):
+        return []
+    return [b["text"] for b in blocks if b.get("type") == "text"]
 
 
 def gateway_env(home: Path, llm: FakeAnthropic) -> dict[str, str]:
@@ -172,6 +178,11 @@ async def test_group_answers_only_when_mentioned(
         assert sent.chat_id == GROUP
         assert sent.visible_text == "echo: Alice: what time is it?"  # mention stripped
         assert sent.reply_to_message_id == asked["message"]["message_id"]
+        # The chatter came with it, as group context before the words (issue 23).
+        [body] = w.llm.requests_bodies
+        context = user_texts(body)[0]
+        assert context.startswith(GROUP_CONTEXT_OPEN)
+        assert f"Alice [{ALICE}]: lunch anyone?" in context
 
 
 async def test_forum_topic_is_its_own_session(

@@ -32,7 +32,13 @@ from parley.core.memory.chunking.text import (
 )
 from parley.core.memory.redact import redact_secrets
 from parley.core.messages import ImageBlock, TextBlock
-from parley.core.prompt import SILENT_REPLY, TURN_CONTEXT_PREFIX, is_recall_block, is_turn_context
+from parley.core.prompt import (
+    SILENT_REPLY,
+    TURN_CONTEXT_PREFIX,
+    is_group_context,
+    is_recall_block,
+    is_turn_context,
+)
 from parley.core.transcript import ENTRY_MESSAGE, Entry
 
 # Transcript chunks are small: a snippet should hold a few turns around the hit, not a
@@ -116,9 +122,10 @@ def _visible(entry: Entry) -> tuple[str, str | None]:
     for block in entry.message.content:
         if isinstance(block, TextBlock) and is_turn_context(block):
             sender = _sender_name(block.text) or sender
-        elif is_recall_block(block):
+        elif is_recall_block(block) or is_group_context(block):
             # Memory shown to the model, not said by anyone: indexing it would bring
-            # the same notes back as the user's words, again and again.
+            # the same notes back as the user's words, again and again. Group context
+            # is what others said in passing, not this conversation with the agent.
             continue
         elif isinstance(block, TextBlock):
             parts.append(block.text)

@@ -31,6 +31,7 @@ import pytest
 
 from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder
 from parley.gateway.app import Gateway
+from parley.gateway.runtime.group_context import GroupContextBuffer
 from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
@@ -94,6 +95,8 @@ def assert_isolated(world: World, elapsed: float) -> None:
         assert world.model.kinds["summary"] > 0, dict(world.model.kinds)
     assert tally.memory_answers > 0 and tally.tool_results > 0, tally.line()
     assert tally.task_records > 0, tally.line()
+    if not PRE_AUDIENCE:  # group context: overheard, then shown in its own group only
+        assert tally.chatter > 0 and tally.overheard > 0, tally.line()
     if settings.erase and not PRE_AUDIENCE:  # erasure ran, not skipped
         assert tally.erasures >= 1, tally.line()
 
@@ -136,7 +139,7 @@ async def test_the_suite_catches_a_broken_audience_rule(
     monkeypatch.setattr(
         "parley.gateway.runtime.context.viewer_for", lambda *_: Viewer.for_operator()
     )
-    settings = Settings(1905, "summary", "per-channel-peer", "always", 40, erase=False)
+    settings = Settings(1906, "summary", "per-channel-peer", "always", 40, erase=False)
     world = await run_world(tmp_path, settings)
     places = {v.where for v in world.checker.violations}
     assert any("tool result memory_search" in p for p in places), places
@@ -179,3 +182,21 @@ async def test_a_stranger_whose_id_is_a_linked_name_reads_nothing_of_that_person
 def test_the_pre_audience_flag_is_off_in_the_suite() -> None:
     """The flag is for the proof run on the code before audiences, never for `make test`."""
     assert not PRE_AUDIENCE
+
+
+@pytest.mark.skipif(PRE_AUDIENCE, reason="group context came with issue 23")
+async def test_the_suite_catches_group_context_that_crosses_conversations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One buffer for every conversation: what was said in one group without
+    addressing the agent reaches a turn of another, and the suite must say so."""
+    hashing_embedder(monkeypatch)
+    keep, peek, drop = GroupContextBuffer.keep, GroupContextBuffer.peek, GroupContextBuffer.drop
+    shared = "every conversation"
+    monkeypatch.setattr(GroupContextBuffer, "keep", lambda s, _, m, n: keep(s, shared, m, n))
+    monkeypatch.setattr(GroupContextBuffer, "peek", lambda s, _: peek(s, shared))
+    monkeypatch.setattr(GroupContextBuffer, "drop", lambda s, _, t: drop(s, shared, t))
+    settings = Settings(1905, "summary", "per-channel-peer", "auto", 40, erase=False)
+    world = await run_world(tmp_path, settings)
+    places = {v.where for v in world.checker.violations}
+    assert any(p.endswith("group context") for p in places), places

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+from parley.channels.base import ChatPolicy
 from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS, SUMMARY_SYSTEM_PROMPT
 from parley.core.messages import TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from parley.core.prompt import is_turn_context
@@ -297,8 +298,12 @@ KINDS: dict[str, int] = {
     "compact": 6,
     "reset": 3,
     "sync": 4,
+    "chatter": 16,
 }
-LEGACY_LEFT_OUT = {"remember_cmd", "remember_tool", "forget_other", "forget_own"}
+LEGACY_LEFT_OUT = {"remember_cmd", "remember_tool", "forget_other", "forget_own", "chatter"}
+# Groups answer when addressed and keep the rest as group context (issue 23): a
+# "chatter" step says a secret in a group without addressing the agent.
+GROUP_POLICY = ChatPolicy(activation="mention", group_context_messages=8)
 
 
 class Generator:
@@ -500,6 +505,10 @@ class Generator:
             return Step(index, kind, conv, speaker, choice)
         if kind == "sync":
             return Step(index, kind, conv, None)
+        if kind == "chatter":
+            if conv.chat_type == "direct":
+                return None  # a direct chat has no one else to overhear
+            return self._secret(index, conv, kind)
         raise AssertionError(kind)
 
 
@@ -518,6 +527,8 @@ def request_parts(request: ProviderRequest) -> Iterator[tuple[str, str]]:
                     label = "turn context"
                 elif fence == "recalled-memory" or block.text.lstrip().startswith(RECALL_MARK):
                     label = "recalled memory"
+                elif fence == "group-context":
+                    label = "group context"
                 else:
                     label = f"{message.role} text"
                 yield f"message {number} {label}", block.text
@@ -634,6 +645,8 @@ class Tally:
     compactions: int = 0
     erasures: int = 0
     checks: int = 0  # (text, canary) pairs asserted
+    chatter: int = 0  # group messages not addressed to the agent
+    overheard: int = 0  # their canaries shown back to the model as group context
 
     def line(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in self.__dict__.items())
@@ -770,6 +783,9 @@ class World:
         self.loaded = load(home, settings, **backend_env)
         self.clock = Clock(START)
         self.channels = {name: RecordingChannel(name) for name in CHANNELS}
+        if not PRE_AUDIENCE:
+            for channel in self.channels.values():
+                channel.chat_policy = GROUP_POLICY
         self.model = EchoModel()
         self.provider = ScriptedProvider(MODEL)
         self.provider.responder = self.model
@@ -848,9 +864,16 @@ class World:
             chat_type=conv.chat_type,
             chat_id=conv.chat_id,
             thread_id=conv.thread_id,
+            mentions_bot=step.kind != "chatter",
         )
         await gateway.handle_inbound(message)
         await gateway.wait_idle()
+        if step.kind == "chatter":  # kept for the group's next turn: no request, no reply
+            tally.chatter += 1
+            sent_after = {name: len(c.sent) for name, c in self.channels.items()}
+            assert len(self.provider.requests) == requests_before, step.describe()
+            assert sent_after == sent_before, step.describe()
+            return
         await channel.wait_sent(sent_before[conv.channel] + 1)
         if step.kind in ("attack", "own_recall"):
             tally.attacks += step.kind == "attack"
@@ -864,6 +887,8 @@ class World:
                         tally.own_hits += len(ok)
                 if where.endswith("recalled memory"):
                     tally.own_hits += len(ok)
+                if where.endswith("group context"):
+                    tally.overheard += len(ok)
         for name, channel_ in self.channels.items():
             for sent in channel_.sent[sent_before[name] :]:
                 self._check_reply(step, name, sent)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from parley.channels.base import InboundMessage, SeenMark
+from parley.channels.base import EarlierMessage, InboundMessage, SeenMark
 from parley.core.messages import Usage
 from parley.gateway.errors import PairingError, SchemaTooNewError
 from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
@@ -158,6 +158,22 @@ async def test_inbox_dedupes_and_tracks_state(state: StateBackend) -> None:
     await inbox.mark_failed([other.item.id], "blocked")
     assert await inbox.open_items() == []
     assert await inbox.counts() == {"delivered": 1, "failed": 1}
+
+
+async def test_inbox_keeps_a_message_group_context(state: StateBackend) -> None:
+    # What others said before it (gateway.runtime.group_context) survives a restart
+    # with the message, on either backend; a row from before has none.
+    inbox = state.inbox
+    earlier = (
+        EarlierMessage("bob", "Bob", "lunch at noon? 😀", "2026-11-27T11:58:00+00:00"),
+        EarlierMessage("carol", "Carol", "ok\nsure", "2026-11-27T11:59:00+00:00"),
+    )
+    with_context = dataclasses.replace(message("61", "bot?"), group_context=earlier)
+    item = (await inbox.record(with_context)).item
+    stored = await inbox.get(item.id)
+    assert stored is not None and stored.message == with_context
+    plain = (await inbox.record(message("62"))).item
+    assert (await inbox.get(plain.id)).message.group_context == ()  # type: ignore[union-attr]
 
 
 async def test_inbox_keeps_the_send_mark_the_fold_and_what_went_out(
