@@ -78,7 +78,7 @@ _ADMIN_ENV: dict[str, tuple[str, ...]] = {
 MIB = 1024 * 1024
 WARM_AUTO_SHARE = 64
 WARM_AUTO_MIN_MIB = 16
-WARM_AUTO_MAX_MIB = 64
+WARM_AUTO_MAX_MIB = 128  # from 8 GiB on
 WARM_AUTO_UNKNOWN_MIB = 32  # where the system does not say how much memory there is
 
 
@@ -106,15 +106,17 @@ class StorageConfig(_Strict):
     # memory, so picking it up again reads nothing; 0 turns that off. Counted in the
     # windows' file bytes: parsed, counted and encoded for the provider, a window of
     # short messages takes about 4 times that in memory. "auto": 1/64 of the memory the
-    # gateway may count on, between 16 and 64 MiB (~270 MiB in windows at most). A
+    # gateway may count on, between 16 and 128 MiB (~540 MiB in windows at most). A
     # window that does not fit is read again on its session's next turn, a cost that
     # grows with the session: bench/load.py (1,000 chats, 420 s) answered 173 msgs/s
     # with a p99 of 6.7 s at 32 MiB, which the windows outgrew from round ~38 on,
-    # against 183 and 5.3 s with every window warm (64 MiB holds them to round ~78).
+    # against 183 and 5.3 s with every window warm. 64 MiB held them to round ~78, and
+    # the 600 s run's rounds past that cost 6-8 ms per message instead of ~5: its p99
+    # reached 1.5x the bare bot's. 128 MiB holds 1,000 chats to their compaction.
     warm_transcripts_mib: int | Literal["auto"] = Field(
         "auto",
         description="live windows kept after their file is closed, in MiB of file (~4x in "
-        'memory); "auto": 1/64 of memory, 16 to 64',
+        'memory); "auto": 1/64 of memory, 16 to 128',
     )
 
     @field_validator("warm_transcripts_mib", mode="before")

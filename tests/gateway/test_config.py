@@ -178,7 +178,15 @@ GIB = 1024**3
 
 @pytest.mark.parametrize(
     ("memory", "mib"),
-    [(GIB // 2, 16), (GIB, 16), (2 * GIB, 32), (3 * GIB, 48), (4 * GIB, 64), (64 * GIB, 64)],
+    [
+        (GIB // 2, 16),
+        (GIB, 16),
+        (2 * GIB, 32),
+        (3 * GIB, 48),
+        (4 * GIB, 64),
+        (8 * GIB, 128),
+        (64 * GIB, 128),
+    ],
 )
 def test_warm_windows_take_a_share_of_the_machines_memory_by_default(
     tmp_path: Path, memory: int, mib: int
