@@ -54,7 +54,7 @@ from parley.channels.telegram_polling import (
     Poller,
     acknowledge,
 )
-from parley.channels.telegram_recovery import Numbering, probe
+from parley.channels.telegram_recovery import Numbering, probe, probe_end
 from parley.channels.telegram_send import (
     MAX_MESSAGE_UTF16,
     SendSettings,
@@ -376,7 +376,10 @@ class TelegramChannel:
         if account is None:
             return None
         parts = len(split_reply(message.text))
-        return await probe(account.bot, chat_id, after, parts, recorded)
+        # The highest id known now: ``send_mark``, which a resumed reply asks first, has
+        # waited for the queue that built up during the restart to be read.
+        end = probe_end(after, self._numbering.mark(message.account, chat_id))
+        return await probe(account.bot, chat_id, after, parts, recorded, end)
 
     async def typing(
         self, chat_id: str, thread_id: str | None = None, account: str = "default"

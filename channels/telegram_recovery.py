@@ -23,8 +23,14 @@ shared counter, per account: the mark is the higher of the two, so the reply is
 usually the next id or one of the next few. The channel notes every getUpdates batch
 as it arrives, and after a start takes no mark before the poller has read the queue
 that built up meanwhile to its end (``TelegramChannel._fetch``): else a reply resent
-at start would get a mark below all of it. Only ``PROBE_IDS`` ids are asked about:
-a reply further away (a busy bot, many chats at once) is not found and is sent
+at start would get a mark below all of it.
+
+How far to look: ``PROBE_IDS`` ids above the mark, or above the highest id known in
+the chat's numbering now, whichever is higher, and never more than ``MAX_PROBE_IDS``.
+A mark far below what is known now means many messages took ids between the mark and
+the send (a busy bot: 50 chats answered at once put replies 30 to 100 ids above their
+marks, and ``bench/crash_soak.py`` resent four that a 24-id look missed); a quiet bot
+looks at 24 ids as before. A reply further away than that is not found and is sent
 again, the answer a reply sent twice always gets rather than a lost one.
 """
 
@@ -40,9 +46,10 @@ from parley.channels.base import RecordedCheck
 
 logger = logging.getLogger("parley.channels.telegram")
 
-# Ids above the mark asked about per reply; each is one Bot API call, and only
-# replies whose delivery a crash left unknown are ever probed.
+# Ids above the mark (or above the highest id known now) asked about per reply; each
+# is one Bot API call, and only replies whose delivery a crash left unknown are probed.
 PROBE_IDS = 24
+MAX_PROBE_IDS = 256
 # Chats whose highest id is remembered (the least recently active are forgotten:
 # a chat without a known id still gets a mark from the message it answers).
 REMEMBERED_CHATS = 50_000
@@ -104,14 +111,20 @@ async def _is_own_message(bot: Bot, chat_id: int, message_id: int) -> bool:
     return True
 
 
+def probe_end(mark: int, known: int | None) -> int:
+    """The last id to ask about for a reply marked ``mark``, the highest id known in the
+    chat's numbering being ``known`` (module docstring)."""
+    return min(mark + MAX_PROBE_IDS, max(mark, known or 0) + PROBE_IDS)
+
+
 async def probe(
-    bot: Bot, chat_id: int, mark: int, parts: int, recorded: RecordedCheck
+    bot: Bot, chat_id: int, mark: int, parts: int, recorded: RecordedCheck, end: int
 ) -> tuple[str, ...] | None:
-    """The bot's messages in ``chat_id`` above ``mark`` that ``recorded`` does not
-    claim, as ``"chat:message"`` ids in order, at most ``parts``; None when Telegram
-    would not answer."""
+    """The bot's messages in ``chat_id`` above ``mark`` up to ``end`` (``probe_end``)
+    that ``recorded`` does not claim, as ``"chat:message"`` ids in order, at most
+    ``parts``; None when Telegram would not answer."""
     found: list[str] = []
-    for message_id in range(mark + 1, mark + 1 + PROBE_IDS):
+    for message_id in range(mark + 1, end + 1):
         try:
             own = await _is_own_message(bot, chat_id, message_id)
         except ProbeError as exc:

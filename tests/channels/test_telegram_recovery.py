@@ -12,7 +12,13 @@ import pytest
 
 from parley.channels.base import OutboundMessage
 from parley.channels.telegram import TelegramChannel
-from parley.channels.telegram_recovery import PROBE_IDS, Numbering, shares_bot_numbering
+from parley.channels.telegram_recovery import (
+    MAX_PROBE_IDS,
+    PROBE_IDS,
+    Numbering,
+    probe_end,
+    shares_bot_numbering,
+)
 from tests.channels.telegram_helpers import (
     TOKEN,
     Inbox,
@@ -163,20 +169,57 @@ async def test_a_long_reply_cut_off_after_its_first_part_is_found_part_by_part(
     assert done.platform_message_ids == ()
 
 
-async def test_the_probe_asks_about_a_bounded_number_of_ids(
+async def read_up_to(channel: TelegramChannel, chat: int, message_id: int) -> None:
+    """Until the poller has read the updates up to ``message_id`` (the chat's mark says)."""
+    for _ in range(500):
+        mark = await channel.send_mark(reply("?", chat))
+        if mark is not None and int(mark) >= message_id:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the poller never read message {message_id}")
+
+
+def probes(fake: FakeTelegram, since: int) -> int:
+    return sum(c.method == "editMessageReplyMarkup" for c in fake.calls[since:])
+
+
+def test_how_far_the_probe_looks() -> None:
+    assert probe_end(100, None) == probe_end(100, 90) == 100 + PROBE_IDS
+    assert probe_end(100, 150) == 150 + PROBE_IDS  # the numbering moved on meanwhile
+    assert probe_end(100, 10_000) == 100 + MAX_PROBE_IDS
+
+
+async def test_a_reply_far_above_its_mark_is_found_when_the_chat_moved_on(
     fake: FakeTelegram, channel: TelegramChannel
 ) -> None:
+    # A busy bot (bench/crash_soak.py, 50 chats at once): between the mark and the
+    # send, other chats took more ids than the first look covers.
     await channel.send(reply("hello"))
     outbound = reply("far away")
     mark = await channel.send_mark(outbound)
     assert mark is not None
-    for n in range(PROBE_IDS):  # a busy bot: other chats take every id in the window
-        fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}")
-    await channel.send(outbound)
+    pushed = [fake.push_message(TOKEN, chat_id=BOB, text=f"bob {n}") for n in range(40)]
+    await read_up_to(channel, BOB, pushed[-1]["message"]["message_id"])
+    result = await channel.send(outbound)
+    assert int(result.platform_message_ids[0].split(":")[1]) > int(mark) + PROBE_IDS
+    assert await channel.reconcile(outbound, mark, Records()) == result.platform_message_ids
+
+
+async def test_the_probe_asks_about_a_bounded_number_of_ids(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    await channel.send(reply("hello"))
+    never = reply("never sent")
+    mark = await channel.send_mark(never)
+    assert mark is not None
     before = len(fake.calls)
-    assert await channel.reconcile(outbound, mark, Records()) == ()
-    asked = [c for c in fake.calls[before:] if c.method == "editMessageReplyMarkup"]
-    assert len(asked) == PROBE_IDS
+    assert await channel.reconcile(never, mark, Records()) == ()
+    assert probes(fake, before) == PROBE_IDS  # a quiet chat: the first look only
+    pushed = [fake.push_message(TOKEN, chat_id=BOB, text=f"b{n}") for n in range(300)]
+    await read_up_to(channel, BOB, pushed[-1]["message"]["message_id"])
+    before = len(fake.calls)
+    assert await channel.reconcile(never, mark, Records()) == ()
+    assert probes(fake, before) == MAX_PROBE_IDS  # however far the chat moved on
 
 
 async def test_when_telegram_will_not_answer_the_probe_says_it_cannot_tell(
