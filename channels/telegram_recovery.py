@@ -49,7 +49,7 @@ logger = logging.getLogger("parley.channels.telegram")
 # Ids above the mark (or above the highest id known now) asked about per reply; each
 # is one Bot API call, and only replies whose delivery a crash left unknown are probed.
 PROBE_IDS = 24
-MAX_PROBE_IDS = 256
+MAX_PROBE_IDS = 96  # a not-found reply costs at most this many calls
 # Chats whose highest id is remembered (the least recently active are forgotten:
 # a chat without a known id still gets a mark from the message it answers).
 REMEMBERED_CHATS = 50_000

@@ -215,7 +215,7 @@ async def test_the_probe_asks_about_a_bounded_number_of_ids(
     before = len(fake.calls)
     assert await channel.reconcile(never, mark, Records()) == ()
     assert probes(fake, before) == PROBE_IDS  # a quiet chat: the first look only
-    pushed = [fake.push_message(TOKEN, chat_id=BOB, text=f"b{n}") for n in range(300)]
+    pushed = [fake.push_message(TOKEN, chat_id=BOB, text=f"b{n}") for n in range(2 * MAX_PROBE_IDS)]
     await read_up_to(channel, BOB, pushed[-1]["message"]["message_id"])
     before = len(fake.calls)
     assert await channel.reconcile(never, mark, Records()) == ()
