@@ -150,6 +150,16 @@ class TelegramAccountConfig(_AccountAccess):
         return value
 
 
+# Telegram's and Discord's ``group_context_messages``: one definition for both.
+_GROUP_CONTEXT_FIELD: int = Field(
+    DEFAULT_GROUP_CONTEXT_MESSAGES,
+    ge=0,
+    le=MAX_GROUP_CONTEXT_MESSAGES,
+    description="where the bot answers only when addressed: how many of the other "
+    "messages it keeps per chat and shows the model when addressed (0: none)",
+)
+
+
 def _group_policy(activation: Activation, context_messages: int) -> ChatPolicy:
     # Only where the bot waits to be addressed: with "always" every message is a turn.
     kept = context_messages if activation == "mention" else 0
@@ -166,13 +176,7 @@ class TelegramConfig(_ChannelAccess):
         default_factory=dict, description='per-group rules, by chat id ("-100123...")'
     )
     reply_in_groups: bool = Field(True, description="replies quote the message they answer")
-    group_context_messages: int = Field(
-        DEFAULT_GROUP_CONTEXT_MESSAGES,
-        ge=0,
-        le=MAX_GROUP_CONTEXT_MESSAGES,
-        description="where the bot answers only when addressed: how many of the other "
-        "messages it keeps per chat and shows the model when addressed (0: none)",
-    )
+    group_context_messages: int = _GROUP_CONTEXT_FIELD
     max_retry_after_seconds: float = Field(
         30.0, ge=0, le=3600, description="flood control longer than this fails the send"
     )
@@ -272,13 +276,7 @@ class DiscordConfig(_ChannelAccess):
         default_factory=dict, description="per-guild rules (and per-channel), by guild id"
     )
     allow_bots: bool = Field(False, description="answer messages from other bots")
-    group_context_messages: int = Field(
-        DEFAULT_GROUP_CONTEXT_MESSAGES,
-        ge=0,
-        le=MAX_GROUP_CONTEXT_MESSAGES,
-        description="where the bot answers only when addressed: how many of the other "
-        "messages it keeps per chat and shows the model when addressed (0: none)",
-    )
+    group_context_messages: int = _GROUP_CONTEXT_FIELD
     # Process-wide: discord.py keeps both in class attributes.
     api_base_url: str = Field(
         "https://discord.com/api/v10", description="the REST API (a proxy or a test fake)"

@@ -28,8 +28,8 @@ at start would get a mark below all of it.
 How far to look: ``PROBE_IDS`` ids above the mark, or above the highest id known in
 the chat's numbering now, whichever is higher, and never more than ``MAX_PROBE_IDS``.
 A mark far below what is known now means many messages took ids between the mark and
-the send (a busy bot: 50 chats answered at once put replies 30 to 100 ids above their
-marks, and ``bench/crash_soak.py`` resent four that a 24-id look missed); a quiet bot
+the send (a busy bot: with 50 chats answered at once, ``bench/crash_soak.py`` resent
+four replies that a 24-id look missed); a quiet bot
 looks at 24 ids as before. A reply further away than that is not found and is sent
 again, the answer a reply sent twice always gets rather than a lost one.
 """
