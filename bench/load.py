@@ -224,7 +224,7 @@ async def driven(args: argparse.Namespace, target: Target, tag: str) -> AsyncIte
     """``target`` started on fresh fakes (neither inherits the other's sent list or
     updates) in a home of its own, up and polling; stopped on the way out. The exit
     code (0: a clean shutdown on SIGTERM; None: it had to be killed) and the log's tail
-    are left in ``outcome``."""
+    are left in ``target.outcomes[tag]``."""
     with tempfile.TemporaryDirectory(prefix=f"parley-load-{target.name}-{tag}-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()

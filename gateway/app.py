@@ -117,7 +117,6 @@ class Gateway:
             self.state.transcripts,
             max_open=self.config.storage.max_open_transcripts,
             shared=shared,
-            warm_bytes=self.config.storage.warm_transcripts_bytes(),
         )
         self.lanes: LaneManager[LaneItem | LaneTask] = LaneManager(
             self.config.lanes,
@@ -267,6 +266,8 @@ class Gateway:
         # Memory from before audiences, and settings they retired: a warning each.
         await asyncio.to_thread(log_legacy_memory, self.loaded)
         await asyncio.to_thread(self.loaded.sessions_dir.mkdir, parents=True, exist_ok=True)
+        # "auto" reads /proc and /sys for the memory there is: off the loop, at start.
+        self.transcripts.warm_bytes = await asyncio.to_thread(config.storage.warm_transcripts_bytes)
         await self.state.open()
         _on_stop(stack, "closing the state stores", self.state.close)
         _on_stop(stack, "closing transcripts", self.transcripts.close_all)

@@ -386,3 +386,10 @@ async def test_a_refused_reply_is_not_sent_again(
     assert await gateway.inbox.open_items() == []
     assert await gateway.redeliver_now() == 0
     assert channel.sent == []
+
+
+async def test_the_warm_window_budget_is_worked_out_at_start(stack: Any) -> None:
+    # "auto" asks /proc and /sys how much memory there is: in start, off the event loop.
+    gateway, _, _ = stack
+    budget = gateway.config.storage.warm_transcripts_bytes()
+    assert budget > 0 and gateway.transcripts.warm_bytes == budget
