@@ -26,7 +26,19 @@ gateway-only ``guild_id`` and ``member`` fields. Every JSON answer has the exact
 ``Content-Type: application/json`` discord.py compares against and rate-limit headers
 that never make it wait. ``rate_limit_next`` answers 429 with ``Via`` (discord.py then
 sleeps ``retry_after`` and retries by itself); ``fail_next`` answers anything;
-``hold_next`` keeps matching requests waiting until the test releases them.
+``hold_next`` keeps matching requests waiting until the test releases them; each takes
+a ``route`` such as ``SEND_MESSAGE``, ``EDIT_MESSAGE`` or ``DELETE_MESSAGE``.
+``call_counts`` counts requests per route (answered or not), ``requests`` lists them.
+
+``PATCH /channels/{id}/messages/{id}`` (``EDIT_MESSAGE``) edits a message of the bot's
+own: the channel checks of a create, then unknown message (404 10008), another
+author's (403 50005), content over 2000 characters (400 50035), nothing left in it
+(400 50006). The stored message changes in place (``edited_timestamp`` set, history
+shows it), the answer is the message (200), ``edits`` records it and the bot's sessions
+get MESSAGE_UPDATE. ``DELETE`` on it (``DELETE_MESSAGE``): unknown (404 10008), another
+author's in a DM (403 50003) or, without ``grant_manage_messages`` on the channel, in a
+guild (403 50013); else 204, the message leaves the history, ``deletions`` records it
+and the bot's sessions get MESSAGE_DELETE (both events only with ``echo_own_messages``).
 
 Events are addressed to one bot: ``push_message(token, ...)`` reaches that bot's
 sessions only (a guild message is not fanned out to every bot in the guild), and of
@@ -45,6 +57,7 @@ import json
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,6 +78,8 @@ API_PREFIX = "/api/v10"
 SEND_MESSAGE = "POST /channels/{channel_id}/messages"
 TRIGGER_TYPING = "POST /channels/{channel_id}/typing"
 GET_MESSAGES = "GET /channels/{channel_id}/messages"
+EDIT_MESSAGE = "PATCH /channels/{channel_id}/messages/{message_id}"
+DELETE_MESSAGE = "DELETE /channels/{channel_id}/messages/{message_id}"
 DEFAULT_HISTORY_LIMIT = 50
 MAX_HISTORY_LIMIT = 100
 MAX_CONTENT_CHARS = 2000
@@ -136,6 +151,29 @@ class SentMessage:
     guild_id: str | None
     payload: Json  # the message object the fake answered with
     # time.perf_counter() when the fake accepted it (benchmarks measure latency with it)
+    received_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class EditedMessage:
+    """A successful edit (``EDIT_MESSAGE``)."""
+
+    bot_id: str
+    channel_id: str
+    id: str
+    content: str  # the message's content after the edit
+    payload: Json  # the message object the fake answered with
+    received_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedMessage:
+    """A successful delete (``DELETE_MESSAGE``)."""
+
+    bot_id: str
+    channel_id: str
+    id: str
+    payload: Json  # the message as it was when deleted
     received_at: float = field(default_factory=time.perf_counter)
 
 
@@ -279,6 +317,9 @@ class FakeDiscord:
         self.sent: list[SentMessage] = []
         self.typing: list[TypingRecord] = []
         self.requests: list[RecordedRequest] = []
+        self.call_counts: Counter[str] = Counter()  # route ("PATCH /channels/...") -> calls
+        self.edits: list[EditedMessage] = []
+        self.deletions: list[DeletedMessage] = []
         # Read for the enforce_nonce window; tests swap in a virtual clock to move time.
         self.clock: Callable[[], float] = time.monotonic
         self.deduplicated = 0  # creates answered with an earlier message (enforce_nonce)
@@ -292,6 +333,7 @@ class FakeDiscord:
         self._nonces: dict[tuple[str, str], tuple[float, Json]] = {}
         self._blocked_users: set[str] = set()
         self._forbidden: set[str] = set()
+        self._managed: set[str] = set()  # channels where the bots have Manage Messages
         self._injections: list[_Injection] = []
         self._holds: list[_Hold] = []
         self._hidden: set[str] = set()
@@ -325,6 +367,12 @@ class FakeDiscord:
         app.router.add_get(f"{api}/channels/{{channel_id}}/messages", self._get_messages)
         app.router.add_get(
             f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._get_message
+        )
+        app.router.add_patch(
+            f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._edit_message
+        )
+        app.router.add_delete(
+            f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._delete_message
         )
         app.router.add_post(f"{api}/channels/{{channel_id}}/typing", self._trigger_typing)
         return app
@@ -483,6 +531,10 @@ class FakeDiscord:
     def forbid(self, channel_id: str | int) -> None:
         """The bots lack permission to post in the channel: 403 50013."""
         self._forbidden.add(str(channel_id))
+
+    def grant_manage_messages(self, channel_id: str | int) -> None:
+        """The bots get Manage Messages in the channel: they may delete others' messages."""
+        self._managed.add(str(channel_id))
 
     def hide_channel(self, channel_id: str | int) -> None:
         """The bots lost View Channel there: every call about it answers 403 50001, and
@@ -739,6 +791,7 @@ class FakeDiscord:
             await self._wait_if_held(route)
             response = self._injected(route) or await self._answer(request, handler, route)
         bot_id = bot.user["id"] if bot else None
+        self.call_counts[route] += 1
         self.requests.append(RecordedRequest(request.method, route, request.path,
                                              response.status, bot_id))  # fmt: skip
         await self._notify()
@@ -900,16 +953,20 @@ class FakeDiscord:
             raise ApiError(400, "The request body contains invalid JSON.", 50109)
         return body
 
-    async def _create_message(self, request: web.Request) -> web.Response:
-        bot = self._bot(request)
-        channel = self._visible_channel(bot, request.match_info["channel_id"])
-        body = await self._read_body(request)
+    def _content(self, body: Json) -> str:
         content = body.get("content") or ""
         if not isinstance(content, str):
             raise _form_error("content", "STRING_TYPE_CONVERT", "Could not interpret as string.")
         if len(content) > self.max_content_chars:
             raise _form_error("content", "BASE_TYPE_MAX_LENGTH",
                               f"Must be {self.max_content_chars} or fewer in length.")  # fmt: skip
+        return content
+
+    async def _create_message(self, request: web.Request) -> web.Response:
+        bot = self._bot(request)
+        channel = self._visible_channel(bot, request.match_info["channel_id"])
+        body = await self._read_body(request)
+        content = self._content(body)
         files = request.content_type.startswith("multipart/")
         if not content.strip() and not (body.get("embeds") or body.get("sticker_ids") or files):
             raise ApiError(400, "Cannot send an empty message", 50006)
@@ -948,6 +1005,66 @@ class FakeDiscord:
         if self.echo_own_messages:
             await self.gateway.dispatch(bot.token, "MESSAGE_CREATE", message)
         return _json(200, message)
+
+    def _channel_message(self, channel: Channel, message_id: str) -> Json:
+        message = self._messages.get(message_id)
+        if message is None or message["channel_id"] != channel.id:
+            raise ApiError(404, "Unknown Message", 10008)
+        return message
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        bot = self._bot(request)
+        channel = self._visible_channel(bot, request.match_info["channel_id"])
+        body = await self._read_body(request)
+        content = self._content(body) if "content" in body else None  # absent: kept
+        original = self._channel_message(channel, request.match_info["message_id"])
+        if original["author"]["id"] != bot.user["id"]:
+            raise ApiError(403, "Cannot edit a message authored by another user", 50005)
+        self._check_can_post(channel)
+        edited: Json = {**original, "edited_timestamp": _now_iso()}
+        if content is not None:
+            edited["content"] = content
+        for key in ("embeds", "components"):
+            if key in body:
+                edited[key] = body[key] or []
+        if "attachments" in body:  # the ones to keep, by id
+            keep = {str(a.get("id")) for a in body["attachments"] or () if isinstance(a, dict)}
+            edited["attachments"] = [a for a in original["attachments"] if a["id"] in keep]
+        files = request.content_type.startswith("multipart/")
+        if not edited["content"].strip() and not (
+            edited["embeds"] or edited["attachments"] or edited["sticker_items"] or files
+        ):
+            raise ApiError(400, "Cannot send an empty message", 50006)
+        self._messages[edited["id"]] = edited
+        for nonce_key, (at, message) in self._nonces.items():
+            if message["id"] == edited["id"]:
+                self._nonces[nonce_key] = (at, edited)  # a deduplicated create answers it as now
+        self.edits.append(
+            EditedMessage(bot.user["id"], channel.id, edited["id"], edited["content"], edited)
+        )
+        if self.echo_own_messages:
+            await self.gateway.dispatch(bot.token, "MESSAGE_UPDATE", edited)
+        return _json(200, edited)
+
+    async def _delete_message(self, request: web.Request) -> web.Response:
+        bot = self._bot(request)
+        channel = self._visible_channel(bot, request.match_info["channel_id"])
+        message = self._channel_message(channel, request.match_info["message_id"])
+        if message["author"]["id"] != bot.user["id"]:
+            if channel.type == DM_CHANNEL:
+                raise ApiError(403, "Cannot execute action on a DM channel", 50003)
+            if channel.id not in self._managed:
+                raise ApiError(403, "Missing Permissions", 50013)
+        del self._messages[message["id"]]
+        for key in [k for k, (_, m) in self._nonces.items() if m["id"] == message["id"]]:
+            del self._nonces[key]
+        self.deletions.append(DeletedMessage(bot.user["id"], channel.id, message["id"], message))
+        if self.echo_own_messages:
+            event: Json = {"id": message["id"], "channel_id": channel.id}
+            if channel.guild_id:
+                event["guild_id"] = channel.guild_id
+            await self.gateway.dispatch(bot.token, "MESSAGE_DELETE", event)
+        return web.Response(status=204)
 
     def _recent_nonce(self, key: tuple[str, str]) -> Json | None:
         """The message this author created with this nonce within the window, if any."""

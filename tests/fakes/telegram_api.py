@@ -11,7 +11,20 @@ Message ids are numbered like Telegram's: in private chats and basic groups by t
 receiving account (one counter per bot, shared by all its private chats and groups, so
 a bot sees ids interleave across them); in supergroups and channels by the chat (every
 member sees the same ids). ``editMessageReplyMarkup`` tells the bot's own messages from
-others' and missing ones, as the real service does; successful edits are in ``edits``.
+others' and missing ones, as the real service does; successful ones are in ``edits``.
+Sent messages carry the ``entities`` of their HTML (``html_entities``).
+``editMessageText`` checks its text as ``sendMessage`` does, then the same way: missing
+(400 message to edit not found), not the bot's (message can't be edited), the same text,
+entities and inline keyboard as now (message is not modified;
+no ``reply_markup`` removes the keyboard, as for real); it counts in the per-chat flood
+window like a send. Done, the stored message changes (``edit_date``) and is returned;
+``text_edits`` has it. ``deleteMessage``: missing (message to delete not found); the
+bot's own messages anywhere and incoming ones in private chats go (the real rules);
+others' in groups only after ``grant_delete`` (else message can't be deleted), and
+nothing older than 48 hours (private chats: message can't be deleted for everyone).
+Deleted messages are gone for edits and replies; ``deletions`` has them.
+``message(chat_id, message_id)``/``message_text`` read a stored message as it is now
+(``sent`` keeps what each send returned); ``call_counts`` counts calls per method.
 
 Tests push updates with ``push_message``/``push_update``: they wait for ``getUpdates``
 or, once a webhook is set, are POSTed to it in order; a non-2xx answer keeps the
@@ -19,7 +32,8 @@ update pending until ``redeliver()``. ``fail_next``/``flood`` script errors (a
 ``getUpdates`` failure scripted while a long poll is pending answers that poll, as a
 proxy or flood control would); ``drop_next`` closes the connection without an answer;
 ``go_offline``/``go_online`` refuse every connection meanwhile. Every successful send
-is in ``sent``; ``wait_sent`` waits for it without sleeping.
+is in ``sent``; ``wait_sent`` waits for it without sleeping. ``fail_next``/``flood``
+work for every method (e.g. ``flood("editMessageText", 3)``).
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ import json
 import math
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
@@ -39,7 +53,7 @@ from typing import Any, Literal, Self
 import aiohttp
 from aiohttp import web
 
-from tests.fakes.telegram_html import EntityParseError, visible_text
+from tests.fakes.telegram_html import EntityParseError, _Parser, visible_text
 
 DEFAULT_MAX_TEXT_LENGTH = 4096
 WEBHOOK_CONFLICT = (
@@ -55,6 +69,7 @@ NOT_MODIFIED = (
     "message is not modified: specified new message content and reply markup are exactly"
     " the same as a current content and reply markup of the message"
 )
+DELETE_WINDOW_SECONDS = 48 * 3600  # "only if it was sent less than 48 hours ago"
 # Chat types whose messages the chat numbers (the same ids for every member); in the
 # others (private chats, basic groups) each account numbers what it receives.
 CHAT_NUMBERED = frozenset({"supergroup", "channel"})
@@ -85,6 +100,61 @@ def auto_entities(text: str) -> list[dict[str, Any]]:
         offset = utf16_units(text[: match.start()])
         entities.append({"type": "mention", "offset": offset, "length": utf16_units(match[0])})
     return entities
+
+
+_HTML_ENTITY_TYPES = {
+    "b": "bold", "strong": "bold", "i": "italic", "em": "italic", "u": "underline",
+    "ins": "underline", "s": "strikethrough", "strike": "strikethrough",
+    "del": "strikethrough", "span": "spoiler", "tg-spoiler": "spoiler", "code": "code",
+    "pre": "pre", "blockquote": "blockquote", "a": "text_link", "tg-emoji": "custom_emoji",
+}  # fmt: skip
+
+
+class _EntityParser(_Parser):
+    """``telegram_html``'s parser, also keeping the entities each tag makes."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self.entities: list[dict[str, Any]] = []
+        self._starts: list[tuple[int, dict[str, str]]] = []
+        self._attrs: dict[str, str] = {}
+
+    def _offset(self) -> int:
+        return utf16_units("".join(self.out))
+
+    def attributes(self, name: str, index: int, start: int) -> dict[str, str]:
+        self._attrs = super().attributes(name, index, start)
+        return self._attrs
+
+    def tag(self) -> None:
+        depth = len(self.open)
+        super().tag()
+        if len(self.open) > depth:
+            self._starts.append((self._offset(), self._attrs))
+
+    def end_tag(self, start: int) -> None:
+        name = self.open[-1][0] if self.open else ""
+        super().end_tag(start)
+        offset, attrs = self._starts.pop()
+        length = self._offset() - offset
+        if length <= 0:
+            return  # Telegram drops empty entities
+        entity: dict[str, Any] = {"type": _HTML_ENTITY_TYPES[name], "offset": offset,
+                                  "length": length}  # fmt: skip
+        if name == "a":
+            entity["url"] = attrs.get("href", "")
+        elif name == "tg-emoji":
+            entity["custom_emoji_id"] = attrs.get("emoji-id", "")
+        elif name == "blockquote" and "expandable" in attrs:
+            entity["type"] = "expandable_blockquote"
+        self.entities.append(entity)
+
+
+def html_entities(html: str) -> list[dict[str, Any]]:
+    """The entities Telegram makes of ``html`` (call after ``visible_text`` accepted it)."""
+    parser = _EntityParser(html)
+    parser.run()
+    return sorted(parser.entities, key=lambda e: (e["offset"], -e["length"], e["type"]))
 
 
 class ApiError(Exception):
@@ -122,6 +192,31 @@ class MarkupEdit:
     message_id: int
     reply_markup: dict[str, Any] | None  # None: the keyboard was removed
     message: dict[str, Any]  # the edited Message object returned
+
+
+@dataclass(frozen=True, slots=True)
+class TextEdit:
+    """A successful ``editMessageText``."""
+
+    token: str
+    chat_id: int
+    message_id: int
+    text: str  # as sent (with markup)
+    visible_text: str  # what the user sees now
+    parse_mode: str | None
+    message: dict[str, Any]  # the edited Message object returned
+    received_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """A successful ``deleteMessage``."""
+
+    token: str
+    chat_id: int
+    message_id: int
+    message: dict[str, Any]  # the message as it was when deleted
+    received_at: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +277,7 @@ class _Chat:
     is_forum: bool = False
     bots: set[str] | None = None  # tokens that know this chat; None: every bot
     topics: set[int] = field(default_factory=set)
+    deleters: set[str] = field(default_factory=set)  # tokens allowed to delete any message
     # Stored messages by id, per numbering: one map for the whole chat when the chat
     # numbers its messages (key ""), else one per receiving bot (key: its token), since
     # two bots' counters give the same ids to different messages.
@@ -249,8 +345,12 @@ class FakeTelegram:
         self.blocked: set[int] = set()
         self.sent: list[SentMessage] = []
         self.edits: list[MarkupEdit] = []
+        self.text_edits: list[TextEdit] = []
+        self.deletions: list[Deletion] = []
         self.actions: list[ChatActionRecord] = []
         self.calls: list[ApiCall] = []
+        # Calls per method by its documented name ("editMessageText"), failed ones too.
+        self.call_counts: Counter[str] = Counter()
         self.webhook_deliveries: list[WebhookDelivery] = []
         # Called with every API call as it arrives, before it is answered.
         self.call_hooks: list[Callable[[ApiCall], None]] = []
@@ -266,16 +366,20 @@ class FakeTelegram:
         self._transports: set[asyncio.BaseTransport] = set()  # connections seen
         self._session: aiohttp.ClientSession | None = None
         self._port = 0
-        self._methods: dict[str, Handler] = {
-            "getme": self._get_me,
-            "setwebhook": self._set_webhook,
-            "deletewebhook": self._delete_webhook,
-            "getwebhookinfo": self._get_webhook_info,
-            "getupdates": self._get_updates,
-            "sendmessage": self._send_message,
-            "editmessagereplymarkup": self._edit_message_reply_markup,
-            "sendchataction": self._send_chat_action,
+        handlers: dict[str, Handler] = {
+            "getMe": self._get_me,
+            "setWebhook": self._set_webhook,
+            "deleteWebhook": self._delete_webhook,
+            "getWebhookInfo": self._get_webhook_info,
+            "getUpdates": self._get_updates,
+            "sendMessage": self._send_message,
+            "editMessageText": self._edit_message_text,
+            "editMessageReplyMarkup": self._edit_message_reply_markup,
+            "deleteMessage": self._delete_message,
+            "sendChatAction": self._send_chat_action,
         }
+        # Method names are case-insensitive: by lowercase name, (documented name, handler).
+        self._methods = {name.lower(): (name, h) for name, h in handlers.items()}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -413,6 +517,10 @@ class FakeTelegram:
         """The next ``times`` calls of ``method`` lose their connection, unanswered."""
         self.fail_next(method, DROP, "connection dropped", times=times, token=token)
 
+    def grant_delete(self, chat_id: int, token: str) -> None:
+        """``token``'s bot becomes an admin of the group allowed to delete any message."""
+        self._chats[chat_id].deleters.add(token)
+
     def clear_failures(self) -> None:
         """Forget every scripted failure not yet used (the fault is over)."""
         self._failures.clear()
@@ -427,6 +535,28 @@ class FakeTelegram:
 
     def sent_to(self, chat_id: int | str) -> list[SentMessage]:
         return [m for m in self.sent if m.chat_id == int(chat_id)]
+
+    def message(
+        self, chat_id: int | str, message_id: int, token: str | None = None
+    ) -> dict[str, Any] | None:
+        """The stored message as it is now (edits applied; None: unknown or deleted).
+        In private chats and basic groups ids are per bot: give ``token`` when more than
+        one bot was added."""
+        chat = self._chats.get(int(chat_id))
+        if chat is None:
+            return None
+        if token is None and not chat.numbers_messages:
+            if len(self._bots) != 1:
+                raise ValueError("FakeTelegram.message: which bot's numbering? (token=)")
+            token = next(iter(self._bots))
+        return chat.messages_of(token or "").get(message_id)
+
+    def message_text(
+        self, chat_id: int | str, message_id: int, token: str | None = None
+    ) -> str | None:
+        """The text the user sees now in that message (None: unknown or deleted)."""
+        found = self.message(chat_id, message_id, token)
+        return None if found is None else found.get("text")
 
     def pending_updates(self, token: str) -> list[dict[str, Any]]:
         return list(self._bot(token).updates)
@@ -645,9 +775,11 @@ class FakeTelegram:
         if bot is None:
             return _error(ApiError(401, "Unauthorized"))
         method = request.match_info["method"]
-        handler = self._methods.get(method.lower())
-        if handler is None:
+        known = self._methods.get(method.lower())
+        if known is None:
             return _error(ApiError(404, "Not Found"))
+        name, handler = known
+        self.call_counts[name] += 1
         if request.transport is not None:
             self._transports = {t for t in self._transports if not t.is_closing()}
             self._transports.add(request.transport)
@@ -825,18 +957,14 @@ class FakeTelegram:
                 raise bad_request("message to be replied not found")
             reply_id = None
         markup = _inline_markup(params, inline_only=False)
-        text = str(params.get("text") or "")
-        parse_mode = str(params.get("parse_mode") or "") or None
-        visible = self._visible(text, parse_mode)
-        if not visible.strip():
-            raise bad_request("message text is empty")
-        if self._measure(visible) > self.max_text_length:
-            raise bad_request("message is too long")
+        text, parse_mode, visible, entities = self._message_text(params)
         self._flood_check(chat)
         message: dict[str, Any] = {
             "message_id": self._new_message_id(bot, chat), "date": int(time.time()),
             "chat": chat.as_dict(), "from": bot.user, "text": visible,
         }  # fmt: skip
+        if entities:
+            message["entities"] = entities
         if thread is not None:
             message["message_thread_id"] = thread
             if chat.is_forum:
@@ -858,6 +986,95 @@ class FakeTelegram:
         self.sent.append(record)
         self._signal.pulse()
         return message
+
+    def _message_text(
+        self, params: dict[str, Any]
+    ) -> tuple[str, str | None, str, list[dict[str, Any]]]:
+        """(text as sent, parse_mode, visible text, entities) of a text to send or edit,
+        checked as the real service checks it."""
+        text = str(params.get("text") or "")
+        parse_mode = str(params.get("parse_mode") or "") or None
+        visible = self._visible(text, parse_mode)
+        if not visible.strip():
+            raise bad_request("message text is empty")
+        if self._measure(visible) > self.max_text_length:
+            raise bad_request("message is too long")
+        if parse_mode and parse_mode.lower() == "html":
+            entities = html_entities(text)
+        elif parse_mode:
+            entities = []  # Markdown is not parsed (the adapter sends HTML)
+        else:
+            given = _json_param(params, "entities") or []
+            if not isinstance(given, list) or not all(isinstance(e, dict) for e in given):
+                raise bad_request("can't parse entities JSON object")
+            entities = sorted(given, key=lambda e: (e.get("offset", 0), -e.get("length", 0)))
+        return text, parse_mode, visible, entities
+
+    def _own_message(self, bot: _Bot, chat: _Chat, params: dict[str, Any]) -> dict[str, Any]:
+        """The bot's own stored message an edit names, or the real service's error."""
+        mid = _int_param(params, "message_id")
+        original = chat.messages_of(bot.token).get(mid or 0)
+        if original is None:
+            raise bad_request("message to edit not found")
+        if (original.get("from") or {}).get("id") != bot.user["id"]:
+            raise bad_request("message can't be edited")
+        return original
+
+    async def _edit_message_text(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        if params.get("inline_message_id") and params.get("chat_id") in (None, ""):
+            raise bad_request("MESSAGE_ID_INVALID")  # the fake sends no inline messages
+        if not _int_param(params, "message_id"):
+            raise bad_request("message identifier is not specified")
+        chat = self._chat_for(bot, params)
+        if chat.id in self.blocked:
+            raise ApiError(403, BLOCKED)
+        markup = _inline_markup(params, inline_only=True)
+        text, parse_mode, visible, entities = self._message_text(params)
+        original = self._own_message(bot, chat, params)
+        if (
+            original.get("text") == visible
+            and original.get("entities", []) == entities
+            and original.get("reply_markup") == markup
+        ):
+            raise bad_request(NOT_MODIFIED)
+        self._flood_check(chat)
+        edited = {
+            k: v for k, v in original.items() if k not in ("entities", "reply_markup", "edit_date")
+        }
+        edited["text"] = visible
+        edited["edit_date"] = max(int(time.time()), int(original.get("date", 0)))
+        if entities:
+            edited["entities"] = entities
+        if markup is not None:
+            edited["reply_markup"] = markup
+        mid = edited["message_id"]
+        chat.messages_of(bot.token)[mid] = edited
+        self.text_edits.append(TextEdit(bot.token, chat.id, mid, text, visible, parse_mode, edited))
+        self._signal.pulse()
+        return edited
+
+    async def _delete_message(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        mid = _int_param(params, "message_id")
+        if not mid:
+            raise bad_request("message identifier is not specified")
+        chat = self._chat_for(bot, params)
+        if chat.id in self.blocked:
+            raise ApiError(403, BLOCKED)
+        messages = chat.messages_of(bot.token)
+        found = messages.get(mid)
+        if found is None:
+            raise bad_request("message to delete not found")
+        own = (found.get("from") or {}).get("id") == bot.user["id"]
+        private = chat.type == "private"
+        too_old = time.time() - int(found.get("date", 0)) >= DELETE_WINDOW_SECONDS
+        if too_old or not (own or private or bot.token in chat.deleters):
+            raise bad_request(
+                "message can't be deleted for everyone" if private else "message can't be deleted"
+            )
+        del messages[mid]
+        self.deletions.append(Deletion(bot.token, chat.id, mid, found))
+        self._signal.pulse()
+        return True
 
     async def _edit_message_reply_markup(self, bot: _Bot, params: dict[str, Any]) -> Any:
         mid = _int_param(params, "message_id")

@@ -15,7 +15,7 @@ import pytest
 import yarl
 from discord.gateway import DiscordWebSocket
 
-from tests.fakes.discord_api import SEND_MESSAGE, FakeDiscord
+from tests.fakes.discord_api import DELETE_MESSAGE, EDIT_MESSAGE, SEND_MESSAGE, FakeDiscord
 from tests.fakes.discord_gateway import INTENT_MESSAGE_CONTENT
 
 TOKEN = "bot-token-one"
@@ -42,6 +42,7 @@ class RecordingClient(discord.Client):
         super().__init__(intents=intents, guild_ready_timeout=0.01, **options)
         self.messages: list[discord.Message] = []
         self.edits: list[tuple[discord.Message, discord.Message]] = []
+        self.deleted: list[int] = []  # ids, from MESSAGE_DELETE
         self.resumed = 0
         self.changed = asyncio.Condition()
 
@@ -55,6 +56,10 @@ class RecordingClient(discord.Client):
 
     async def on_message_edit(self, before: discord.Message, after: discord.Message) -> None:
         self.edits.append((before, after))
+        await self._bump()
+
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        self.deleted.append(payload.message_id)
         await self._bump()
 
     async def on_resumed(self) -> None:
@@ -640,3 +645,171 @@ async def test_nonce_over_25_characters_is_refused(fake: FakeDiscord) -> None:
                 body = await response.json()
                 assert body["code"] == 50035 and set(body["errors"]) <= set(fields), fields
     assert len(fake.sent) == 1
+
+
+async def test_edit_changes_the_stored_message_and_echoes_an_update(fake: FakeDiscord) -> None:
+    async with running() as client:
+        channel = client.get_partial_messageable(int(GENERAL))
+        mine = await channel.send("draft")
+        await client.until(lambda: any(m.id == mine.id for m in client.messages))
+        edited = await mine.edit(content="draft, then more")
+        assert edited.content == "draft, then more" and edited.edited_at is not None
+        stored = fake.message(mine.id)
+        assert stored is not None and stored["content"] == "draft, then more"
+        assert stored["edited_timestamp"] is not None
+        [record] = fake.edits
+        assert (record.bot_id, record.channel_id, record.id) == (BOT_ID, GENERAL, str(mine.id))
+        assert record.content == "draft, then more"
+        # What the create answered is kept as it was.
+        assert fake.sent[0].content == "draft" and fake.sent[0].payload["content"] == "draft"
+        # The gateway sends MESSAGE_UPDATE; discord.py pairs it with its cached copy.
+        await client.until(lambda: len(client.edits) == 1)
+        [(before, after)] = client.edits
+        assert (before.content, after.content) == ("draft", "draft, then more")
+        # A partial message edits the same way; history reads the edited content.
+        await channel.get_partial_message(mine.id).edit(content="final")
+        history = [m async for m in channel.history(limit=5)]
+        assert [(m.id, m.content) for m in history] == [(mine.id, "final")]
+        assert history[0].edited_at is not None
+    assert fake.call_counts[EDIT_MESSAGE] == 2 and fake.call_counts[SEND_MESSAGE] == 1
+    assert [e.content for e in fake.edits] == ["draft, then more", "final"]
+
+
+async def test_edit_errors(fake: FakeDiscord) -> None:
+    dm = fake.add_dm(TOKEN, BOB)
+    theirs = await fake.push_message(TOKEN, channel_id=GENERAL, content="ann's", author=ANN)
+    async with running() as client:
+        general = client.get_partial_messageable(int(GENERAL))
+        mine = await general.send("mine")
+        with pytest.raises(discord.HTTPException) as too_long:
+            await mine.edit(content="x" * 2001)
+        assert too_long.value.status == 400 and too_long.value.code == 50035
+        assert too_long.value.text == (
+            "Invalid Form Body\nIn content: Must be 2000 or fewer in length."
+        )
+        await mine.edit(content="x" * 2000)
+        with pytest.raises(discord.HTTPException) as empty:
+            await mine.edit(content="")
+        assert empty.value.status == 400 and empty.value.code == 50006
+        with pytest.raises(discord.NotFound) as unknown:
+            await general.get_partial_message(123456789012345678).edit(content="x")
+        assert unknown.value.code == 10008 and unknown.value.text == "Unknown Message"
+        with pytest.raises(discord.Forbidden) as other_author:
+            await general.get_partial_message(int(theirs["id"])).edit(content="x")
+        assert other_author.value.code == 50005
+        assert other_author.value.text == "Cannot edit a message authored by another user"
+        # A message id of another channel is unknown here.
+        with pytest.raises(discord.NotFound) as elsewhere:
+            await (
+                client.get_partial_messageable(int(SECRET))
+                .get_partial_message(mine.id)
+                .edit(content="x")
+            )
+        assert elsewhere.value.code == 10008
+        with pytest.raises(discord.NotFound) as no_channel:
+            await (
+                client.get_partial_messageable(999999999999999999)
+                .get_partial_message(mine.id)
+                .edit(content="x")
+            )
+        assert no_channel.value.code == 10003
+        in_dm = await client.get_partial_messageable(int(dm)).send("to bob")
+        fake.block_dm(BOB["id"])
+        with pytest.raises(discord.Forbidden) as blocked:
+            await in_dm.edit(content="x")
+        assert blocked.value.code == 50007
+        fake.forbid(GENERAL)
+        with pytest.raises(discord.Forbidden) as forbidden:
+            await mine.edit(content="y")
+        assert forbidden.value.code == 50013
+    assert [e.content for e in fake.edits] == ["x" * 2000]
+    assert fake.message(theirs["id"]) == theirs
+    stored = fake.message(mine.id)
+    assert stored is not None and stored["content"] == "x" * 2000
+
+
+async def test_delete_removes_the_message_and_echoes_it(fake: FakeDiscord) -> None:
+    async with running() as client:
+        channel = client.get_partial_messageable(int(GENERAL))
+        mine = await channel.send("oops")
+        kept = await channel.send("kept")
+        await mine.delete()
+        assert fake.message(mine.id) is None
+        assert [m["id"] for m in fake.history(GENERAL)] == [str(kept.id)]
+        assert [m.id async for m in channel.history(limit=5)] == [kept.id]
+        [record] = fake.deletions
+        assert (record.bot_id, record.channel_id, record.id) == (BOT_ID, GENERAL, str(mine.id))
+        assert record.payload["content"] == "oops"
+        await client.until(lambda: client.deleted == [mine.id])
+        # Gone for every later call about it.
+        with pytest.raises(discord.NotFound) as again:
+            await mine.delete()
+        assert again.value.code == 10008
+        with pytest.raises(discord.NotFound) as edit:
+            await mine.edit(content="x")
+        assert edit.value.code == 10008
+        with pytest.raises(discord.NotFound):
+            await channel.fetch_message(mine.id)
+        with pytest.raises(discord.HTTPException) as reply:
+            await channel.send("re", reference=mine)
+        assert reply.value.code == 50035
+        # The events were taken without trouble: the session is the first one, still live.
+        await fake.push_message(TOKEN, channel_id=GENERAL, content="after", author=ANN)
+        await client.until(lambda: [m.content for m in client.from_others()] == ["after"])
+    assert len(fake.identifies) == 1 and fake.resumes == []
+    assert fake.call_counts[DELETE_MESSAGE] == 2
+
+
+async def test_delete_of_others_messages_needs_manage_messages(fake: FakeDiscord) -> None:
+    dm = fake.add_dm(TOKEN, BOB)
+    theirs = await fake.push_message(TOKEN, channel_id=GENERAL, content="spam", author=ANN)
+    from_bob = await fake.push_message(TOKEN, channel_id=dm, content="hi", author=BOB)
+    async with running() as client:
+        general = client.get_partial_messageable(int(GENERAL))
+        with pytest.raises(discord.Forbidden) as missing:
+            await general.get_partial_message(int(theirs["id"])).delete()
+        assert missing.value.code == 50013 and missing.value.text == "Missing Permissions"
+        with pytest.raises(discord.Forbidden) as in_dm:
+            await (
+                client.get_partial_messageable(int(dm))
+                .get_partial_message(int(from_bob["id"]))
+                .delete()
+            )
+        assert in_dm.value.code == 50003
+        assert fake.message(theirs["id"]) is not None and fake.deletions == []
+        fake.grant_manage_messages(GENERAL)
+        await general.get_partial_message(int(theirs["id"])).delete()
+    assert fake.message(theirs["id"]) is None
+    assert [d.id for d in fake.deletions] == [theirs["id"]]
+
+
+async def test_edit_and_delete_429_are_retried_by_the_library(fake: FakeDiscord) -> None:
+    fake.rate_limit_next(times=2, retry_after=0.01, route=EDIT_MESSAGE)
+    fake.rate_limit_next(times=1, retry_after=0.01, route=DELETE_MESSAGE)
+    async with running() as client:
+        mine = await client.get_partial_messageable(int(GENERAL)).send("a")
+        edited = await mine.edit(content="b")
+        assert edited.content == "b"
+        await mine.delete()
+    by_route = lambda route: [r.status for r in fake.requests if r.route == route]  # noqa: E731
+    assert by_route(EDIT_MESSAGE) == [429, 429, 200]
+    assert by_route(DELETE_MESSAGE) == [429, 204]
+    assert fake.call_counts[EDIT_MESSAGE] == 3 and fake.call_counts[DELETE_MESSAGE] == 2
+    assert [e.content for e in fake.edits] == ["b"] and [d.id for d in fake.deletions] == [
+        str(mine.id)
+    ]
+
+
+async def test_edit_and_delete_take_scripted_failures_and_holds(fake: FakeDiscord) -> None:
+    fake.fail_next(404, {"message": "Unknown Message", "code": 10008}, route=EDIT_MESSAGE)
+    async with running() as client:
+        mine = await client.get_partial_messageable(int(GENERAL)).send("a")
+        with pytest.raises(discord.NotFound):
+            await mine.edit(content="b")
+        release = fake.hold_next(route=DELETE_MESSAGE)
+        deleting = asyncio.create_task(mine.delete())
+        await fake.wait_until(lambda: fake.held == 1)
+        assert fake.message(mine.id) is not None
+        release.set()
+        await deleting
+    assert fake.message(mine.id) is None and fake.edits == []

@@ -33,7 +33,7 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
-from tests.fakes.telegram_api import NOT_MODIFIED, FakeTelegram, auto_entities
+from tests.fakes.telegram_api import NOT_MODIFIED, FakeTelegram, auto_entities, html_entities
 from tests.fakes.telegram_html import EntityParseError, visible_text
 
 TOKEN = "111:AAA"
@@ -527,3 +527,201 @@ async def test_edit_reply_markup_blocked_and_scripted_failures(
     fake.unblock(42)
     await bot.edit_message_reply_markup(42, own.message_id, reply_markup=keyboard("a"))
     assert len(fake.edits) == 1
+
+
+def test_html_entities_as_telegram_makes_them() -> None:
+    html = (
+        '😀<b>a<i>b</i></b><a href="https://e.com">c</a><b></b>'
+        "<blockquote expandable>q</blockquote>"
+    )
+    assert html_entities(html) == [
+        {"type": "bold", "offset": 2, "length": 2},
+        {"type": "italic", "offset": 3, "length": 1},
+        {"type": "text_link", "offset": 4, "length": 1, "url": "https://e.com"},
+        {"type": "expandable_blockquote", "offset": 5, "length": 1},
+    ]
+
+
+async def test_edit_message_text_changes_the_message_in_place(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(42)
+    sent = await bot.send_message(42, "<b>draft</b>", parse_mode=ParseMode.HTML)
+    assert sent.entities and sent.entities[0].type == "bold"
+    edited = await bot.edit_message_text("draft, longer", chat_id=42, message_id=sent.message_id)
+    assert not isinstance(edited, bool)
+    assert (edited.message_id, edited.text, edited.entities) == (
+        sent.message_id,
+        "draft, longer",
+        (),
+    )
+    assert edited.edit_date is not None and edited.from_user is not None
+    assert fake.message_text(42, sent.message_id) == "draft, longer"
+    [record] = fake.text_edits
+    assert (record.token, record.chat_id, record.message_id) == (TOKEN, 42, sent.message_id)
+    assert (record.text, record.visible_text, record.parse_mode) == (
+        "draft, longer", "draft, longer", None,
+    )  # fmt: skip
+    # What sendMessage returned stays as it was; the stored message is the edited one.
+    assert fake.sent[0].visible_text == "draft" and fake.sent[0].message["text"] == "draft"
+    stored = fake.message(42, sent.message_id)
+    assert stored is not None and stored["edit_date"] >= stored["date"]
+    assert fake.call_counts["editMessageText"] == 1 and fake.call_counts["sendMessage"] == 1
+
+    # Same text, no entities, no keyboard: not modified. Bold is a change; <strong> is
+    # the same bold.
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("draft, longer", chat_id=42, message_id=sent.message_id)
+    assert caught.value.message == NOT_MODIFIED.capitalize()
+    await bot.edit_message_text(
+        "<b>draft, longer</b>", chat_id=42, message_id=sent.message_id, parse_mode="HTML"
+    )
+    with pytest.raises(BadRequest, match="Message is not modified"):
+        await bot.edit_message_text(
+            "<strong>draft, longer</strong>", chat_id=42, message_id=sent.message_id,
+            parse_mode=ParseMode.HTML,
+        )  # fmt: skip
+    assert fake.call_counts["editMessageText"] == 4 and len(fake.text_edits) == 2
+    assert fake.message_text(42, sent.message_id) == "draft, longer"
+
+
+async def test_edit_message_text_and_the_keyboard(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(42)
+    sent = await bot.send_message(42, "pick", reply_markup=keyboard("a"))
+    with pytest.raises(BadRequest, match="Message is not modified"):
+        await bot.edit_message_text("pick", 42, sent.message_id, reply_markup=keyboard("a"))
+    # A new keyboard is a change; no reply_markup removes the keyboard, as for real.
+    changed = await bot.edit_message_text("pick", 42, sent.message_id, reply_markup=keyboard("b"))
+    assert not isinstance(changed, bool) and changed.reply_markup == keyboard("b")
+    removed = await bot.edit_message_text("pick", 42, sent.message_id)
+    assert not isinstance(removed, bool) and removed.reply_markup is None
+    stored = fake.message(42, sent.message_id)
+    assert stored is not None and "reply_markup" not in stored
+    with pytest.raises(BadRequest, match="Inline keyboard expected"):
+        await bot.edit_message_text(
+            "x", 42, sent.message_id,
+            reply_markup=ReplyKeyboardMarkup([["a"]]),  # type: ignore[arg-type]
+        )  # fmt: skip
+
+
+async def test_edit_message_text_errors(fake: FakeTelegram, bot: Bot) -> None:
+    user = fake.push_message(TOKEN, chat_id=42, text="hi")
+    own = await bot.send_message(42, "hello")
+    mid = own.message_id
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("x", chat_id=42, message_id=99)
+    assert caught.value.message == "Message to edit not found"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("x", chat_id=42, message_id=mid_of(user))
+    assert caught.value.message == "Message can't be edited"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("x", chat_id=43, message_id=mid)
+    assert caught.value.message == "Chat not found"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("", chat_id=42, message_id=mid)
+    assert caught.value.message == "Message text is empty"
+    with pytest.raises(BadRequest, match="Message text is empty"):
+        await bot.edit_message_text("<b> </b>", 42, mid, parse_mode=ParseMode.HTML)
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("a < b", 42, mid, parse_mode=ParseMode.HTML)
+    assert caught.value.message == (
+        'Can\'t parse entities: unsupported start tag "" at byte offset 2'
+    )
+    with pytest.raises(BadRequest, match="Message is too long"):
+        await bot.edit_message_text("x" * 4097, 42, mid)
+    fake.length_unit = "utf16"
+    with pytest.raises(BadRequest, match="Message is too long"):
+        await bot.edit_message_text("😀" * 2049, 42, mid)
+    await bot.edit_message_text("<i>" + "😀" * 2048 + "</i>", 42, mid, parse_mode="HTML")
+    fake.block(42)
+    with pytest.raises(Forbidden, match="blocked by the user"):
+        await bot.edit_message_text("y", 42, mid)
+    assert [e.visible_text for e in fake.text_edits] == ["😀" * 2048]
+    assert fake.message_text(42, mid_of(user)) == "hi"
+
+
+async def test_edit_and_delete_take_scripted_flood(fake: FakeTelegram, bot: Bot) -> None:
+    fake.add_chat(7)
+    sent = await bot.send_message(7, "a")
+    fake.flood("editMessageText", 3)
+    with pytest.raises(RetryAfter) as caught:
+        await bot.edit_message_text("b", 7, sent.message_id)
+    assert retry_seconds(caught.value) == 3
+    assert fake.message_text(7, sent.message_id) == "a" and fake.text_edits == []
+    await bot.edit_message_text("b", 7, sent.message_id)
+    fake.flood("deleteMessage", 2)
+    with pytest.raises(RetryAfter) as caught:
+        await bot.delete_message(7, sent.message_id)
+    assert retry_seconds(caught.value) == 2
+    assert fake.message_text(7, sent.message_id) == "b" and fake.deletions == []
+    assert await bot.delete_message(7, sent.message_id) is True
+    assert fake.call_counts["editMessageText"] == 2 and fake.call_counts["deleteMessage"] == 2
+
+
+async def test_edits_count_in_the_per_chat_flood_window(fake: FakeTelegram, bot: Bot) -> None:
+    now = [100.0]
+    fake.clock = lambda: now[0]
+    fake.chat_flood_limit, fake.chat_flood_window = 2, 3.0
+    fake.add_chat(7)
+    sent = await bot.send_message(7, "a")
+    await bot.edit_message_text("ab", 7, sent.message_id)
+    with pytest.raises(RetryAfter) as caught:
+        await bot.edit_message_text("abc", 7, sent.message_id)
+    assert retry_seconds(caught.value) == 3
+    now[0] += 3.0
+    await bot.edit_message_text("abc", 7, sent.message_id)
+    assert fake.message_text(7, sent.message_id) == "abc"
+
+
+async def test_delete_message(fake: FakeTelegram, bot: Bot) -> None:
+    user = fake.push_message(TOKEN, chat_id=42, text="hi")
+    own = await bot.send_message(42, "hello")
+    assert await bot.delete_message(42, own.message_id) is True
+    [record] = fake.deletions
+    assert (record.token, record.chat_id, record.message_id) == (TOKEN, 42, own.message_id)
+    assert record.message["text"] == "hello"
+    assert fake.message(42, own.message_id) is None
+    assert fake.message_text(42, own.message_id) is None
+    # Gone for every later call about it.
+    with pytest.raises(BadRequest) as caught:
+        await bot.delete_message(42, own.message_id)
+    assert caught.value.message == "Message to delete not found"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_text("x", 42, own.message_id)
+    assert caught.value.message == "Message to edit not found"
+    with pytest.raises(BadRequest) as caught:
+        await bot.edit_message_reply_markup(42, own.message_id, reply_markup=keyboard("a"))
+    assert caught.value.message == "Message to edit not found"
+    with pytest.raises(BadRequest, match="Message to be replied not found"):
+        await bot.send_message(42, "re", reply_parameters=ReplyParameters(own.message_id))
+    # Bots may delete incoming messages in private chats, within 48 hours.
+    assert await bot.delete_message(42, mid_of(user)) is True
+    old = fake.push_message(TOKEN, chat_id=42, text="old", extra={"date": 1_000_000})
+    with pytest.raises(BadRequest) as caught:
+        await bot.delete_message(42, mid_of(old))
+    assert caught.value.message == "Message can't be deleted for everyone"
+    assert fake.message_text(42, mid_of(old)) == "old"
+    assert [d.message_id for d in fake.deletions] == [own.message_id, mid_of(user)]
+
+
+async def test_delete_in_groups_needs_the_right(fake: FakeTelegram, bot: Bot) -> None:
+    user = fake.push_message(TOKEN, chat_id=-1001, chat_type="supergroup", text="spam")
+    own = await bot.send_message(-1001, "mine")
+    with pytest.raises(BadRequest) as caught:
+        await bot.delete_message(-1001, mid_of(user))
+    assert caught.value.message == "Message can't be deleted"
+    assert await bot.delete_message(-1001, own.message_id) is True
+    fake.grant_delete(-1001, TOKEN)
+    assert await bot.delete_message(-1001, mid_of(user)) is True
+    assert fake.message(-1001, mid_of(user)) is None
+
+
+async def test_message_inspection_needs_the_bot_where_ids_are_per_bot(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    fake.add_bot(OTHER_TOKEN, "other_bot", bot_id=222)
+    fake.push_message(TOKEN, chat_id=42, text="to one")
+    fake.push_message(OTHER_TOKEN, chat_id=42, text="to two")
+    with pytest.raises(ValueError, match="token="):
+        fake.message_text(42, 1)
+    assert fake.message_text(42, 1, TOKEN) == "to one"
+    assert fake.message_text(42, 1, OTHER_TOKEN) == "to two"
+    assert fake.message_text(99, 1, TOKEN) is None
