@@ -129,6 +129,10 @@ class OutboundMessage:
     idempotency_key: str | None = None
     # Parts of a long reply already out (found by ``reconcile``): send from this one.
     first_part: int = 0
+    # The platform ids of messages that showed this reply while it was written, before
+    # a restart (``ReplyDraft.held``): the adapter edits them into the reply's parts
+    # instead of sending those parts again, and removes the ones left over.
+    shown: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +167,22 @@ class ChannelCapabilities:
     extra: dict[str, str] = field(default_factory=dict)
     # The adapter shows a reply while it is being written (``LiveDrafts``).
     live_drafts: bool = False
+    # Its drafts are messages on the platform (Telegram, Discord edit one in place): the
+    # gateway records their ids like a reply's parts, so a restart finishes them.
+    draft_messages: bool = False
+    # How often a draft may go out: per direct chat, and per group (None: the same).
+    draft_interval_seconds: float = 0.15
+    draft_group_interval_seconds: float | None = None
 
 
 # Why the text a draft showed so far is void: the model call failed and is tried again;
 # a later model call of the turn (after tools) writes the reply instead; or the turn ended
 # with nothing to send (a silent reply), so the draft goes away.
 DraftReset = Literal["retry", "next_call", "withdrawn"]
+
+# How a chat platform shows a reply while it is written: not at all, in a message
+# edited as the text grows, or a paragraph-sized message at a time.
+StreamMode = Literal["off", "partial", "block"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +201,11 @@ class ReplyDraft:
     reply_to_message_id: str | None = None
     # Set when what was shown before is void: drop it, then show ``text`` (often "").
     reset: DraftReset | None = None
+    # What the agent is doing besides writing (a tool, a compaction), shown until done.
+    status: str | None = None
+    # Messages that showed this reply before a restart (``OutboundMessage.shown``):
+    # taken over, not sent anew.
+    held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,9 +288,12 @@ class Channel(Protocol):
 @runtime_checkable
 class LiveDrafts(Protocol):
     """What a channel with ``capabilities.live_drafts`` offers: a reply shown as it is
-    written. Best effort: a draft that fails is logged by the gateway and forgotten."""
+    written. Best effort: a draft that fails is logged by the gateway and forgotten.
 
-    async def draft(self, draft: ReplyDraft) -> None: ...
+    A channel whose drafts are messages (``capabilities.draft_messages``) returns the
+    platform ids of the messages that now show the reply, in order; the others None."""
+
+    async def draft(self, draft: ReplyDraft) -> tuple[str, ...] | None: ...
 
 
 # Does the gateway hold this platform message id as the delivery of some reply?

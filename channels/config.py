@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from parley.channels.base import Activation, ChatPolicy, DmPolicy
+from parley.channels.base import Activation, ChatPolicy, DmPolicy, StreamMode
 
 EditRule = Literal["ignore", "answer"]
 TelegramMode = Literal["polling", "webhook"]
@@ -160,6 +160,14 @@ _GROUP_CONTEXT_FIELD: int = Field(
 )
 
 
+# Telegram's and Discord's ``streaming``.
+_STREAMING_FIELD: StreamMode = Field(
+    "off",
+    description="show replies while they are written: off | partial (one message edited "
+    "as the text grows) | block (a paragraph-sized message at a time)",
+)
+
+
 def _group_policy(activation: Activation, context_messages: int) -> ChatPolicy:
     # Only where the bot waits to be addressed: with "always" every message is a turn.
     kept = context_messages if activation == "mention" else 0
@@ -177,6 +185,7 @@ class TelegramConfig(_ChannelAccess):
     )
     reply_in_groups: bool = Field(True, description="replies quote the message they answer")
     group_context_messages: int = _GROUP_CONTEXT_FIELD
+    streaming: StreamMode = _STREAMING_FIELD
     max_retry_after_seconds: float = Field(
         30.0, ge=0, le=3600, description="flood control longer than this fails the send"
     )
@@ -277,6 +286,7 @@ class DiscordConfig(_ChannelAccess):
     )
     allow_bots: bool = Field(False, description="answer messages from other bots")
     group_context_messages: int = _GROUP_CONTEXT_FIELD
+    streaming: StreamMode = _STREAMING_FIELD
     # Process-wide: discord.py keeps both in class attributes.
     api_base_url: str = Field(
         "https://discord.com/api/v10", description="the REST API (a proxy or a test fake)"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -57,7 +58,9 @@ from parley.channels.base import (
     InboundMessage,
     InboundNotStored,
     OutboundMessage,
+    ReplyDraft,
     SeenMark,
+    StreamMode,
     WebhookRoute,
 )
 from parley.channels.config import DiscordConfig
@@ -71,6 +74,8 @@ from parley.channels.discord_client import (
 )
 from parley.channels.discord_inbound import normalise_edit, normalise_message
 from parley.channels.discord_send import MAX_MESSAGE_CHARS, NETWORK_ERRORS, deliver
+from parley.channels.discord_stream import DRAFT_INTERVAL_SECONDS, DiscordSlots, message_order
+from parley.channels.preview import Previews, split_blocks
 from parley.channels.text import split_message
 
 logger = logging.getLogger("parley.channels.discord")
@@ -390,6 +395,17 @@ class DiscordChannel:
         self.ready_timeout = ready_timeout
         self._accounts: dict[str, _Account] = {}
         self._marks: list[SeenMark] = []
+        self._streaming: StreamMode = config.streaming
+        if config.streaming != "off":
+            self.capabilities = dataclasses.replace(
+                type(self).capabilities,
+                live_drafts=True,
+                draft_messages=True,
+                draft_interval_seconds=DRAFT_INTERVAL_SECONDS,
+            )
+        self._previews = Previews(
+            DiscordSlots(self._resolve, self._partial), self._split, order=message_order
+        )
 
     def catch_up(self, marks: Sequence[SeenMark]) -> None:
         """Before ``start``: where each conversation stopped, so the first READY reads
@@ -455,12 +471,40 @@ class DiscordChannel:
         if not target.isdigit():
             raise DeliveryError(f"discord: {target!r} is not a channel id", retryable=False)
         channel_id = int(target)
-        parts = split_message(message.text, MAX_MESSAGE_CHARS)
+        parts = self._parts(message.text)
         if not parts:
             raise DeliveryError("discord: the reply is empty", retryable=False)
+        result = await self._previews.finish(message, parts)
+        if result is not None:
+            return result
         channel = account.messageable(channel_id)
         is_dm = account.is_dm(channel_id, channel)
         return await deliver(channel, message, parts, target=target, is_dm=is_dm)
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        return [part for part in split_message(text, MAX_MESSAGE_CHARS) if part.strip()]
+
+    def _parts(self, text: str) -> list[str]:
+        """A reply's messages: its split, or in block mode its paragraph-sized blocks."""
+        if self._streaming == "block":
+            return split_blocks(text, self._split)
+        return split_message(text, MAX_MESSAGE_CHARS)
+
+    async def draft(self, draft: ReplyDraft) -> tuple[str, ...]:
+        """Show a reply while it is written: its messages so far, by edits in place."""
+        return await self._previews.draft(draft, self._streaming)
+
+    def _resolve(self, route: OutboundMessage) -> tuple[discord.abc.Messageable, str, bool]:
+        account = self._running(route.account)
+        target = route.thread_id or route.chat_id
+        if not target.isdigit():
+            raise DeliveryError(f"discord: {target!r} is not a channel id", retryable=False)
+        channel = account.messageable(int(target))
+        return channel, target, account.is_dm(int(target), channel)
+
+    def _partial(self, route: OutboundMessage, channel_id: int) -> discord.PartialMessageable:
+        return self._running(route.account).client.get_partial_messageable(channel_id)
 
     async def typing(
         self, chat_id: str, thread_id: str | None = None, account: str = "default"

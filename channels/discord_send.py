@@ -46,20 +46,24 @@ async def deliver(
 ) -> DeliveryResult:
     """Send ``parts`` of ``message`` (from ``message.first_part`` on) to ``channel``, the
     channel or thread ``target`` (a channel id, digits only)."""
-    reference = None if is_dm else _reference(message, int(target))
+    reference = None if is_dm else quote_of(message, int(target))
     delivered: list[str] = []
     for index in range(message.first_part, len(parts)):
         quote = reference if index == 0 else None
-        nonce = _nonce(message.idempotency_key, index)
+        nonce = part_nonce(message.idempotency_key, index)
         try:
             sent = await _send_part(channel, parts[index], quote, nonce)
+            if sent.content != parts[index]:
+                # The nonce found this part's earlier message: a draft that showed the
+                # reply while it was written, its id lost to a kill. It becomes the part.
+                await sent.edit(content=parts[index])
         except Exception as exc:
-            raise _delivery_error(exc, target, is_dm, delivered) from exc
+            raise delivery_error(exc, target, is_dm, delivered) from exc
         delivered.append(str(sent.id))
     return DeliveryResult(tuple(delivered), len(delivered), datetime.now(UTC))
 
 
-def _reference(message: OutboundMessage, channel_id: int) -> discord.MessageReference | None:
+def quote_of(message: OutboundMessage, channel_id: int) -> discord.MessageReference | None:
     # Inbound ids are "<id>" or "<id>:edit:<ms>"; either way the head is the message.
     head = (message.reply_to_message_id or "").split(":", 1)[0]
     if not head.isdigit():
@@ -90,7 +94,7 @@ async def _send_part(
     return await channel.send(text, allowed_mentions=REPLY_MENTIONS, **options)
 
 
-def _nonce(key: str | None, part: int) -> str | None:
+def part_nonce(key: str | None, part: int) -> str | None:
     """The nonce of one part of a reply: the same for every send of that reply, so
     Discord (discord.py sets ``enforce_nonce``) returns the message a crash kept us
     from recording instead of posting it again. At most 25 characters, Discord's limit."""
@@ -99,9 +103,7 @@ def _nonce(key: str | None, part: int) -> str | None:
     return hashlib.sha256(f"{key}#{part}".encode()).hexdigest()[:NONCE_CHARS]
 
 
-def _delivery_error(
-    exc: Exception, target: str, is_dm: bool, delivered: list[str]
-) -> DeliveryError:
+def delivery_error(exc: Exception, target: str, is_dm: bool, delivered: list[str]) -> DeliveryError:
     sent = tuple(delivered)
     where = f"discord → {target}"
     if isinstance(exc, discord.Forbidden):

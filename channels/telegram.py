@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -42,9 +43,12 @@ from parley.channels.base import (
     InboundMessage,
     OutboundMessage,
     RecordedCheck,
+    ReplyDraft,
+    StreamMode,
     WebhookRoute,
 )
 from parley.channels.config import TelegramAccountConfig, TelegramConfig
+from parley.channels.preview import Previews, split_blocks
 from parley.channels.telegram_http import AiohttpRequest
 from parley.channels.telegram_inbound import normalise_update, parse_message_ref
 from parley.channels.telegram_polling import (
@@ -61,6 +65,12 @@ from parley.channels.telegram_send import (
     Sleep,
     deliver,
     split_reply,
+)
+from parley.channels.telegram_stream import (
+    DRAFT_GROUP_INTERVAL_SECONDS,
+    DRAFT_INTERVAL_SECONDS,
+    TelegramSlots,
+    message_order,
 )
 
 logger = logging.getLogger("parley.channels.telegram")
@@ -140,6 +150,20 @@ class TelegramChannel:
         self._sleep = sleep
         self._backoff = backoff
         self._send_settings = SendSettings(config.reply_in_groups, config.max_retry_after_seconds)
+        self._streaming: StreamMode = config.streaming
+        if config.streaming != "off":
+            self.capabilities = dataclasses.replace(
+                type(self).capabilities,
+                live_drafts=True,
+                draft_messages=True,
+                draft_interval_seconds=DRAFT_INTERVAL_SECONDS,
+                draft_group_interval_seconds=DRAFT_GROUP_INTERVAL_SECONDS,
+            )
+        self._previews = Previews(
+            TelegramSlots(self._bot_of, self._send_settings, sleep),
+            split_reply,
+            order=message_order,
+        )
         self._accounts: dict[str, _Account] = {}
         self._handler: InboundHandler | None = None
         self._numbering = Numbering()
@@ -330,13 +354,34 @@ class TelegramChannel:
                 f"telegram: no running account {message.account!r}",
                 retryable=message.account in self._enabled_accounts(),
             )
+        parts = self._parts(message.text)
         try:
-            result = await deliver(account.bot, message, self._send_settings, self._sleep)
+            result = await self._previews.finish(message, parts)
+            if result is None:
+                result = await deliver(
+                    account.bot, message, self._send_settings, self._sleep, parts=parts
+                )
         except DeliveryError as exc:
             self._observe_sent(message.account, exc.delivered)
             raise
         self._observe_sent(message.account, result.platform_message_ids)
         return result
+
+    def _parts(self, text: str) -> list[str]:
+        """A reply's messages: its split, or in block mode its paragraph-sized blocks."""
+        if self._streaming == "block":
+            return split_blocks(text, split_reply)
+        return split_reply(text)
+
+    async def draft(self, draft: ReplyDraft) -> tuple[str, ...]:
+        """Show a reply while it is written: its messages so far, by edits in place."""
+        shown = await self._previews.draft(draft, self._streaming)
+        self._observe_sent(draft.account, shown)
+        return shown
+
+    def _bot_of(self, account: str) -> Bot | None:
+        running = self._accounts.get(account)
+        return running.bot if running is not None else None
 
     def _observe_sent(self, account: str, refs: tuple[str, ...]) -> None:
         for ref in refs:

@@ -86,10 +86,7 @@ class _Delivery:
         return ReplyParameters(message_id=ref[1], allow_sending_without_reply=True)
 
     async def send_part(self, markdown: str) -> None:
-        text: str = markdown_to_telegram_html(markdown)
-        parse_mode: ParseMode | None = ParseMode.HTML
-        if not text.strip():  # e.g. only an empty code block: Telegram refuses empty text
-            text, parse_mode = markdown, None
+        text, parse_mode = render_part(markdown)
         floods, migrated = 0, False
         while True:
             try:
@@ -138,6 +135,15 @@ class _Delivery:
             return
 
 
+def render_part(markdown: str) -> tuple[str, ParseMode | None]:
+    """A part's text as sent: HTML, or the Markdown itself where the HTML is empty (an
+    empty code block: Telegram refuses empty text)."""
+    text: str = markdown_to_telegram_html(markdown)
+    if not text.strip():
+        return markdown, None
+    return text, ParseMode.HTML
+
+
 def _chat_id(value: str) -> int | str:
     try:
         return int(value)
@@ -152,9 +158,15 @@ def split_reply(text: str) -> list[str]:
 
 
 async def deliver(
-    bot: Bot, message: OutboundMessage, settings: SendSettings, sleep: Sleep
+    bot: Bot,
+    message: OutboundMessage,
+    settings: SendSettings,
+    sleep: Sleep,
+    *,
+    parts: list[str] | None = None,
 ) -> DeliveryResult:
-    every_part = split_reply(message.text)
+    """Send ``message`` as ``parts`` (by default its split), from ``first_part`` on."""
+    every_part = split_reply(message.text) if parts is None else parts
     delivery = _Delivery(bot, message, settings, sleep)
     if not every_part:
         raise delivery.fail("nothing to send: the reply is empty")

@@ -197,7 +197,10 @@ class Runner:
         *,
         on_text: TextCallback | None = None,
         on_retry: RetryHook | None = None,
+        on_status: Callable[[str | None], None] | None = None,
     ) -> TurnResult:
+        """``on_status`` hears what the turn is busy with besides writing (a tool, a
+        compaction), then None once it is done: a chat shows it as a status line."""
         started = time.perf_counter()
         appended: list[Entry] = []
 
@@ -251,7 +254,7 @@ class Runner:
             now=self.now,
             extra={"memory_scopes": turn.memory_scopes, "memory_viewer": turn.memory_viewer},
         )
-        events = TurnEvents()
+        events = TurnEvents(on_status=on_status)
         total = Usage()
         last_usage = Usage()
         calls = tool_calls = overflows = 0
@@ -402,7 +405,11 @@ class Runner:
                 # The compacting state: a compaction of this session (e.g. /compact from
                 # the admin API) finishes before a tool runs against the history.
                 await self.engine.idle(turn.session_key)
-                results = [await self.tools.run(use, context, max_chars=cap) for use in uses]
+                events.status("running " + ", ".join(dict.fromkeys(u.name for u in uses)))
+                try:
+                    results = [await self.tools.run(use, context, max_chars=cap) for use in uses]
+                finally:
+                    events.status(None)
             await append(Message("tool_result", tuple(results)))
 
         reply = reply_parts[-1] if reply_parts else ""

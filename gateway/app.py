@@ -131,7 +131,7 @@ class Gateway:
             rt,
             transcripts=self.transcripts,
             sessions=self.sessions,
-            turns=Turns(rt, self.transcripts),
+            turns=Turns(rt, self.transcripts, self.delivery),
             delivery=self.delivery,
             slots=self.lanes,
         )

@@ -431,15 +431,19 @@ class ContextEngine:
         except ContextBudgetError:
             log.warning("session %s: no memory flush, the view does not fit", request.session_key)
             return
-        outcome = await self.flusher.run(
-            transcript,
-            system=request.system,
-            tools=request.tools,
-            messages=fitted,
-            model=request.model,
-            max_output=budget.flush_output,
-            trigger=trigger,
-        )
+        events.status("saving notes to memory")
+        try:
+            outcome = await self.flusher.run(
+                transcript,
+                system=request.system,
+                tools=request.tools,
+                messages=fitted,
+                model=request.model,
+                max_output=budget.flush_output,
+                trigger=trigger,
+            )
+        finally:
+            events.status(None)
         events.flushes.append(outcome)
         events.usage = events.usage + outcome.usage
 
@@ -454,18 +458,22 @@ class ContextEngine:
         focus: str = "",
     ) -> CompactionOutcome:
         base = self.counter.text(request.system) + self.counter.tools(request.tools)
-        async with self.gate.hold(request.session_key):
-            outcome = await self.compactor.compact(
-                transcript,
-                trigger=trigger,
-                window=budget.window,
-                threshold=budget.threshold,
-                base_tokens=base,
-                tokens_before=tokens_before,
-                focus=focus,
-                budget=budget,
-                strategy=self._strategy(request.model),
-            )
+        events.status("compacting the conversation")
+        try:
+            async with self.gate.hold(request.session_key):
+                outcome = await self.compactor.compact(
+                    transcript,
+                    trigger=trigger,
+                    window=budget.window,
+                    threshold=budget.threshold,
+                    base_tokens=base,
+                    tokens_before=tokens_before,
+                    focus=focus,
+                    budget=budget,
+                    strategy=self._strategy(request.model),
+                )
+        finally:
+            events.status(None)
         events.compactions.append(outcome)
         events.usage = events.usage + outcome.usage
         if outcome.compacted:

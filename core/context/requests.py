@@ -8,6 +8,7 @@ re-exports all three.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from parley.core.context.budget import ContextBudget
@@ -36,6 +37,13 @@ class TurnEvents:
     prunes: int = 0
     trims: int = 0
     usage: Usage = field(default_factory=Usage)  # summariser and flush calls
+    # Told what the engine is busy with while it is (a compaction, a memory flush), then
+    # None: a chat shows it as a status line.
+    on_status: Callable[[str | None], None] | None = None
+
+    def status(self, text: str | None) -> None:
+        if self.on_status is not None:
+            self.on_status(text)
 
 
 @dataclass(frozen=True, slots=True)

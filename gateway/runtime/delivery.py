@@ -24,11 +24,14 @@ from parley.channels.base import (
     DeliveryError,
     DeliveryResult,
     InboundMessage,
+    LiveDrafts,
     OutboundMessage,
     RecipientBlocked,
+    ReplyDraft,
 )
 from parley.core.prompt import SILENT_REPLY
 from parley.gateway.runtime.context import Runtime, last_entry_id
+from parley.gateway.runtime.drafts import held_drafts
 from parley.gateway.runtime.send_recovery import parts_already_sent, recovery_of, send_mark
 from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.storage.errors import storage_error
@@ -93,6 +96,11 @@ class Delivery:
             self._kept.pop(chat, None)
         return waiting
 
+    def waiting_in(self, message: InboundMessage) -> bool:
+        """Does a reply to ``message``'s chat wait for another send (a hint: see
+        ``kept_before``)?"""
+        return bool(self._kept.get(chat_of(message)))
+
     def _note_kept(self, message: InboundMessage, ids: list[int], kept: bool) -> None:
         chat = chat_of(message)
         if kept:
@@ -114,6 +122,7 @@ class Delivery:
         resumed: InboxItem | None = None,
         first_message: InboundMessage | None = None,
         keep_order: bool = False,
+        shown: tuple[str, ...] = (),
     ) -> None:
         """Store the reply to inbox items ``ids`` in the inbox, send it, record the
         result. ``resumed``: the open item of a reply stored before (a restart, a
@@ -122,7 +131,8 @@ class Delivery:
         message it answers (``first_message``, else ``message``): every send of this
         reply, and only of this one, carries it. ``keep_order`` (a lane's reply): while
         an earlier reply to the chat waits for another send, this one is stored and
-        kept behind it rather than sent."""
+        kept behind it rather than sent. ``shown``: messages that showed this reply
+        while it was written before a restart (``drafts.held_drafts``), edited into it."""
         rt = self.rt
         session_id = record.session_id if record else None
         channel = rt.channels.get(message.channel)
@@ -137,6 +147,8 @@ class Delivery:
             rt.inbox.mark_replied(ids, session_id, [text], send_mark=mark),
         )
         if text.strip() == SILENT_REPLY:
+            if shown and channel is not None:
+                await withdraw_drafts(channel, outbound, shown)
             await rt.bookkeep("mark the reply delivered", rt.inbox.mark_delivered(ids))
             return
         if channel is None:
@@ -158,13 +170,20 @@ class Delivery:
                 log.info("inbox %s: reply kept behind inbox %s", ids, waiting[0].inbox_id)
                 return
         found: tuple[str, ...] = ()
+        drafts_are_messages = channel.capabilities.draft_messages
         if resumed is not None:
-            found = await parts_already_sent(channel, rt.inbox, resumed, outbound)
-            outbound = dataclasses.replace(outbound, first_part=len(found))
-            if not found and mark is not None:
+            if drafts_are_messages:
+                # Drafts (or parts) a kill left: the reply is edited into them.
+                shown = (*shown, *await held_drafts(rt, channel, resumed, outbound))
+            else:
+                found = await parts_already_sent(channel, rt.inbox, resumed, outbound)
+                outbound = dataclasses.replace(outbound, first_part=len(found))
+            if not found and not shown and mark is not None:
                 # Nothing above the old mark: look above this one after another kill
                 # (the chat may have moved on by more than a look covers since).
                 await rt.bookkeep("renew the send mark", rt.inbox.renew_send_mark(ids, mark))
+        if shown:
+            outbound = dataclasses.replace(outbound, shown=tuple(dict.fromkeys(shown)))
         error: str | None = None
         result = None
         partial: tuple[str, ...] = ()
@@ -189,7 +208,9 @@ class Delivery:
                 # timeout under load: the answer was late, not the send): look for it
                 # before sending again, as a restart does after a kill.
                 looked = await self._look_again(channel, ids, outbound)
-                if looked:
+                if looked and drafts_are_messages:  # taken over as drafts are
+                    outbound = dataclasses.replace(outbound, shown=(*outbound.shown, *looked))
+                elif looked:
                     found = looked
                     outbound = dataclasses.replace(outbound, first_part=len(found))
         route = {
@@ -282,6 +303,28 @@ class Delivery:
         except Exception as exc:  # a look is a courtesy: the send is tried again anyway
             log.warning("looking for inbox %s's reply after a failed send failed: %s", ids, exc)
             return ()
+
+
+async def withdraw_drafts(
+    channel: Channel, outbound: OutboundMessage, shown: tuple[str, ...]
+) -> None:
+    """A silent reply after a restart: the drafts shown before it go away."""
+    if not isinstance(channel, LiveDrafts) or outbound.idempotency_key is None:
+        return
+    draft = ReplyDraft(
+        channel=outbound.channel,
+        account=outbound.account,
+        chat_id=outbound.chat_id,
+        key=outbound.idempotency_key,
+        text="",
+        thread_id=outbound.thread_id,
+        reset="withdrawn",
+        held=shown,
+    )
+    try:
+        await channel.draft(draft)
+    except Exception as exc:  # untidy, not a lost reply
+        log.warning("removing the drafts of a silent reply failed: %s", exc)
 
 
 def reply_to(message: InboundMessage, text: str, *, quote: bool = True) -> OutboundMessage:

@@ -12,6 +12,7 @@ kept behind it (``Delivery.deliver(keep_order=True)``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,8 @@ from parley.core.transcript_store import SessionTranscript
 from parley.gateway.routing import SessionRoute
 from parley.gateway.runtime.commands.parsing import match_reset_trigger, parse_compact_command
 from parley.gateway.runtime.context import Runtime
-from parley.gateway.runtime.delivery import Delivery
+from parley.gateway.runtime.delivery import Delivery, reply_key, reply_to
+from parley.gateway.runtime.drafts import held_drafts
 from parley.gateway.runtime.lane_items import LaneItem, LaneTask
 from parley.gateway.runtime.sessions import Sessions
 from parley.gateway.runtime.transcripts import TranscriptCache
@@ -203,11 +205,12 @@ class Dispatch:
                 text = "\n\n".join(_turn_text(i.message) for i in items)
             if first.recovered is not None and await self._delivered_before(record, ids):
                 return
+            held = await self._held_drafts(first, last.message)
             # The model's part over, the run slot goes back: what follows (the
             # registry's counters, the send) is not model work.
             done = None if self.slots is None else functools.partial(self.slots.release_slot, key)
-            reply = await self.turns.run(record, items, text, model_done=done)
-            await deliver(ids, last.message, record, reply, first_message=first.message)
+            reply = await self.turns.run(record, items, text, model_done=done, held=held)
+            await deliver(ids, last.message, record, reply, first_message=first.message, shown=held)
         except SessionLost:
             raise  # another replica answers these now: no error message either
         except Exception as exc:
@@ -263,6 +266,14 @@ class Dispatch:
             resumed=stored,
             first_message=head.message if head is not None else None,
         )
+
+    async def _held_drafts(self, first: LaneItem, last: InboundMessage) -> tuple[str, ...]:
+        """The draft messages a kill left of this reply (``drafts.held_drafts``)."""
+        recovered = first.recovered
+        if recovered is None or recovered.send_mark is None:
+            return ()
+        route = dataclasses.replace(reply_to(last, "…"), idempotency_key=reply_key(first.message))
+        return await held_drafts(self.rt, self.rt.channels.get(last.channel), recovered, route)
 
     async def _delivered_before(self, record: SessionRecord, ids: list[int]) -> bool:
         """A recovered item whose reply the transcript says went out (state.db could not

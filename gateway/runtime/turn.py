@@ -15,13 +15,11 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 from parley.channels.base import (
     Channel,
-    ChannelError,
-    DraftReset,
     InboundMessage,
     LiveDrafts,
     ReplyDraft,
@@ -45,7 +43,8 @@ from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.gateway_view import ProviderHealth
 from parley.gateway.memory import record_turn_task
 from parley.gateway.runtime.context import Runtime, last_entry_id
-from parley.gateway.runtime.delivery import reply_key
+from parley.gateway.runtime.delivery import Delivery, reply_key, reply_to
+from parley.gateway.runtime.drafts import TYPING_STOP_SECONDS, DraftRecord, DraftStream
 from parley.gateway.runtime.lane_items import LaneItem
 from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.runtime.user_errors import (
@@ -56,16 +55,6 @@ from parley.gateway.runtime.user_errors import (
 from parley.gateway.storage.sessions import SessionRecord
 
 log = logging.getLogger("parley.gateway")
-
-# A draft push failing like this is the transport's weather (a tab closed, a socket
-# reset, a slow API): logged at debug. Anything else is a bug worth a warning.
-_TRANSPORT_FAILURES = (ConnectionError, OSError, asyncio.TimeoutError, ChannelError)
-
-# How long the end of a turn waits for a typing indicator still on its way.
-TYPING_STOP_SECONDS = 5.0
-# Drafts go out at most this often (the first at once): smooth enough to read as
-# streaming, few enough that a long reply costs a channel tens of updates, not thousands.
-DRAFT_INTERVAL_SECONDS = 0.15
 
 # Provider failures that mean it could not be reached (as opposed to a refusal).
 _UNREACHABLE = (
@@ -78,9 +67,12 @@ _UNREACHABLE = (
 
 
 class Turns:
-    def __init__(self, rt: Runtime, transcripts: TranscriptCache) -> None:
+    def __init__(
+        self, rt: Runtime, transcripts: TranscriptCache, delivery: Delivery | None = None
+    ) -> None:
         self.rt = rt
         self.transcripts = transcripts
+        self.delivery = delivery if delivery is not None else Delivery(rt, transcripts)
 
     async def run(
         self,
@@ -89,12 +81,14 @@ class Turns:
         text: str,
         *,
         model_done: Callable[[], None] | None = None,
+        held: tuple[str, ...] = (),
     ) -> str:
         """The reply to ``items`` (their words folded into ``text``): the model's, or
         an error text the person can act on. ``model_done`` is called once the model's
         part is over (the reply is in the transcript, or the call failed), before the
         typing indicator is stopped and the bookkeeping that follows; at most twice
-        (on a failure the indicator's stop raised after it), so it must be idempotent."""
+        (on a failure the indicator's stop raised after it), so it must be idempotent.
+        ``held``: the draft messages a kill left of this reply, taken over by its drafts."""
         rt = self.rt
         runner = rt.runner
         transcript = await self.transcripts.get(record)
@@ -108,7 +102,7 @@ class Turns:
                 return reply  # answered before the crash, not yet delivered
             resume = done
         attempts = 1
-        drafts = self._drafts(first.message, message, transcript)
+        drafts = self._drafts(first, message, transcript, [i.inbox_id for i in items], held)
 
         def on_retry(attempt: int, exc: ProviderError, delay: float) -> None:
             nonlocal attempts
@@ -208,14 +202,32 @@ class Turns:
         return result.reply or EMPTY_REPLY_TEXT
 
     def _drafts(
-        self, first: InboundMessage, last: InboundMessage, transcript: SessionTranscript
+        self,
+        first_item: LaneItem,
+        last: InboundMessage,
+        transcript: SessionTranscript,
+        ids: list[int],
+        held: tuple[str, ...],
     ) -> DraftStream | None:
         """Drafts for a channel that shows them; None (no streaming cost) for the others."""
+        first = first_item.message
         channel = self.rt.channels.get(last.channel)
         if channel is None or not channel.capabilities.live_drafts:
             return None
         if not isinstance(channel, LiveDrafts):
             return None
+        capabilities = channel.capabilities
+        record = None
+        if capabilities.draft_messages:
+            if self.delivery.waiting_in(last):
+                # An earlier reply to this chat waits for another send: a draft would
+                # show this one before it.
+                return None
+            route = dataclasses.replace(reply_to(last, ""), idempotency_key=reply_key(first))
+            record = DraftRecord(self.rt, channel, ids, route)
+        interval = capabilities.draft_interval_seconds
+        if first_item.route.chat_type != "direct":
+            interval = capabilities.draft_group_interval_seconds or interval
         base = ReplyDraft(
             channel=last.channel,
             account=last.account,
@@ -226,10 +238,13 @@ class Turns:
             text="",
             thread_id=last.thread_id,
             reply_to_message_id=last.message_id,
+            held=held,
         )
         # The runner appends each model call's message (and tool results, compactions)
         # before the next call: a grown transcript means another call is writing.
-        return DraftStream(channel, base, lambda: transcript.entry_count)
+        return DraftStream(
+            channel, base, lambda: transcript.entry_count, interval=interval, record=record
+        )
 
     async def _run_drafted(
         self,
@@ -241,7 +256,7 @@ class Turns:
         silent = False
         try:
             result = await self.rt.runner.run_turn(
-                transcript, turn, on_text=drafts.on_text, on_retry=on_retry
+                transcript, turn, on_text=drafts.on_text, on_retry=on_retry, on_status=drafts.status
             )
             silent = result.reply.strip() == SILENT_REPLY
         finally:
@@ -308,143 +323,6 @@ async def _keep_typing(channel: Channel, message: InboundMessage, done: asyncio.
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), refresh)
-
-
-class DraftStream:
-    """One turn's reply shown while it is written.
-
-    The text deltas of the model call that is writing are pushed to the channel as
-    whole-text drafts, at most every ``interval`` seconds (the first at once), one push
-    at a time: the model's stream never waits for the channel, and a slow channel gets
-    fewer, fresher drafts. A retry or a later model call voids what was shown (a reset
-    rides on the next draft). A failing push never fails the turn: drafts are previews,
-    the reply goes out through delivery. A transport failure is logged at debug; any
-    other (a bug in the channel's draft) at warning with its trace, once per turn.
-    """
-
-    def __init__(
-        self,
-        channel: LiveDrafts,
-        base: ReplyDraft,
-        calls: Callable[[], int],
-        *,
-        interval: float = DRAFT_INTERVAL_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        """``calls``: a number that changes when the runner starts another model call."""
-        self._channel = channel
-        self._base = base
-        self._calls = calls
-        self._interval = interval
-        self._clock = clock
-        self._sleep = sleep
-        self._mark: int | None = None
-        self._parts: list[str] = []
-        self._reset: DraftReset | None = None  # the channel shows void text: say so
-        self._shown = False  # the channel shows some text of this reply
-        self._dirty = False
-        self._next_at = float("-inf")
-        self._task: asyncio.Task[None] | None = None
-        self._pushing = False
-        self._closed = False
-        self._warned = False
-
-    async def on_text(self, delta: str) -> None:
-        if self._closed or not delta:
-            return
-        mark = self._calls()
-        if self._mark is None:
-            self._mark = mark
-        elif mark != self._mark:
-            self._mark = mark
-            self.reset("next_call")
-        self._parts.append(delta)
-        self._wake()
-
-    def reset(self, why: DraftReset) -> None:
-        """What was written so far is void; the next draft says so."""
-        if self._closed:
-            return
-        self._parts.clear()
-        if self._shown or self._reset is not None:
-            # A retry's reset stays one when a later call follows before it went out
-            # (a reply restarted after a compaction): what was shown is void either way.
-            if self._reset is None or why != "next_call":
-                self._reset = why
-            self._wake()
-
-    async def close(self, *, withdraw: bool = False) -> None:
-        """No draft after this returns. ``withdraw``: no reply will follow (a silent
-        reply), so the draft, if any, goes away."""
-        self._closed = True
-        task = self._task
-        if task is not None:
-            if self._pushing:
-                # Let a draft in flight land (before the reply) rather than cut a write
-                # in half; a channel that hangs is not waited for long.
-                try:
-                    await asyncio.wait_for(asyncio.shield(task), TYPING_STOP_SECONDS)
-                except TimeoutError:
-                    task.cancel()
-            else:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if withdraw:
-            # Even with nothing shown: the channel learns that no reply is coming, and
-            # stops saying that parley is working.
-            self._shown, self._reset = False, None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._push(dataclasses.replace(self._base, reset="withdrawn")),
-                    TYPING_STOP_SECONDS,
-                )
-
-    def _wake(self) -> None:
-        self._dirty = True
-        if self._task is None:
-            self._task = asyncio.create_task(self._pump(), name="reply-drafts")
-
-    async def _pump(self) -> None:
-        try:
-            while self._dirty and not self._closed:
-                wait = self._next_at - self._clock()
-                if wait > 0:
-                    await self._sleep(wait)
-                    continue
-                self._dirty = False
-                text = "".join(self._parts)
-                if SILENT_REPLY.startswith(text.strip()):
-                    text = ""  # nothing yet, or a silent reply on its way: show nothing
-                if not text and self._reset is None:
-                    continue
-                draft = dataclasses.replace(self._base, text=text, reset=self._reset)
-                self._reset, self._shown = None, bool(text)
-                self._next_at = self._clock() + self._interval
-                await self._push(draft)
-        finally:
-            self._task = None
-
-    async def _push(self, draft: ReplyDraft) -> None:
-        self._pushing = True
-        try:
-            await self._channel.draft(draft)
-        except _TRANSPORT_FAILURES as exc:  # a preview: its failure never fails the turn
-            log.debug("draft on %s failed: %s", draft.channel, exc)
-        except Exception as exc:
-            if self._warned:
-                log.debug("draft on %s failed again: %r", draft.channel, exc)
-            else:
-                self._warned = True
-                log.warning(
-                    "draft on %s failed (the reply is still sent): %r",
-                    draft.channel,
-                    exc,
-                    exc_info=True,
-                )
-        finally:
-            self._pushing = False
 
 
 def error_kind(exc: Exception) -> str:

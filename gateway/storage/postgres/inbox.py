@@ -118,8 +118,21 @@ class PgInbox:
 
     async def open_replies(self, channel: str, account: str) -> list[InboxItem]:
         """The items of one channel account whose reply is stored and not recorded as
-        sent (few: a reply is in that state only while it is being sent)."""
+        sent, or shown while it is written (few: a reply is in that state only while
+        it is being streamed or sent)."""
         return await self._db.run(_open_replies, channel, account)
+
+    async def note_preview(
+        self, item_ids: Sequence[int], send_mark: str | None, sent: SentMessages | None = None
+    ) -> None:
+        """A reply to ``item_ids`` is shown while it is written, in messages of its own:
+        before the first, the chat's send mark (an earlier one is kept); after each,
+        its platform id, recorded as this reply's (``is_recorded``)."""
+        await self._db.run(_note_preview, list(item_ids), send_mark, sent)
+
+    async def previews(self, item_ids: Sequence[int]) -> list[str]:
+        """The platform ids recorded for these items' reply (its previews, its parts)."""
+        return await self._db.run(_previews, list(item_ids))
 
     async def forget_send_marks(self, item_ids: Sequence[int]) -> None:
         """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
@@ -224,11 +237,38 @@ def _set(
 
 def _open_replies(conn: Connection, channel: str, account: str) -> list[InboxItem]:
     rows = conn.execute(
-        "SELECT * FROM inbox WHERE status = 'replied' AND channel = %s AND account = %s"
-        " ORDER BY id",
+        "SELECT * FROM inbox WHERE (status = 'replied'"
+        " OR (status = 'received' AND send_mark IS NOT NULL))"
+        " AND channel = %s AND account = %s ORDER BY id",
         (channel, account),
     ).fetchall()
     return [item_from_row(r) for r in rows]
+
+
+def _note_preview(
+    conn: Connection, item_ids: list[int], send_mark: str | None, sent: SentMessages | None
+) -> None:
+    if not item_ids:
+        return
+    if send_mark is not None:
+        conn.execute(
+            "UPDATE inbox SET send_mark = COALESCE(send_mark, %s),"
+            " reply_for = COALESCE(reply_for, %s) WHERE id = ANY(%s)",
+            (send_mark, json.dumps(item_ids), item_ids),
+        )
+    if sent is not None and sent.message_ids:
+        conn.execute(
+            "INSERT INTO sent_messages (channel, account, platform_message_id, inbox_id)"
+            " SELECT %s, %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
+            (sent.channel, sent.account, list(sent.message_ids), item_ids[0]),
+        )
+
+
+def _previews(conn: Connection, item_ids: list[int]) -> list[str]:
+    rows = conn.execute(
+        "SELECT platform_message_id FROM sent_messages WHERE inbox_id = ANY(%s)", (item_ids,)
+    ).fetchall()
+    return [str(r["platform_message_id"]) for r in rows]
 
 
 def _forget_marks(conn: Connection, item_ids: list[int]) -> None:

@@ -90,8 +90,21 @@ class SqliteInbox:
 
     async def open_replies(self, channel: str, account: str) -> list[InboxItem]:
         """The items of one channel account whose reply is stored and not recorded as
-        sent (few: a reply is in that state only while it is being sent)."""
+        sent, or shown while it is written (few: a reply is in that state only while
+        it is being streamed or sent)."""
         return await self._db.run(self._open_replies_sync, channel, account)
+
+    async def note_preview(
+        self, item_ids: Sequence[int], send_mark: str | None, sent: SentMessages | None = None
+    ) -> None:
+        """A reply to ``item_ids`` is shown while it is written, in messages of its own:
+        before the first, the chat's send mark (an earlier one is kept); after each,
+        its platform id, recorded as this reply's (``is_recorded``)."""
+        await self._db.run(self._preview_sync, list(item_ids), send_mark, sent)
+
+    async def previews(self, item_ids: Sequence[int]) -> list[str]:
+        """The platform ids recorded for these items' reply (its previews, its parts)."""
+        return await self._db.run(self._previews_sync, list(item_ids))
 
     async def forget_send_marks(self, item_ids: Sequence[int]) -> None:
         """Set these replies' send mark to ``UNKNOWN_SEND_MARK`` for good."""
@@ -212,11 +225,45 @@ class SqliteInbox:
 
     def _open_replies_sync(self, channel: str, account: str) -> list[InboxItem]:
         rows = self._db.conn.execute(
-            "SELECT * FROM inbox WHERE status = 'replied' AND channel = ? AND account = ?"
-            " ORDER BY id",
+            "SELECT * FROM inbox WHERE (status = 'replied'"
+            " OR (status = 'received' AND send_mark IS NOT NULL))"
+            " AND channel = ? AND account = ? ORDER BY id",
             (channel, account),
         ).fetchall()
         return [item_from_row(r) for r in rows]
+
+    def _preview_sync(
+        self, item_ids: list[int], send_mark: str | None, sent: SentMessages | None
+    ) -> None:
+        if not item_ids:
+            return
+        conn = self._db.conn
+        conn.execute("BEGIN")
+        try:
+            if send_mark is not None:
+                conn.executemany(
+                    "UPDATE inbox SET send_mark = COALESCE(send_mark, ?),"
+                    " reply_for = COALESCE(reply_for, ?) WHERE id = ?",
+                    [(send_mark, json.dumps(item_ids), item_id) for item_id in item_ids],
+                )
+            if sent is not None:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO sent_messages"
+                    " (channel, account, platform_message_id, inbox_id) VALUES (?, ?, ?, ?)",
+                    [(sent.channel, sent.account, m, item_ids[0]) for m in sent.message_ids],
+                )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _previews_sync(self, item_ids: list[int]) -> list[str]:
+        marks = ",".join("?" * len(item_ids))
+        rows = self._db.conn.execute(
+            f"SELECT platform_message_id FROM sent_messages WHERE inbox_id IN ({marks})",
+            item_ids,
+        ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def _forget_marks_sync(self, item_ids: list[int]) -> None:
         self._db.conn.executemany(

@@ -6,7 +6,6 @@ and a channel without drafts runs its turns without ``on_text`` at all."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from parley.core.providers.base import (
 from parley.gateway.app import Gateway
 from parley.gateway.config import load_config
 from parley.gateway.runtime.delivery import reply_key
-from parley.gateway.runtime.turn import DRAFT_INTERVAL_SECONDS, DraftStream
+from parley.gateway.runtime.drafts import DRAFT_INTERVAL_SECONDS, DraftStream
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 
@@ -301,9 +300,10 @@ World = tuple[Gateway, DraftingChannel, StreamingProvider]
 async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
     # No throttle: every draft the stream would make goes out, so what these tests see
     # does not depend on how fast the machine is (the throttle is tested above).
-    monkeypatch.setattr(
-        "parley.gateway.runtime.turn.DraftStream", functools.partial(DraftStream, interval=0)
-    )
+    def unthrottled(*args: Any, **kwargs: Any) -> DraftStream:
+        return DraftStream(*args, **{**kwargs, "interval": 0})
+
+    monkeypatch.setattr("parley.gateway.runtime.turn.DraftStream", unthrottled)
     channel, provider = DraftingChannel(), StreamingProvider()
     async with Gateway(config(tmp_path, attempts=2), channels=[channel], provider=provider) as gw:
         yield gw, channel, provider
