@@ -136,7 +136,7 @@ class DraftStream:
         """``calls``: a number that changes when the runner starts another model call.
         ``record``: the drafts are platform messages, recorded in the inbox."""
         self._record = record
-        self._marked = not base.held  # held drafts: their mark is stored already
+        self._marked = bool(base.held)  # held drafts: their mark is stored already
         if record is not None:
             record.knows(base.held)
         self._status: str | None = None

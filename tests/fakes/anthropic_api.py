@@ -530,7 +530,9 @@ class FakeAnthropic(FakeLLMServer):
                 ),
             )
             await send(response, _sse("ping", {"type": "ping"}))
-            for piece in split_text(reply.text, reply.chunk_chars):
+            for n, piece in enumerate(split_text(reply.text, reply.chunk_chars)):
+                if reply.pause is not None and n == reply.pause[0]:
+                    await reply.pause[1].wait()
                 delta = {"type": "text_delta", "text": piece}
                 await send(
                     response,

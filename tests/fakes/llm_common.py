@@ -107,6 +107,9 @@ class Reply:
     # Set: the stream waits for it before its first event (a reply that takes a while,
     # for as long as the test needs, without sleeping).
     hold: asyncio.Event | None = None
+    # Set: after this many text deltas the stream waits for the event (a reply written
+    # slowly: what was streamed so far is out, the rest comes when the test says).
+    pause: tuple[int, asyncio.Event] | None = None
 
 
 @dataclass(frozen=True, slots=True)

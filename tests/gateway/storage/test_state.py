@@ -215,6 +215,38 @@ async def test_inbox_keeps_the_send_mark_the_fold_and_what_went_out(
     assert not await inbox.is_recorded("test", "default", "chat:18")
 
 
+async def test_inbox_records_a_streamed_replys_drafts_before_the_reply(
+    state: StateBackend,
+) -> None:
+    inbox = state.inbox
+    one = (await inbox.record(message("60"))).item
+    two = (await inbox.record(message("61"))).item
+    # Before the first draft message: the mark, with every item the reply answers.
+    await inbox.note_preview([one.id, two.id], "30")
+    stored = await inbox.get(one.id)
+    assert stored is not None and stored.status == "received"
+    assert (stored.send_mark, stored.reply_for) == ("30", (one.id, two.id))
+    # Open while it is written: another reply recovered in the chat must not take
+    # its draft messages for its own.
+    assert [i.id for i in await inbox.open_replies("test", "default")] == [one.id, two.id]
+    await inbox.note_preview([one.id, two.id], None, SentMessages("test", "default", ("c:31",)))
+    await inbox.note_preview(
+        [one.id, two.id], "35", SentMessages("test", "default", ("c:31", "c:32"))
+    )
+    assert (await inbox.get(two.id)).send_mark == "30"  # type: ignore[union-attr]  # kept
+    assert sorted(await inbox.previews([one.id, two.id])) == ["c:31", "c:32"]
+    assert await inbox.is_recorded("test", "default", "c:32")
+    assert await inbox.previews([two.id]) == []  # recorded under the first item
+    # The reply stored and delivered: the earlier mark stays, the drafts are its parts.
+    await inbox.mark_replied([one.id, two.id], "sid", ["x"], send_mark="40")
+    assert (await inbox.get(one.id)).send_mark == "30"  # type: ignore[union-attr]
+    await inbox.mark_delivered([one.id, two.id], SentMessages("test", "default", ("c:31",)))
+    assert await inbox.open_replies("test", "default") == []
+    # A message never streamed is no open reply.
+    await inbox.record(message("62"))
+    assert await inbox.open_replies("test", "default") == []
+
+
 async def test_inbox_survives_reopen(state: StateBackend) -> None:
     await state.inbox.record(message("1"))
     async with state.reopen() as reopened:
