@@ -85,6 +85,23 @@ async def test_tool_loop_is_bounded(tmp_path: Path, transcript: Transcript) -> N
     assert results[0].content[0].is_error is False
 
 
+async def test_the_turn_says_which_tools_run_while_they_run(
+    tmp_path: Path, transcript: Transcript
+) -> None:
+    provider = ScriptedProvider()
+    provider.push(tool_call(1), ProviderResponse((TextBlock("noon"),), STOP_END, Usage(1, 1)))
+    heard: list[tuple[str | None, int]] = []
+
+    def on_status(text: str | None) -> None:  # with how many tool results were written
+        heard.append((text, sum(e.message.role == "tool_result" for e in transcript.entries())))
+
+    result = await make_runner(tmp_path, provider).run_turn(
+        transcript, TurnRequest("k", "time?"), on_status=on_status
+    )
+    assert result.reply == "noon"
+    assert heard == [("running current_time", 0), (None, 0)]
+
+
 async def test_provider_error_is_recorded_and_raised(
     tmp_path: Path, transcript: Transcript
 ) -> None:

@@ -441,3 +441,18 @@ async def test_one_persons_streamed_words_reach_only_their_own_chat(world: Any) 
     assert not any(canary in d.text for d in drafts if d.chat_id == "bob")
     sent = {m.chat_id: m.text for m in channel.sent}
     assert canary in sent["alice"] and canary not in sent["bob"]
+
+
+async def test_a_status_line_shows_while_a_tool_runs_and_goes_when_it_is_done() -> None:
+    screen, time = Screen(), FakeTime()
+    drafts = stream(screen, time)
+    drafts.status("running current_time")  # before any text: the status alone
+    await settle()
+    assert [(d.text, d.status) for d in screen.drafts] == [("", "running current_time")]
+    drafts.status("running current_time")  # the same status: nothing new to show
+    await drafts.on_text("It is noon")
+    drafts.status(None)
+    await settle()  # throttled: the next draft waits out the interval
+    await time.release()
+    assert [(d.text, d.status) for d in screen.drafts][-1] == ("It is noon", None)
+    await drafts.close()
