@@ -20,6 +20,14 @@ gateway put before it), and each reply is scored by that tag alone:
 The baseline bots (the same libraries, no parley) answer each message with the same
 tag, so both are scored alike.
 
+Streaming (``streaming``): the same chats again against a model that takes its time
+(each reply written in ``WRITE_PIECES`` deltas ``WRITE_PAUSE_SECONDS`` apart), once
+with the channel's streaming off and once with ``partial`` (drafts edited in place),
+in the same run. Each reply is scored by the text its messages end with (a draft
+shows a half-written tag on its way), in the order the messages appeared, and each
+run reports ``api_calls_per_reply``: the platform calls that carry text (send, edit,
+delete) per reply.
+
 Prints one JSON object per channel.
 """
 
@@ -37,7 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -51,7 +59,12 @@ from parley.core.providers.base import STOP_END, ProviderRequest, ProviderRespon
 from parley.gateway.app import Gateway  # noqa: E402
 from parley.gateway.channel_factory import build_channels  # noqa: E402
 from parley.gateway.config import load_config  # noqa: E402
-from tests.fakes.discord_api import FakeDiscord  # noqa: E402
+from tests.fakes.discord_api import (  # noqa: E402
+    DELETE_MESSAGE,
+    EDIT_MESSAGE,
+    SEND_MESSAGE,
+    FakeDiscord,
+)
 from tests.fakes.scripted_provider import ScriptedProvider  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 
@@ -59,6 +72,10 @@ TELEGRAM_TOKEN = "700001:bench-token-telegram"
 DISCORD_TOKEN = "bench.discord.token"
 DISCORD_BOT_ID = 900_000_000_000_000_001
 DEADLINE_SECONDS = 60.0
+# The streaming runs' model: each reply in this many deltas, this far apart.
+WRITE_PIECES = 4
+WRITE_PAUSE_SECONDS = 0.4
+STREAM_MODES = ("off", "partial")
 
 Push = Callable[[int, int], object]  # (chat, n): send message n of chat (maybe async)
 WaitUntil = Callable[[Callable[[], bool], float], Awaitable[None]]
@@ -157,6 +174,76 @@ class Coverage:
         return self.seen
 
 
+class FinalTexts:
+    """What the bot's messages say now (sends, then edits in place, deletions), and the
+    messages their tags name; reads only what changed since the last call."""
+
+    def __init__(
+        self,
+        sends: Callable[[], list[tuple[Any, float, str]]],
+        edits: Callable[[], list[tuple[Any, float, str]]],
+        deletions: Callable[[], list[Any]],
+    ) -> None:
+        self._sources = (sends, edits)
+        self._deletions = deletions
+        self._read = [0, 0, 0]
+        self.first_at: dict[Any, float] = {}
+        self.final_at: dict[Any, float] = {}
+        self.text: dict[Any, str] = {}
+        self._tags: dict[Any, list[tuple[int, int]]] = {}
+        self._named: Counter[tuple[int, int]] = Counter()
+
+    def _set(self, key: Any, text: str | None) -> None:
+        for old in self._tags.pop(key, ()):
+            self._named[old] -= 1
+            if not self._named[old]:
+                del self._named[old]
+        if text is None:
+            self.text.pop(key, None)
+            return
+        self.text[key] = text
+        self._tags[key] = replied_to(text)
+        self._named.update(self._tags[key])
+
+    def __call__(self) -> Any:
+        for index, source in enumerate(self._sources):
+            items = source()
+            for key, at, text in items[self._read[index] :]:
+                self.first_at.setdefault(key, at)
+                self.final_at[key] = at
+                self._set(key, text)
+            self._read[index] = len(items)
+        gone = self._deletions()
+        for key in gone[self._read[2] :]:
+            self._set(key, None)
+        self._read[2] = len(gone)
+        return self._named.keys()
+
+    def replies(self, *, first: bool = False) -> list[tuple[float, str]]:
+        """(when its final text landed, that text) per message, in the chat's order;
+        ``first``: when the message first showed (a draft), with its final text."""
+        self()
+        keys = sorted(self.text, key=lambda k: self.first_at[k])
+        landed = self.first_at if first else self.final_at
+        return [(landed[k], self.text[k]) for k in keys]
+
+
+class WritingProvider(ScriptedProvider):
+    """The tagged reply, written in ``WRITE_PIECES`` deltas ``WRITE_PAUSE_SECONDS`` apart."""
+
+    async def complete(self, request: ProviderRequest, on_text: Any = None) -> ProviderResponse:
+        response = tagged_reply(request)
+        if response is None:
+            return await super().complete(request, on_text)
+        text = response.message.text
+        size = max(1, -(-len(text) // WRITE_PIECES))
+        for start in range(0, len(text), size):
+            if on_text is not None:
+                await on_text(text[start : start + size])
+            await asyncio.sleep(WRITE_PAUSE_SECONDS)
+        return response
+
+
 def tagged_reply(request: ProviderRequest) -> ProviderResponse | None:
     """The scripted provider's answer: ``reply-to:`` naming every message folded into
     the user's words (in ``queue`` mode that is one), then an echo of those words."""
@@ -176,12 +263,16 @@ def baseline_reply(text: str) -> str:
 
 
 async def with_gateway(
-    home: Path, extra_env: dict[str, str], body: Callable[[], Awaitable[dict[str, Any]]]
+    home: Path,
+    extra_env: dict[str, str],
+    body: Callable[[], Awaitable[dict[str, Any]]],
+    *,
+    writing: bool = False,
 ) -> dict[str, Any]:
     lanes = {k: v for k, v in os.environ.items() if k.startswith("PARLEY_LANES__")}
     loaded = load_config(env={**gateway_env(home), **lanes, **extra_env})
     channels = build_channels(loaded.config.channels)
-    provider = ScriptedProvider("bench-echo")
+    provider = WritingProvider("bench-echo") if writing else ScriptedProvider("bench-echo")
     provider.responder = tagged_reply
     gateway = Gateway(loaded, channels=channels, provider=provider)
     async with gateway:
@@ -190,7 +281,9 @@ async def with_gateway(
     return result
 
 
-async def bench_telegram(chats: int, per_chat: int) -> dict[str, Any]:
+async def bench_telegram(chats: int, per_chat: int, streaming: str | None = None) -> dict[str, Any]:
+    """``streaming``: None, the zero-latency model; else the writing model, with the
+    channel's streaming set to it."""
     async with FakeTelegram() as fake:
         fake.add_bot(TELEGRAM_TOKEN, "parley_bench_bot")
         env = {
@@ -198,6 +291,7 @@ async def bench_telegram(chats: int, per_chat: int) -> dict[str, Any]:
             "TELEGRAM_API_BASE_URL": fake.base_url,
             "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
             "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
+            "PARLEY_CHANNELS__TELEGRAM__STREAMING": streaming or "off",
         }
 
         def push(chat: int, n: int) -> None:
@@ -209,17 +303,38 @@ async def bench_telegram(chats: int, per_chat: int) -> dict[str, Any]:
                 text=f"c{chat} m{n}",
             )
 
-        answered = Coverage(lambda: [m.visible_text for m in fake.sent])
+        finals = FinalTexts(
+            lambda: [((m.chat_id, m.message_id), m.received_at, m.visible_text) for m in fake.sent],
+            lambda: [
+                ((e.chat_id, e.message_id), e.received_at, e.visible_text) for e in fake.text_edits
+            ],
+            lambda: [(d.chat_id, d.message_id) for d in fake.deletions],
+        )
+        calls = ("sendMessage", "editMessageText", "deleteMessage")
 
         async def body() -> dict[str, Any]:
-            pushed_at = await drive(push, answered, fake.wait_until, chats, per_chat)
+            pushed_at = await drive(push, finals, fake.wait_until, chats, per_chat)
             await asyncio.sleep(0.5)  # let any duplicate reach the fake before scoring
-            replies = [(m.received_at, m.visible_text) for m in fake.sent]
-            return score(replies, pushed_at, chats * per_chat)
+            result = score(finals.replies(), pushed_at, chats * per_chat)
+            return with_calls(result, sum(fake.call_counts[c] for c in calls), finals, pushed_at)
 
         with tempfile.TemporaryDirectory(prefix="parley-bench-") as home:
-            result = await with_gateway(Path(home), env, body)
+            result = await with_gateway(Path(home), env, body, writing=streaming is not None)
     return {"channel": "telegram", **result}
+
+
+def with_calls(
+    result: dict[str, Any], calls: int, finals: FinalTexts, pushed_at: dict[Any, float]
+) -> dict[str, Any]:
+    """The platform calls that carry a reply's text, per reply (a message it ends in),
+    and how long a message waited before its reply began to show (a draft, or the reply)."""
+    replies = sum(1 for text in finals.text.values() if replied_to(text))
+    shown = score(finals.replies(first=True), pushed_at, len(pushed_at))
+    return {
+        **result,
+        "api_calls_per_reply": round(calls / replies, 3) if replies else None,
+        "first_text_ms_p50": shown["added_latency_ms_p50"],
+    }
 
 
 async def baseline_telegram(chats: int, per_chat: int) -> dict[str, Any]:
@@ -264,7 +379,7 @@ async def baseline_telegram(chats: int, per_chat: int) -> dict[str, Any]:
         return score(replies, pushed_at, chats * per_chat)
 
 
-async def bench_discord(chats: int, per_chat: int) -> dict[str, Any]:
+async def bench_discord(chats: int, per_chat: int, streaming: str | None = None) -> dict[str, Any]:
     import discord
     import yarl
 
@@ -279,6 +394,7 @@ async def bench_discord(chats: int, per_chat: int) -> dict[str, Any]:
             "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
             "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,
             "PARLEY_CHANNELS__DISCORD__GATEWAY_URL": fake.gateway_url,
+            "PARLEY_CHANNELS__DISCORD__STREAMING": streaming or "off",
         }
 
         def push(chat: int, n: int) -> Awaitable[dict[str, Any]]:
@@ -289,18 +405,23 @@ async def bench_discord(chats: int, per_chat: int) -> dict[str, Any]:
                 author={"id": str(800_000 + chat), "username": f"user{chat}"},
             )
 
-        answered = Coverage(lambda: [m.content for m in fake.sent])
+        finals = FinalTexts(
+            lambda: [(m.id, m.received_at, m.content) for m in fake.sent],
+            lambda: [(e.id, e.received_at, e.content) for e in fake.edits],
+            lambda: [d.id for d in fake.deletions],
+        )
+        calls = (SEND_MESSAGE, EDIT_MESSAGE, DELETE_MESSAGE)
 
         async def body() -> dict[str, Any]:
-            pushed_at = await drive(push, answered, fake.wait_until, chats, per_chat)
+            pushed_at = await drive(push, finals, fake.wait_until, chats, per_chat)
             await asyncio.sleep(0.5)
-            replies = [(m.received_at, m.content) for m in fake.sent]
-            return score(replies, pushed_at, chats * per_chat)
+            result = score(finals.replies(), pushed_at, chats * per_chat)
+            return with_calls(result, sum(fake.call_counts[c] for c in calls), finals, pushed_at)
 
         saved = (discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY)
         try:
             with tempfile.TemporaryDirectory(prefix="parley-bench-") as home:
-                result = await with_gateway(Path(home), env, body)
+                result = await with_gateway(Path(home), env, body, writing=streaming is not None)
         finally:
             discord.http.Route.BASE = saved[0]
             discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(str(saved[1]))
@@ -365,6 +486,9 @@ def main() -> None:
     parser.add_argument("--chats", type=int, default=100)
     parser.add_argument("--messages", type=int, default=20, help="per chat")
     parser.add_argument("--channel", choices=["telegram", "discord", "both"], default="both")
+    parser.add_argument(
+        "--skip-streaming", action="store_true", help="no streaming off/partial pair"
+    )
     args = parser.parse_args()
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         os.environ.pop(name, None)
@@ -391,7 +515,28 @@ def main() -> None:
             python=platform.python_version(),
             cpus=os.cpu_count(),
         )
+        if not args.skip_streaming:
+            # A model that takes its time, streaming off and on, in the same run.
+            result["streaming"] = {
+                "model_seconds_per_reply": WRITE_PIECES * WRITE_PAUSE_SECONDS,
+                **{
+                    mode: _streaming_figures(asyncio.run(bench(args.chats, args.messages, mode)))
+                    for mode in STREAM_MODES
+                },
+            }
         print(json.dumps(result), flush=True)
+
+
+def _streaming_figures(run: dict[str, Any]) -> dict[str, Any]:
+    keep = (
+        "lost",
+        "duplicated",
+        "out_of_order",
+        "msgs_per_s",
+        "api_calls_per_reply",
+        "first_text_ms_p50",
+    )
+    return {k: run[k] for k in keep} | {"latency_ms_p50": run["added_latency_ms_p50"]}
 
 
 if __name__ == "__main__":

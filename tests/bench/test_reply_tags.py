@@ -142,3 +142,19 @@ def test_channel_throughput_provider_tags_the_folded_messages() -> None:
     assert response is not None
     assert reply_tags.replied_to(response.message.text) == [(9, 1), (9, 2)]
     assert reply_tags.replied_to(throughput.baseline_reply("c9 m3")) == [(9, 3)]
+
+
+def test_channel_throughput_scores_a_streamed_reply_by_the_text_it_ends_with() -> None:
+    throughput = _load("channel_throughput")
+    sends: list[tuple[str, float, str]] = [("a", 1.0, "reply-to: c1 m1")]  # half of "m12"
+    edits: list[tuple[str, float, str]] = []
+    deletions: list[str] = []
+    finals = throughput.FinalTexts(lambda: sends, lambda: edits, lambda: deletions)
+    assert set(finals()) == {(1, 1)}  # a draft's half-written tag names the wrong one
+    edits.append(("a", 3.0, "reply-to: c1 m12\n\nc1 m12"))
+    sends.append(("b", 2.0, "reply-to: c1 m1"))  # a leftover draft, deleted at the end
+    deletions.append("b")
+    assert set(finals()) == {(1, 12)}
+    assert finals.replies() == [(3.0, "reply-to: c1 m12\n\nc1 m12")]
+    scored = throughput.score(finals.replies(), {(1, 12): 0.5, (1, 1): 0.5}, 2)
+    assert (scored["lost"], scored["duplicated"]) == (1, 0)
