@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import platform
@@ -125,7 +127,13 @@ def is_summary(body: dict[str, Any]) -> bool:
     return SUMMARY_SYSTEM_PROMPT in json.dumps(body.get("system", ""))
 
 
-def respond(body: dict[str, Any]) -> Reply:
+# With ``--streaming`` on: the model writes each reply in pieces this big, this far
+# apart, so the channel shows drafts and kills land in the middle of them.
+STREAM_CHUNK_CHARS = 24
+STREAM_CHUNK_SECONDS = 0.03
+
+
+def respond(body: dict[str, Any], *, streaming: bool = False) -> Reply:
     """A turn's reply starts ``reply-to: c<chat> m<n>``, naming the message it answers
     (``bench/reply_tags.py``), then echoes the user's words; a summary request gets a
     short well-formed summary, as a real model would write, so compaction shrinks the
@@ -133,7 +141,12 @@ def respond(body: dict[str, Any]) -> Reply:
     if is_summary(body):
         sections = "\n".join(f"{heading}\n- the user sent numbered notes" for heading in HEADINGS)
         return Reply(text=sections)
-    return anthropic_reply(body)
+    reply = anthropic_reply(body)
+    if streaming:
+        reply = dataclasses.replace(
+            reply, chunk_chars=STREAM_CHUNK_CHARS, chunk_seconds=STREAM_CHUNK_SECONDS
+        )
+    return reply
 
 
 def child_env(
@@ -202,10 +215,24 @@ class Child:
             return None
 
 
+def final_texts(fake: FakeTelegram) -> list[str]:
+    """What the bot's messages say now, in the order they appeared: a streamed reply's
+    draft is edited into the reply, and a draft left over is deleted."""
+    texts = (fake.message_text(m.chat_id, m.message_id) for m in fake.sent)
+    return [text for text in texts if text is not None]
+
+
 def replies(fake: FakeTelegram) -> Tally:
     """Replies naming each (chat, message) in their ``reply-to:`` tag. Only the tag
     counts: the echo after it, recalled earlier messages included, names nothing."""
-    return tally(sent.visible_text for sent in fake.sent)
+    return tally(final_texts(fake))
+
+
+def unfinished(texts: list[str], filler: int) -> int:
+    """Messages that name a message but do not end as its reply does: a draft a kill
+    left half written (every reply echoes the user's words, which end in filler)."""
+    tail = (FILLER * filler).strip()[-24:]
+    return sum(1 for text in texts if replied_to(text) and tail and not text.endswith(tail))
 
 
 def check_transcripts(
@@ -281,8 +308,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         (home / "parley.toml").write_text(CONFIG, encoding="utf-8")
         async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
             fake.add_bot(TOKEN, "soak_bot", bot_id=int(TOKEN.split(":")[0]))
-            llm.responder = respond
-            env = child_env(home, TOKEN, fake, llm, PARLEY_MEMORY__EMBEDDER__PROVIDER=args.embedder)
+            streams = args.streaming != "off"
+            llm.responder = functools.partial(respond, streaming=streams)
+            env = child_env(
+                home,
+                TOKEN,
+                fake,
+                llm,
+                PARLEY_MEMORY__EMBEDDER__PROVIDER=args.embedder,
+                PARLEY_CHANNELS__TELEGRAM__STREAMING=args.streaming,
+            )
             child = Child(env, Path(tmp) / "parley.log")
             chats = [6000 + i for i in range(args.sessions)]
             plan = [(chat, n) for n in range(args.messages // args.sessions) for chat in chats]
@@ -300,15 +335,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             wanted = set(plan)
             last_progress, answered = time.monotonic(), 0
             while time.monotonic() - last_progress < args.settle:
-                counts = replies(fake).counts
+                texts = final_texts(fake)
+                counts = tally(texts).counts
                 now_answered = len(wanted & set(counts))
-                if now_answered == len(wanted):
+                # Streaming: a draft names its message before the reply is finished.
+                if now_answered == len(wanted) and not unfinished(texts, args.filler):
                     break
                 if now_answered != answered:
                     answered, last_progress = now_answered, time.monotonic()
                 await asyncio.sleep(0.5)
             exit_code = await child.stop()
             sent = replies(fake)
+            half_written = unfinished(final_texts(fake), args.filler)
+            edits = fake.call_counts["editMessageText"]
             counts = sent.counts
             pending = len(fake.pending_updates(TOKEN))
             # Turns whose user message also held other messages' markers (recalled at
@@ -325,7 +364,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.keep is not None:  # for reading a run's home and log afterwards
             shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
             (args.keep / "sent.json").write_text(json.dumps(
-                [{"chat": m.chat_id, "id": m.message_id, "text": m.visible_text[:80]}
+                [{"chat": m.chat_id, "id": m.message_id, "text": m.visible_text[:80],
+                  "now": fake.message_text(m.chat_id, m.message_id) or ""}
                  for m in fake.sent]
             ))  # fmt: skip
         log_tail = log_text[-3000:]
@@ -354,6 +394,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "lookups_refused": log_text.count("cannot tell whether"),
         "out_of_order": sent.out_of_order,
         "untagged_replies": sent.untagged,
+        # Streaming: replies a kill left half written (never finished), and the edits.
+        "streaming": args.streaming,
+        "unfinished_replies": half_written,
+        "draft_edits": edits,
         "turns_naming_other_messages": recalling,
         "corrupt_transcripts": corrupt,
         "registry_mismatches": mismatches,
@@ -396,6 +440,12 @@ def main() -> None:
     parser.add_argument("--filler", type=int, default=12, help="repeats of filler text")
     parser.add_argument("--embedder", default="none", choices=["none", "e5"])
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--streaming",
+        default="off",
+        choices=["off", "partial", "block"],
+        help="the channel's streaming; on, the model writes each reply in timed pieces",
+    )
     parser.add_argument("--keep", type=Path, help="copy the home, log and sends here")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))))

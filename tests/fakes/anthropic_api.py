@@ -22,6 +22,7 @@ nor written. ``fake.billing`` keeps the running totals.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -533,6 +534,8 @@ class FakeAnthropic(FakeLLMServer):
             for n, piece in enumerate(split_text(reply.text, reply.chunk_chars)):
                 if reply.pause is not None and n == reply.pause[0]:
                     await reply.pause[1].wait()
+                if reply.chunk_seconds and n:
+                    await asyncio.sleep(reply.chunk_seconds)
                 delta = {"type": "text_delta", "text": piece}
                 await send(
                     response,

@@ -110,6 +110,9 @@ class Reply:
     # Set: after this many text deltas the stream waits for the event (a reply written
     # slowly: what was streamed so far is out, the rest comes when the test says).
     pause: tuple[int, asyncio.Event] | None = None
+    # Seconds between text deltas: a model writing at a pace (for benchmarks; tests use
+    # ``pause``, which waits for the test rather than for the clock).
+    chunk_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
