@@ -162,7 +162,7 @@ _GROUP_CONTEXT_FIELD: int = Field(
 
 # Telegram's and Discord's ``streaming``.
 _STREAMING_FIELD: StreamMode = Field(
-    "off",
+    "partial",
     description="show replies while they are written: off | partial (one message edited "
     "as the text grows) | block (a paragraph-sized message at a time)",
 )

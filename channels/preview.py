@@ -94,6 +94,9 @@ class _Slot:
 class _Reply:
     slots: list[_Slot] = field(default_factory=list)
     paused_until: float = 0.0
+    # A draft message's create failed in a way that may have reached the platform (its
+    # answer lost): the reply looks for it before sending (``finish``).
+    in_doubt: bool = False
 
 
 class Previews:
@@ -154,6 +157,12 @@ class Previews:
         except GoneMessage:
             # Someone deleted a slot: drafts stop here (the reply is sent anew from it).
             reply.paused_until = float("inf")
+        except DeliveryError as exc:
+            # No more drafts for this reply (the chat is gone, or the platform is in
+            # trouble); a create whose answer was lost may have made a message.
+            reply.paused_until = float("inf")
+            reply.in_doubt = reply.in_doubt or exc.retryable
+            raise
         return self.showing(draft.key)
 
     def draft_texts(self, text: str, status: str | None, mode: StreamMode) -> list[str]:
@@ -180,6 +189,12 @@ class Previews:
         reply = self._replies.pop(key, None) or _Reply()
         # Kept until the reply is out: a send tried again finds what this one did.
         self._replies[key] = reply
+        if reply.in_doubt:
+            # Sent now, the reply could stand beside a draft the platform took without
+            # saying so: the caller looks for it (as after a send whose answer was lost)
+            # and hands it over in ``shown``.
+            reply.in_doubt = False
+            raise DeliveryError("a draft of this reply may have gone out", retryable=True)
         known = {s.message_id for s in reply.slots}
         held = [i for i in message.shown if i not in known]
         slots = sorted(

@@ -240,3 +240,20 @@ def test_blocks_shown_while_written_are_the_blocks_it_ends_with(
         return [w for w in t.split() if "`" not in w]
 
     assert words(" ".join(final)) == words(text)
+
+
+async def test_a_draft_whose_fate_is_unknown_is_looked_for_before_the_reply() -> None:
+    chat = Chat()
+    book = previews(chat)
+    chat.fail_create = True  # the platform may have taken it: its answer was lost
+    with pytest.raises(DeliveryError):
+        await book.draft(draft("Hel"), "partial")
+    chat.fail_create = False
+    assert await book.draft(draft("Hello"), "partial") == ()  # no more drafts
+    with pytest.raises(DeliveryError) as doubt:
+        await book.finish(reply("Hello there"), ["Hello there"])
+    assert doubt.value.retryable and not chat.messages  # nothing sent beside it
+    chat.messages["55"] = "Hel"  # what the look found
+    result = await book.finish(reply("Hello there", shown=("55",)), ["Hello there"])
+    assert result is not None and result.platform_message_ids == ("55",)
+    assert chat.messages == {"55": "Hello there"}

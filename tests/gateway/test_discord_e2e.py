@@ -51,6 +51,8 @@ def discord_settings(home: Path, fake: Any, llm: FakeAnthropic) -> dict[str, str
         "PARLEY_CHANNELS__DISCORD__DM_POLICY": "open",
         "PARLEY_CHANNELS__DISCORD__API_BASE_URL": fake.api_base,
         "PARLEY_CHANNELS__DISCORD__GATEWAY_URL": fake.gateway_url,
+        # These tests follow a reply sent at once; streamed ones: test_streaming_e2e.py.
+        "PARLEY_CHANNELS__DISCORD__STREAMING": "off",
     }
 
 

@@ -29,6 +29,7 @@ from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.discord_api import EDIT_MESSAGE
 from tests.fakes.llm_common import Hang, Reply
 from tests.fakes.telegram_api import FakeTelegram
+from tests.gateway.runtime.test_delivery_doubt import answer_lost
 from tests.gateway.test_discord_e2e import discord_settings
 from tests.gateway.test_send_recovery import Crash, CrashOnCreate, dm, sent_rows
 from tests.gateway.test_telegram_e2e import ALICE, telegram_settings
@@ -317,3 +318,34 @@ async def test_discord_kill_mid_stream_keeps_one_message_with_the_whole_reply(
             assert await gateway.inbox.counts() == {"delivered": 1}
         assert bot_history(fake, channel) == ["The whole reply after the restart."]
         assert fake.deduplicated >= 1
+
+
+async def test_a_draft_whose_answer_was_lost_becomes_the_reply_not_a_second_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telegram took the first draft but its answer never came (a timeout under load):
+    the reply looks for it above the stored mark before sending, and finishes it."""
+    monkeypatch.setattr("parley.gateway.runtime.delivery.DELIVERY_BACKOFF_SECONDS", (0.0, 0.0))
+    reply = "A reply long enough to be shown while it is written."
+    async with telegram(tmp_path, monkeypatch, "partial") as (fake, llm, loaded):
+        resume = answer_with(llm, reply, chunk_chars=6, pause=2)
+        taken = answer_lost(fake)
+        lost = asyncio.Event()
+        name, dropping = fake._methods["sendmessage"]
+
+        async def noting(bot: Any, params: dict[str, Any]) -> Any:
+            try:
+                return await dropping(bot, params)
+            finally:
+                if taken:
+                    lost.set()
+
+        fake._methods["sendmessage"] = (name, noting)
+        async with telegram_gateway(loaded) as gateway:
+            dm(fake, "hello")
+            await asyncio.wait_for(lost.wait(), 10)  # the draft went out, unanswered
+            resume.set()
+            await gateway.wait_idle()
+            assert await gateway.inbox.counts() == {"delivered": 1}
+        assert fake.message_text(ALICE, taken[0]) == reply
+        assert fake.call_counts["sendMessage"] == 1  # nothing sent beside it

@@ -78,6 +78,8 @@ def telegram_settings(
         "TELEGRAM_API_BASE_URL": fake.base_url,
         "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
         "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
+        # These tests follow a reply sent at once; streamed ones: test_streaming_e2e.py.
+        "PARLEY_CHANNELS__TELEGRAM__STREAMING": "off",
     }
     if second_bot:
         fake.add_bot(OTHER_TOKEN, OTHER_USERNAME, bot_id=OTHER_BOT_ID)

@@ -18,7 +18,7 @@ from tests.gateway.test_send_recovery import dm, running, sent_rows, telegram_wo
 def answer_lost(fake: FakeTelegram, times: int = 1) -> list[int]:
     """The next ``times`` sendMessage calls are carried out, then their connection
     dies before the answer: the client sees a network error. Returns the ids taken."""
-    handler = fake._methods["sendmessage"]
+    name, handler = fake._methods["sendmessage"]
     taken: list[int] = []
 
     async def handled_then_dropped(bot: Any, params: dict[str, Any]) -> Any:
@@ -28,7 +28,7 @@ def answer_lost(fake: FakeTelegram, times: int = 1) -> list[int]:
             raise ApiError(DROP, "connection dropped")
         return result
 
-    fake._methods["sendmessage"] = handled_then_dropped
+    fake._methods["sendmessage"] = (name, handled_then_dropped)
     return taken
 
 
