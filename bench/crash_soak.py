@@ -129,7 +129,7 @@ def is_summary(body: dict[str, Any]) -> bool:
 
 # With ``--streaming`` on: the model writes each reply in pieces this big, this far
 # apart, so the channel shows drafts and kills land in the middle of them.
-STREAM_CHUNK_CHARS = 24
+STREAM_CHUNK_CHARS = 160
 STREAM_CHUNK_SECONDS = 0.03
 
 
@@ -442,7 +442,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--streaming",
-        default="off",
+        default="partial",  # the channels' default
         choices=["off", "partial", "block"],
         help="the channel's streaming; on, the model writes each reply in timed pieces",
     )
