@@ -133,8 +133,8 @@ class RetentionConfig(BaseModel):
     def _inbox_window(cls, value: int) -> int:
         if 0 < value < INBOX_DEDUPE_DAYS:
             raise ValueError(
-                f"must be 0 (keep forever) or at least {INBOX_DEDUPE_DAYS}: a finished row "
-                "is what answers a redelivered message once"
+                f"must be 0 (keep forever) or at least {INBOX_DEDUPE_DAYS} (the dedupe "
+                "window): a finished row is what answers a redelivered message once"
             )
         return value
 
