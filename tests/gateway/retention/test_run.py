@@ -220,3 +220,34 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+async def test_doctor_shows_disk_use_per_kind_and_the_last_run(env: dict[str, str]) -> None:
+    from parley.gateway.cli.doctor_checks import run_doctor
+
+    loaded = _loaded(env, PARLEY_RETENTION__DISK_CAP="1MiB")
+    async with StateStores(loaded) as state:
+        await _session(state, "old", archived_days=120)
+        young = await _session(state, "young", archived_days=10, size=300)
+        await _session(state, "active", archived_days=None, size=600)
+        _checkpoint(loaded, young)
+    found = {f.check: f for f in await run_doctor(loaded)}
+    disk, retention = found["disk"], found["retention"]
+    assert "last run: never" in retention.detail and "disk cap 1.0 MiB" in retention.detail
+    if "PARLEY_STORAGE__BACKEND" in env:
+        assert "in PostgreSQL: " in disk.detail and "transcript_lines " in disk.detail
+    else:
+        assert "active transcripts 1.3 MiB (1 files)" in disk.detail
+        assert "archived transcripts 650.5 KiB (2 files)" in disk.detail
+        assert "checkpoints 2.9 KiB" in disk.detail and "state db " in disk.detail
+        assert retention.severity == "warning" and "over the cap" in retention.detail
+    async with StateStores(loaded) as state:
+        await run_retention(loaded, state, now=NOW)
+    found = {f.check: f for f in await run_doctor(loaded)}
+    # By age, the one archived 120 days ago; on SQLite the cap takes the other too.
+    removed = 1 if "PARLEY_STORAGE__BACKEND" in env else 2
+    assert f"removed {removed} transcript(s)" in found["retention"].detail
+    if "PARLEY_STORAGE__BACKEND" not in env:
+        # The active session alone is over the cap: the doctor says so.
+        assert "could not meet the cap" in found["retention"].detail
+        assert "archived transcripts 0 B (0 files)" in found["disk"].detail
