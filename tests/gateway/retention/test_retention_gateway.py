@@ -6,6 +6,7 @@ go, as configured; listings and the admin API say "removed by retention"."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -170,3 +171,49 @@ async def test_a_failed_run_is_logged_and_the_gateway_goes_on(
     assert "retention run failed" in caplog.text and "disk on fire" in caplog.text
     assert gateway.ready
     assert (await say(gateway, channel, "still there?")).startswith("echo:")
+
+
+@pytest.mark.parametrize("archived_memory", ["keep", "drop"])
+async def test_on_postgres_the_rows_go_and_memory_follows_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str, archived_memory: str
+) -> None:
+    """The transcript's rows leave the shared database; its chunks (in the database
+    too) stay or go as configured, through the index's own API."""
+    from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder
+    from tests.fakes.embedder import HashingEmbedder, resilient
+
+    def build(settings: EmbedderSettings) -> ResilientEmbedder:
+        return resilient(HashingEmbedder(dimensions=8))  # this pgvector: under 16 dims
+
+    monkeypatch.setattr("parley.gateway.memory.build_embedder", build)
+    clock = Clock(START)
+    config = memory_config(
+        tmp_path,
+        PARLEY_STORAGE__BACKEND="postgres",
+        PARLEY_STORAGE__URL=pg_url,
+        PARLEY_STORAGE__VECTOR_INDEX="exact",
+        PARLEY_RETENTION__ARCHIVED_MEMORY=archived_memory,
+    )
+    gateway = Gateway(
+        config, channels=[RecordingChannel()], provider=ScriptedProvider(), clock=clock
+    )
+    async with gateway:
+        channel = gateway.channels["test"]
+        assert isinstance(channel, RecordingChannel)
+        old = await _archive_alice(gateway, channel)
+        path = f"sessions/{old.session_id}.jsonl"
+        assert path in await _search(gateway, "Pumpernickel ferret")
+        store = gateway.state.transcripts
+        clock.now = START + timedelta(days=91)
+        report = await gateway.retention.run_once()
+        assert report is not None and [t.session_id for t in report.plan.transcripts] == [
+            old.session_id
+        ]
+        assert report.plan.transcripts[0].bytes > 0 and not report.plan.transcripts[0].on_disk
+        assert not await asyncio.to_thread(store.exists, old.session_id)
+        active = await gateway.registry.get_active(ALICE_KEY)
+        assert active is not None and await asyncio.to_thread(store.exists, active.session_id)
+        assert gateway.memory is not None
+        await gateway.memory.sync()
+        found = path in await _search(gateway, "Pumpernickel ferret")
+        assert found is (archived_memory == "keep")

@@ -251,3 +251,15 @@ async def test_doctor_shows_disk_use_per_kind_and_the_last_run(env: dict[str, st
         # The active session alone is over the cap: the doctor says so.
         assert "could not meet the cap" in found["retention"].detail
         assert "archived transcripts 0 B (0 files)" in found["disk"].detail
+
+
+async def test_no_transcript_goes_when_its_chunks_cannot_be_kept(env: dict[str, str]) -> None:
+    """Memory on, chunks to be kept, and no index to tell: removing the transcript would
+    lose its chunks at the next sync, so it stays (and the run says why)."""
+    loaded = _loaded(env, PARLEY_MEMORY__ENABLED="true")
+    async with StateStores(loaded) as state:
+        old = await _session(state, "old", archived_days=120)
+        report = await run_retention(loaded, state, now=NOW, memory=None)
+        assert report.plan.transcripts == [] and report.errors
+        assert "could not be opened" in report.errors[0]
+        assert await asyncio.to_thread(state.transcripts.exists, old)
