@@ -74,7 +74,7 @@ async def disk_findings(loaded: LoadedConfig, pg: PgDatabase | None = None) -> l
     use = await asyncio.to_thread(disk_use, loaded, active, archived)
     parts = [
         f"{kind} {format_bytes(use.kinds[kind].bytes)}"
-        + (f" ({use.kinds[kind].files} files)" if kind.endswith(("transcripts", "media")) else "")
+        + (f" ({_files(use.kinds[kind].files)})" if kind.endswith(("transcripts", "media")) else "")
         for kind in KINDS
         if use.kinds[kind].bytes or kind in ("active transcripts", "archived transcripts")
     ]
@@ -113,6 +113,10 @@ async def disk_findings(loaded: LoadedConfig, pg: PgDatabase | None = None) -> l
         )
     findings.append(DiskFinding("retention", severity, text))
     return findings
+
+
+def _files(count: int) -> str:
+    return f"{count} file" if count == 1 else f"{count} files"
 
 
 def _when(value: object) -> str:

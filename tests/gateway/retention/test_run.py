@@ -237,7 +237,7 @@ async def test_doctor_shows_disk_use_per_kind_and_the_last_run(env: dict[str, st
     if "PARLEY_STORAGE__BACKEND" in env:
         assert "in PostgreSQL: " in disk.detail and "transcript_lines " in disk.detail
     else:
-        assert "active transcripts 1.3 MiB (1 files)" in disk.detail
+        assert "active transcripts 1.3 MiB (1 file)" in disk.detail
         assert "archived transcripts 650.5 KiB (2 files)" in disk.detail
         assert "checkpoints 2.9 KiB" in disk.detail and "state db " in disk.detail
         assert retention.severity == "warning" and "over the cap" in retention.detail
