@@ -217,3 +217,41 @@ async def test_on_postgres_the_rows_go_and_memory_follows_the_setting(
         await gateway.memory.sync()
         found = path in await _search(gateway, "Pumpernickel ferret")
         assert found is (archived_memory == "keep")
+
+
+async def test_erasing_a_person_takes_the_chunks_retention_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept chunks have no file left for a sync to miss: `parley people erase` still
+    removes them (one person's words never outlive their erasure)."""
+    from parley.gateway.memory import build_memory_index
+    from parley.gateway.people import erase_person
+
+    gateway = await _stack(tmp_path, monkeypatch)
+    async with gateway:
+        channel = gateway.channels["test"]
+        assert isinstance(channel, RecordingChannel)
+        old = await _archive_alice(gateway, channel)
+        gateway.clock.now = START + timedelta(days=91)  # type: ignore[attr-defined]
+        assert await gateway.retention.run_once() is not None
+        await gateway.memory.sync()  # type: ignore[union-attr]
+        path = f"sessions/{old.session_id}.jsonl"
+        assert path in await _search(gateway, "Pumpernickel ferret")
+    report = await erase_person(gateway.loaded, "test:alice")
+    assert report.errors == [], report.errors
+    assert path in report.index_files
+
+    index = build_memory_index(gateway.loaded)
+
+    def indexed() -> set[str]:
+        store = index.backend.open_live(vector=False)
+        try:
+            return set(store.files())
+        finally:
+            store.close()
+
+    try:
+        left = await asyncio.to_thread(indexed)
+    finally:
+        await index.close()
+    assert path not in left and not any("alice" in p for p in left)
