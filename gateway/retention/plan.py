@@ -5,9 +5,10 @@ than ``archived_transcripts_days`` ago, media older than ``media_days``, and fin
 inbox rows past ``inbox_days`` (counted by the inbox itself). Then the disk cap: when
 the home holds more than ``high_water_percent`` of ``disk_cap`` after that, the oldest
 of what is left of the archived transcripts and the media goes, oldest first, until it
-is under ``low_water_percent``; if that is not enough, the plan says the cap is unmet.
-An active session, an open inbox item, state.db and the memory database are never in
-a plan: only what is archived.
+is under ``low_water_percent``; if that is not enough, the plan says the cap is unmet
+(and ``run.plan_run`` then takes finished inbox rows down to the dedupe window). An
+active session, an open inbox item, state.db and the memory database are never in a
+plan: only what is archived.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Plan:
     media: list[MediaItem] = field(default_factory=list)
     inbox: PruneResult = field(default_factory=PruneResult)
     inbox_before: datetime | None = None
+    inbox_for_cap: bool = False  # the cap took the inbox down to the dedupe window
     home_bytes: int = 0  # under the home before the run
     cap_bytes: int | None = None
     cap_unmet: bool = False

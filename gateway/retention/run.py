@@ -35,7 +35,7 @@ from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import RetentionBusy
 from parley.gateway.retention.inventory import checkpoints_root
 from parley.gateway.retention.plan import Plan, build_plan
-from parley.gateway.retention_config import RetentionConfig, format_bytes
+from parley.gateway.retention_config import INBOX_DEDUPE_DAYS, RetentionConfig, format_bytes
 from parley.gateway.storage.inbox import Inbox, PruneResult
 from parley.gateway.storage.sessions import REMOVED_SETTING, SessionRecord, SessionRegistry
 
@@ -89,6 +89,8 @@ class RunReport:
             "with their transcripts"
         )
         before = f"finished before {p.inbox_before:%Y-%m-%d}" if p.inbox_before else "kept forever"
+        if p.inbox_for_cap:
+            before += " (the disk cap: down to the dedupe window)"
         out.append(
             f"{'inbox rows':<22}{p.inbox.rows:>14}{format_bytes(p.inbox.bytes):>14}  {before}"
         )
@@ -222,7 +224,7 @@ async def plan_run(loaded: LoadedConfig, state: RetentionState, *, now: datetime
         if inbox_before is not None
         else PruneResult()
     )
-    return await asyncio.to_thread(
+    plan = await asyncio.to_thread(
         build_plan,
         loaded,
         settings,
@@ -233,6 +235,13 @@ async def plan_run(loaded: LoadedConfig, state: RetentionState, *, now: datetime
         inbox_before=inbox_before,
         now=now,
     )
+    if plan.cap_unmet and (settings.inbox_days == 0 or settings.inbox_days > INBOX_DEDUPE_DAYS):
+        # Still over the cap: finished inbox rows go down to the dedupe window too. That
+        # frees pages state.db reuses (it stops growing) rather than shrinking the file.
+        plan.inbox_before = now - timedelta(days=INBOX_DEDUPE_DAYS)
+        plan.inbox = await state.inbox.prune_finished(plan.inbox_before, dry_run=True)
+        plan.inbox_for_cap = True
+    return plan
 
 
 async def run_retention(

@@ -173,11 +173,32 @@ async def test_the_disk_cap_removes_the_oldest_archived_first(env: dict[str, str
     # session stays, and the run says the cap is unmet.
     tiny = _loaded(env, PARLEY_RETENTION__DISK_CAP="1MiB", PARLEY_RETENTION__MEDIA_DAYS="0")
     async with StateStores(tiny) as state:
+        # A delivered row 10 days old: inside inbox_days (30), past the dedupe window (7).
+        row = await _delivered_row(state, "m1", days=10)
+        fresh = await _delivered_row(state, "m2", days=2)
         report = await run_retention(tiny, state, now=NOW)
+        assert report.plan.inbox_for_cap and report.plan.inbox.rows == 1
+        assert await state.inbox.get(row) is None and await state.inbox.get(fresh) is not None
+        assert "down to the dedupe window" in "\n".join(report.lines())
         assert [t.session_id for t in report.plan.transcripts] == [middle, newest]
         assert report.plan.cap_unmet
         assert "cannot bring the home under the cap" in "\n".join(report.lines())
         assert await asyncio.to_thread(state.transcripts.exists, active)
+
+
+async def _delivered_row(state: StateStores, mid: str, *, days: int) -> int:
+    from parley.channels.base import InboundMessage
+
+    message = InboundMessage("test", "default", "direct", "x", "x", "X", "hi", mid, NOW)
+    item = (await state.inbox.record(message)).item
+    await state.inbox.mark_delivered([item.id])
+    stamp = (NOW - timedelta(days=days)).isoformat()
+    db = state.sqlite
+    assert db is not None
+    await db.run(
+        lambda: db.conn.execute("UPDATE inbox SET updated_at = ? WHERE id = ?", (stamp, item.id))
+    )
+    return item.id
 
 
 def _home_bytes(loaded: LoadedConfig) -> int:
