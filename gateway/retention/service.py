@@ -1,7 +1,10 @@
 """The daily retention run inside the gateway: an explicit lifecycle (``start``/``stop``,
 registered on the gateway's exit stack).
 
-It runs once a day at ``[retention] run_hour_utc``. A run that fails (a full disk, a
+It runs once a day at ``[retention] run_hour_utc``; a gateway started when the last run
+is more than a day old (or there was none) runs once ``CATCH_UP_DELAY_SECONDS`` after
+its start too, so a gateway restarted every night before that hour still tidies. A run
+that fails (a full disk, a
 lost database connection, another run holding the lock) is logged and tried again the
 next day: it never stops the gateway. File work runs on worker threads
 (``gateway.retention.run``), never on the event loop.
@@ -17,12 +20,16 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from parley.gateway.config import LoadedConfig
-from parley.gateway.retention.run import RetentionState, RunReport, run_retention
+from parley.gateway.retention.run import RetentionState, RunReport, read_last_run, run_retention
 
 if TYPE_CHECKING:
     from parley.core.memory.index import MemoryIndex
 
 log = logging.getLogger("parley.gateway.retention")
+
+# A first run this long after start when the last one is more than a day old: after the
+# start's own work (recovery, the memory sync), before the next scheduled hour.
+CATCH_UP_DELAY_SECONDS = 600.0
 
 
 def next_run(now: datetime, hour: int) -> datetime:
@@ -102,7 +109,21 @@ class RetentionService:
 
     async def _loop(self) -> None:
         hour = self.loaded.config.retention.run_hour_utc
+        now = self.clock()
+        wait = (next_run(now, hour) - now).total_seconds()
+        if await asyncio.to_thread(self._overdue, now):
+            wait = min(wait, CATCH_UP_DELAY_SECONDS)
         while True:
-            now = self.clock()
-            await self._sleep(max(0.0, (next_run(now, hour) - now).total_seconds()))
+            await self._sleep(max(0.0, wait))
             await self.run_once()
+            now = self.clock()
+            wait = (next_run(now, hour) - now).total_seconds()
+
+    def _overdue(self, now: datetime) -> bool:
+        last = read_last_run(self.loaded)
+        finished = last.get("finished_at") if last is not None else None
+        try:
+            at = datetime.fromisoformat(finished) if isinstance(finished, str) else None
+        except ValueError:
+            at = None
+        return at is None or now - at > timedelta(days=1)

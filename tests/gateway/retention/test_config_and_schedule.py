@@ -4,6 +4,7 @@ schedule of the gateway's run (a fake clock and a fake sleep: no waiting)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from parley.gateway.config import effective_config_toml, load_config
 from parley.gateway.errors import ConfigFileError
 from parley.gateway.retention.run import RunReport
-from parley.gateway.retention.service import RetentionService, next_run
+from parley.gateway.retention.service import CATCH_UP_DELAY_SECONDS, RetentionService, next_run
 from parley.gateway.retention_config import RetentionConfig, format_bytes, parse_size
 
 
@@ -125,6 +126,10 @@ async def test_the_service_runs_daily_and_a_failure_waits_for_the_next_day(
         raise RuntimeError("stop here")  # only its timing matters
 
     monkeypatch.setattr("parley.gateway.retention.service.run_retention", run)
+    # A run an hour ago: the next one waits for the scheduled hour.
+    (tmp_path / "retention.json").write_text(
+        json.dumps({"finished_at": (now[0] - timedelta(hours=1)).isoformat()})
+    )
     service = RetentionService(
         loaded,
         object(),
@@ -140,6 +145,34 @@ async def test_the_service_runs_daily_and_a_failure_waits_for_the_next_day(
     assert runs == [first, first + day, first + 2 * day]
     assert slept[0] == 15 * 3600 and slept[1:] == [86400.0] * 3
     assert service.failures == 3
+
+
+@pytest.mark.parametrize("last", [None, {"finished_at": "2026-02-27T03:00:00+00:00"}, {}])
+async def test_a_gateway_started_long_after_the_last_run_runs_soon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last: dict[str, str] | None
+) -> None:
+    loaded = load_config(env={"PARLEY_HOME": str(tmp_path)})
+    if last is not None:
+        (tmp_path / "retention.json").write_text(json.dumps(last))
+    slept: list[float] = []
+    parked = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        parked.set()
+        await asyncio.Event().wait()
+
+    service = RetentionService(
+        loaded,
+        object(),  # type: ignore[arg-type]
+        clock=lambda: datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
+        memory=lambda: None,
+        sleep=sleep,
+    )
+    service.start()
+    await parked.wait()
+    await service.stop()
+    assert slept == [CATCH_UP_DELAY_SECONDS]
 
 
 def test_the_service_does_not_start_when_disabled(tmp_path: Path) -> None:
