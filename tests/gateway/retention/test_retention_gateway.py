@@ -255,3 +255,39 @@ async def test_erasing_a_person_takes_the_chunks_retention_kept(
     finally:
         await index.close()
     assert path not in left and not any("alice" in p for p in left)
+
+
+async def test_parley_maintenance_beside_a_running_gateway(
+    keep: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI's run (its own state.db connection and memory index) while the gateway
+    runs on the same home: the archived transcript goes, its chunks stay (the mark the
+    CLI wrote is what the gateway's next sync reads), the gateway answers on, and its
+    own run afterwards finds nothing left."""
+    import argparse
+
+    from parley.gateway.cli.maintenance import maintenance_command
+
+    gateway, channel, clock = keep
+    old = await _archive_alice(gateway, channel)
+    home = gateway.loaded.home
+    backdated = (START - timedelta(days=100)).isoformat()
+    db = gateway.state.sqlite
+    assert db is not None
+    await db.run(
+        lambda: db.conn.execute(
+            "UPDATE sessions SET archived_at = ? WHERE session_id = ?", (backdated, old.session_id)
+        )
+    )
+    code = await maintenance_command(gateway.loaded, argparse.Namespace(dry_run=False))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert old.session_id in out and "kept searchable" in out and "Pumpernickel" not in out
+    assert not (home / "sessions" / f"{old.session_id}.jsonl").exists()
+    assert (await say(gateway, channel, "are you there?", sender="alice")).startswith("echo:")
+    assert gateway.memory is not None
+    await gateway.memory.sync()
+    assert f"sessions/{old.session_id}.jsonl" in await _search(gateway, "Pumpernickel ferret")
+    clock.now = START + timedelta(days=1)
+    report = await gateway.retention.run_once()
+    assert report is not None and report.plan.transcripts == [] and report.errors == []
