@@ -291,3 +291,19 @@ async def test_parley_maintenance_beside_a_running_gateway(
     clock.now = START + timedelta(days=1)
     report = await gateway.retention.run_once()
     assert report is not None and report.plan.transcripts == [] and report.errors == []
+
+
+async def test_a_cap_archived_data_cannot_meet_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway = await _stack(tmp_path, monkeypatch, PARLEY_RETENTION__DISK_CAP="1MiB")
+    async with gateway:
+        # Two MiB nothing may remove (the workspace is the operator's).
+        (gateway.loaded.workspace / "big.bin").write_bytes(b"w" * (2 << 20))
+        with caplog.at_level(logging.WARNING, logger="parley.gateway.retention"):
+            report = await gateway.retention.run_once()
+        assert report is not None and report.plan.cap_unmet
+        assert "still above the disk cap" in caplog.text
+        assert (gateway.loaded.workspace / "big.bin").exists()
+        last = read_last_run(gateway.loaded)
+        assert last is not None and last["cap_unmet"] is True
