@@ -261,7 +261,6 @@ async def run_retention(
     async with run_lock(loaded):
         plan = await plan_run(loaded, state, now=now)
         report = RunReport(plan, dry_run, settings)
-        paths = [t.memory_path for t in plan.transcripts]
         report.memory = _memory_outcome(loaded, settings, memory, dry_run)
         if keep_blocked(loaded, memory):
             # Removing the files would lose their chunks at the next sync.
@@ -272,8 +271,10 @@ async def run_retention(
             plan.transcripts = []
         if dry_run:
             return report
+        paths = [t.memory_path for t in plan.transcripts]
         if paths and memory is not None and settings.archived_memory == "keep":
             await memory.keep_removed(paths)
+        removed = []
         for item in plan.transcripts:
             try:
                 if forget_cached is not None:
@@ -286,8 +287,11 @@ async def run_retention(
             except Exception as exc:  # one transcript's failure: the others still go
                 log.warning("retention: cannot remove session %s: %s", item.session_id, exc)
                 report.errors.append(f"session {item.session_id}: {exc}")
-        if paths and memory is not None and settings.archived_memory == "drop":
-            await memory.drop_removed(paths)
+            else:
+                removed.append(item)
+        plan.transcripts = removed  # the report says what went, not what was meant to
+        if removed and memory is not None and settings.archived_memory == "drop":
+            await memory.drop_removed([t.memory_path for t in removed])
         if plan.inbox_before is not None:
             plan.inbox = await state.inbox.prune_finished(plan.inbox_before)
         for m in plan.media:
@@ -312,7 +316,7 @@ def _memory_outcome(
     loaded: LoadedConfig, settings: RetentionConfig, memory: MemoryIndex | None, dry_run: bool
 ) -> str:
     if not loaded.config.memory.enabled:
-        return "memory is off (the index holds none)"
+        return "memory is off: the index is not touched"
     if memory is None:
         return (
             "the index is not reachable: they go at its next sync"

@@ -284,3 +284,32 @@ async def test_no_transcript_goes_when_its_chunks_cannot_be_kept(env: dict[str, 
         assert report.plan.transcripts == [] and report.errors
         assert "could not be opened" in report.errors[0]
         assert await asyncio.to_thread(state.transcripts.exists, old)
+
+
+async def test_a_transcript_that_cannot_go_is_reported_and_the_rest_go(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from parley.gateway.retention import run as run_module
+
+    loaded = _loaded(env)
+    async with StateStores(loaded) as state:
+        stuck = await _session(state, "stuck", archived_days=200)
+        goes = await _session(state, "goes", archived_days=150)
+        original = run_module._remove_files
+
+        def remove(loaded: LoadedConfig, store: object, session_id: str) -> None:
+            if session_id == stuck:
+                raise PermissionError("read-only file system")
+            original(loaded, store, session_id)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(run_module, "_remove_files", remove)
+        report = await run_retention(loaded, state, now=NOW)
+        assert [t.session_id for t in report.plan.transcripts] == [goes]
+        assert report.errors == [f"session {stuck}: read-only file system"]
+        assert await asyncio.to_thread(state.transcripts.exists, stuck)
+        record = await state.registry.get(stuck)
+        assert record is not None and REMOVED_SETTING not in record.settings
+        # The next run tries it again.
+        monkeypatch.setattr(run_module, "_remove_files", original)
+        again = await run_retention(loaded, state, now=NOW)
+        assert [t.session_id for t in again.plan.transcripts] == [stuck] and not again.errors
