@@ -150,10 +150,16 @@ async def test_old_media_goes_and_new_media_stays(keep: Stack) -> None:
     os.utime(old, (stamp, stamp))
     fresh = (clock.now - timedelta(days=89)).timestamp()
     os.utime(new, (fresh, fresh))
+    # A symlink is neither followed nor removed: what it points at is not parley's.
+    outside = gateway.loaded.home.parent / f"{gateway.loaded.home.name}-not-parleys.jpg"
+    outside.write_bytes(b"z" * 10)
+    os.utime(outside, (stamp, stamp))
+    (media / "link.jpg").symlink_to(outside)
     report = await gateway.retention.run_once()
     assert report is not None
     assert [m.path for m in report.plan.media] == [old]
     assert not old.exists() and new.exists()
+    assert outside.exists() and (media / "link.jpg").is_symlink()
 
 
 async def test_a_failed_run_is_logged_and_the_gateway_goes_on(
