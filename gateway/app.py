@@ -52,6 +52,7 @@ from parley.gateway.http_server import HttpServer
 from parley.gateway.lanes import LaneManager
 from parley.gateway.memory import build_memory_index, notes_dir, private_roots
 from parley.gateway.providers import build_provider
+from parley.gateway.retention.service import RetentionService
 from parley.gateway.routing import SessionRoute
 from parley.gateway.runtime.access import AccessGate
 from parley.gateway.runtime.commands.replies import CommandReplies
@@ -159,6 +160,14 @@ class Gateway:
                 dispatch=self.dispatch,
                 redelivery=self.redelivery,
             )
+        # Archived data past [retention]'s windows, once a day (gateway/retention/).
+        self.retention = RetentionService(
+            loaded,
+            self.state,
+            clock=clock,
+            memory=lambda: self.rt.memory,
+            forget_cached=self.transcripts.forget,
+        )
         routes = [r for c in channels for r in c.webhook_routes()]
         self.http: HttpServer | None = None
         wanted = self.config.http.enabled if serve_http is None else serve_http
@@ -381,6 +390,8 @@ class Gateway:
             await self.redelivery.recover()
         redelivery = asyncio.create_task(self.redelivery.loop(), name="redelivery")
         _on_stop(stack, "stopping redelivery", lambda: _cancel(redelivery))
+        self.retention.start()
+        _on_stop(stack, "stopping the retention runs", self.retention.stop)
         self._ready.set()
         log.info(
             "gateway started: provider=%s model=%s channels=%s home=%s",

@@ -45,6 +45,7 @@ from parley.core.providers.provider_config import ProvidersConfig
 from parley.gateway.errors import ConfigFileError
 from parley.gateway.lanes import LanesConfig
 from parley.gateway.machine_memory import usable_memory_bytes
+from parley.gateway.retention_config import RetentionConfig
 from parley.gateway.session_config import SessionConfig
 
 DEFAULT_HOME = Path("~/.parley")
@@ -220,6 +221,7 @@ class ParleyConfig(_Strict):
     channels: ChannelsConfig = ChannelsConfig()
     http: HttpConfig = HttpConfig()
     storage: StorageConfig = StorageConfig()
+    retention: RetentionConfig = RetentionConfig()
     logging: LoggingConfig = LoggingConfig()
 
 

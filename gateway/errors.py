@@ -55,6 +55,10 @@ class LaneBusy(GatewayError):
     pass
 
 
+class RetentionBusy(GatewayError):
+    """Another retention run holds the home's retention lock."""
+
+
 class NotStarted(GatewayError, RuntimeError):
     """Also a RuntimeError: asking a stopped gateway for its provider is a caller's
     mistake, as it was before this class existed."""

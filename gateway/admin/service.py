@@ -33,7 +33,7 @@ from parley.core.transcript import ENTRY_COMPACTION
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin import schemas as s
 from parley.gateway.errors import ApiError, LaneBusy
-from parley.gateway.storage.sessions import SessionRecord
+from parley.gateway.storage.sessions import SessionRecord, removed_at
 
 if TYPE_CHECKING:
     from parley.gateway.admin.gateway_view import AdminGateway
@@ -337,6 +337,11 @@ class AdminService:
             raise ApiError(503, "unavailable", f"memory is unavailable: {exc}") from exc
 
     async def _open(self, record: SessionRecord) -> SessionTranscript:
+        removed = removed_at(record)
+        if removed is not None:
+            raise ApiError(
+                410, "gone", f"the transcript was removed by retention on {removed[:10]}"
+            )
         try:
             if record.status == "active":
                 # The lane's own, when it is open and current (another replica may have

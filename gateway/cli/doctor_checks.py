@@ -17,6 +17,10 @@ that still sit where everyone can reach them; ``--fix`` moves them
 The ``file modes`` check lists what under the home is open to group or others (every
 message is in there); ``--fix`` narrows it to owner-only (gateway/file_modes.py).
 
+The ``disk`` check says how many bytes each kind holds under the home (active and
+archived transcripts, checkpoints, media, memory, state.db, logs); ``retention`` the
+``[retention]`` settings, the last run and whether the disk cap is met.
+
 The ``model`` check says what the gateway would decide about the model at start: its
 context window and where that figure came from (the server, when it publishes one:
 llama.cpp's ``/props``, Ollama, vLLM, the embedded model's file; else parley's table;
@@ -100,6 +104,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
                 findings.append(Finding("pairing", skipped, why))
             else:
                 findings.append(await _check_pg_pairing(db))
+            findings += await _check_disk(loaded, db)
     else:
         # Opening an out-of-date state.db or memory.db with today's code upgrades it:
         # those checks wait for --fix (the migration finding says what it would do).
@@ -118,6 +123,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
             findings.append(Finding("pairing", "warning", "not checked: see migration"))
         else:
             findings.append(await _check_pairing(loaded))
+        findings += await _check_disk(loaded, None, read_state=not state_blocked)
     findings.append(await asyncio.to_thread(_check_http, loaded))
     return findings
 
@@ -189,6 +195,21 @@ async def _postgres(loaded: LoadedConfig) -> AsyncIterator[tuple[PgDatabase | No
             yield None, Finding("state", "error", f"{detail} ({SCHEMA_VERSION}): upgrade it")
     finally:
         await db.close()
+
+
+async def _check_disk(
+    loaded: LoadedConfig, db: PgDatabase | None, *, read_state: bool = True
+) -> list[Finding]:
+    """Disk use per kind, the retention settings and the last run (gateway/retention/)."""
+    from parley.gateway.retention.usage import disk_findings
+
+    if not read_state and db is None:
+        return [Finding("disk", "warning", "not checked: see migration")]
+    try:
+        found = await disk_findings(loaded, db)
+    except Exception as exc:  # a report, not a failure of the bot
+        return [Finding("disk", "warning", f"cannot measure: {exc}")]
+    return [Finding(f.check, f.severity, f.detail) for f in found]
 
 
 def _pg_transcripts(db: PgDatabase) -> TranscriptStore:

@@ -16,6 +16,7 @@ from parley.gateway.cli.common import EXIT_CONFIG, EXIT_PROBLEM
 from parley.gateway.cli.config import add_config_commands, config_command
 from parley.gateway.cli.db import add_db_commands, db_command
 from parley.gateway.cli.doctor import add_doctor_commands, doctor_command
+from parley.gateway.cli.maintenance import add_maintenance_commands, maintenance_command
 from parley.gateway.cli.memory import add_memory_commands, memory_command
 from parley.gateway.cli.migrate import add_migrate_commands, migrate_command
 from parley.gateway.cli.pairing import add_pairing_commands, pairing_command
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_commands(sub, common)
     add_sessions_commands(sub, common)
     add_doctor_commands(sub, common)
+    add_maintenance_commands(sub, common)
     add_pairing_commands(sub, common)
     add_memory_commands(sub, common)
     add_bench_commands(sub, common)
@@ -98,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(sessions_command(loaded, args))
         if command == "doctor":
             return asyncio.run(doctor_command(loaded, args))
+        if command == "maintenance":
+            return asyncio.run(maintenance_command(loaded, args))
         if command == "pairing":
             return asyncio.run(pairing_command(loaded, args))
         if command == "memory":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from parley.core.errors import TranscriptError
 from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM, table
 from parley.gateway.config import LoadedConfig
+from parley.gateway.storage.sessions import removed_at
 
 if TYPE_CHECKING:  # imported lazily: startup stays fast
     from parley.core.transcript import Entry
@@ -70,6 +71,14 @@ async def sessions_command(loaded: LoadedConfig, args: argparse.Namespace) -> in
             print(f"parley: {exc.args[0]}", file=sys.stderr)
             return EXIT_PROBLEM
         if action == "export":
+            removed = removed_at(record)
+            if removed is not None:
+                print(
+                    f"parley: the transcript of {record.session_id} was removed by retention "
+                    f"on {removed[:10]}",
+                    file=sys.stderr,
+                )
+                return EXIT_PROBLEM
             return await _export(state.transcripts, record.session_id, args.output)
         print(await asyncio.to_thread(_describe_session, state.transcripts, record, args.entries))
         return EXIT_OK
@@ -132,6 +141,8 @@ def _sessions_table(records: Sequence[SessionRecord]) -> str:
     rows = [("KEY", "CHANNEL", "UPDATED", "TOKENS", "STATUS", "ID")]
     for r in records:
         status = r.status if r.status == "active" else f"archived ({r.archived_reason})"
+        if removed_at(r) is not None:
+            status += ", removed by retention"
         rows.append(
             (
                 r.key,
@@ -170,6 +181,10 @@ def _describe_session(store: TranscriptStore, record: SessionRecord, entries: in
         + (", ".join(record.last_message_ids) or "-")
         + (f" (failed: {record.delivery_error})" if record.delivery_error else ""),
     ]
+    removed = removed_at(record)
+    if removed is not None:
+        lines.append(f"transcript:   removed by retention on {removed[:10]}")
+        return "\n".join(lines)
     try:
         transcript = store.open(record.session_id, read_only=True)
     except TranscriptError as exc:

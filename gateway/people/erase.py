@@ -415,6 +415,9 @@ async def _resync(
     try:
         try:
             await index.open()
+            # A transcript retention removed with its chunks kept has no file left for
+            # the sync to miss: its rows go here, through the index.
+            await index.drop_removed([p for p in report.index_files if p.startswith("sessions/")])
             result = await index.sync(reason="erase", scheduled_forgetting=False)
             report.errors += [f"index sync: {e}" for e in result.errors]
         finally:

@@ -10,6 +10,9 @@ stored; delivery pending, or tried and to be tried again when ``error`` is set) 
 disk refused a write: ``error`` then starts with ``storage:``) and ``rejected`` (busy)
 are final. A platform delivering the same message twice
 hits the unique (channel, account, platform message id) and is answered once.
+Retention (``prune_finished``) removes only finished rows past the dedupe window
+(``gateway.retention_config.INBOX_DEDUPE_DAYS``, longer than any platform redelivers)
+and older than every open item, so neither dedupe nor send recovery loses a row it reads.
 After a crash, ``open_items()`` gives back everything recorded but not finished,
 in arrival order, so the gateway can answer it on restart.
 
@@ -65,6 +68,17 @@ class SentMessages:
     channel: str
     account: str
     message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """Finished rows older than a cutoff: how many, and their stored bytes."""
+
+    rows: int = 0
+    bytes: int = 0
+
+
+FINISHED_STATES = ("delivered", "failed", "rejected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +247,11 @@ class Inbox(Protocol):
     async def items_from(self, channel: str | None, sender_id: str) -> list[int]: ...
 
     async def delete_items(self, item_ids: Sequence[int]) -> int: ...
+
+    async def prune_finished(self, before: datetime, *, dry_run: bool = False) -> PruneResult:
+        """Delete (``dry_run``: count) the finished items last changed before ``before``
+        and older than every open item, with their sent-message records (retention)."""
+        ...
 
 
 class ReplicaInbox(Inbox, Protocol):

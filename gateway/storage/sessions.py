@@ -4,7 +4,9 @@ SQLite (``storage.sqlite.session_registry``) and PostgreSQL
 
 A session key (who/where) has at most one *active* session at a time; a reset
 archives it (the row and its transcript stay, listable and readable) and starts a
-new session id. Rows are deleted only by ``parley people erase`` (``delete``).
+new session id. Rows are deleted only by ``parley people erase`` (``delete``);
+retention removes an old archived session's transcript and notes it in the row's
+settings (``REMOVED_SETTING``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ SESSION_COLUMNS = (
     " compaction_count, turn_count, entry_count, last_entry_id, delivery_error,"
     " last_message_ids"
 )
+
+
+# The settings key of an archived session whose transcript retention removed (the row
+# stays, so listings and the inspector can say so): when, in ISO form.
+REMOVED_SETTING = "retention_removed_at"
+
+
+def removed_at(record: SessionRecord) -> str | None:
+    """When retention removed the session's transcript (ISO), else None."""
+    value = record.settings.get(REMOVED_SETTING)
+    return value if isinstance(value, str) else None
 
 
 def utcnow() -> datetime:

@@ -50,6 +50,15 @@ from parley.core.memory.store_protocol import MemoryStoreProtocol
 from parley.core.memory.tasks import task_chunks
 
 UNSCOPED = "unscoped"
+# A source whose rows stay once its file is gone (``MemoryIndex.keep_removed``): the
+# store's state holds this key for it.
+KEPT_PREFIX = "kept_source:"
+
+
+def kept_key(path: str) -> str:
+    return f"{KEPT_PREFIX}{path}"
+
+
 ProgressCallback = Callable[[int, int, str], None]  # (files done, files total, path)
 
 
@@ -119,6 +128,8 @@ class FileSync:
         rows = await w(store.files)
         wanted = {s.path for s in sources}
         for path in sorted(rows.keys() - wanted):
+            if await w(store.state, kept_key(path)) is not None:
+                continue  # removed by retention; its chunks stay searchable
             await w(store.delete_file, path)
             report.files_deleted += 1
         report.files_seen = len(sources)
@@ -170,7 +181,7 @@ class FileSync:
     ) -> None:
         w = self._threads.w
         if marker is None:
-            if row is not None:
+            if row is not None and await w(store.state, kept_key(source.path)) is None:
                 await w(store.delete_file, source.path)
                 report.files_deleted += 1
             return

@@ -29,6 +29,7 @@ from parley.core.memory.index.file_sync import (
     ProgressCallback,
     SyncReport,
     default_scope_resolver,
+    kept_key,
 )
 from parley.core.memory.index.forgetting_schedule import ForgettingSchedule
 from parley.core.memory.index.rebuild import Rebuild
@@ -342,6 +343,28 @@ class MemoryIndex:
         """Remove ``audience``'s note lines that ``needle`` names (text or citation);
         they leave the index before this returns."""
         return await self._access.forget_note(audience, needle)
+
+    # -- sources removed on purpose (retention) -------------------------------------------
+
+    async def keep_removed(self, paths: Sequence[str]) -> None:
+        """Keep these sources' rows (still searchable) once their files are gone: call
+        it before removing them (retention removes old archived transcripts)."""
+        store = self._store()
+        for path in paths:
+            await self._w(store.set_state, kept_key(path), "1")
+
+    async def drop_removed(self, paths: Sequence[str]) -> int:
+        """Remove these sources' rows now (their files are gone or going); how many
+        of them were indexed."""
+        store = self._store()
+        async with self._sync.lock:
+            rows = await self._w(store.files)
+            dropped = 0
+            for path in paths:
+                if path in rows:
+                    await self._w(store.delete_file, path)
+                    dropped += 1
+        return dropped
 
     # -- status --------------------------------------------------------------------------
 

@@ -22,8 +22,10 @@ from typing import Any
 
 from parley.channels.base import InboundMessage, SeenMark
 from parley.gateway.storage.inbox import (
+    FINISHED_STATES,
     UNKNOWN_SEND_MARK,
     InboxItem,
+    PruneResult,
     RecordResult,
     SentMessages,
     item_from_row,
@@ -34,6 +36,8 @@ from parley.gateway.storage.inbox import (
 from parley.gateway.storage.postgres.database import Connection, PgDatabase
 from parley.gateway.storage.postgres.session_locks import SessionLocks
 
+# Items deleted per transaction by retention.
+PRUNE_BATCH = 500
 # Rows fetched per round trip while scanning for the newest message per conversation.
 NEWEST_BATCH = 500
 
@@ -166,6 +170,17 @@ class PgInbox:
         """Delete these items (``parley people erase``); how many there were."""
         return await self._db.run(_delete, list(item_ids))
 
+    async def prune_finished(self, before: datetime, *, dry_run: bool = False) -> PruneResult:
+        """Delete (``dry_run``: count) finished items last changed before ``before`` and
+        older than every open item (any replica's), with their sent-message records."""
+        found = await self._db.run(_prunable, before.isoformat())
+        if dry_run or not found:
+            return PruneResult(len(found), sum(size for _, size in found))
+        ids = [item_id for item_id, _ in found]
+        for start in range(0, len(ids), PRUNE_BATCH):
+            await self._db.run(_delete, ids[start : start + PRUNE_BATCH])
+        return PruneResult(len(found), sum(size for _, size in found))
+
 
 # -- on a pool thread, inside the caller's transaction ------------------------------------
 
@@ -198,7 +213,10 @@ def _record(
         "SELECT * FROM inbox WHERE channel = %s AND account = %s AND platform_message_id = %s",
         (message.channel, message.account, message.message_id),
     ).fetchone()
-    assert existing is not None  # rows are deleted only with the gateway stopped
+    if existing is None:
+        # Retention removed it between the insert and this read: it is past the dedupe
+        # window, so it is new to us (the caller's transaction inserts it now).
+        return _record(conn, message, session_key, claimant)
     return RecordResult(item_from_row(existing), is_new=False)
 
 
@@ -374,6 +392,17 @@ def _items_from(conn: Connection, channel: str | None, sender_id: str) -> list[i
             for row in cursor
             if sender_matches(row["channel"], row["payload"], channel, sender_id)
         ]
+
+
+def _prunable(conn: Connection, before: str) -> list[tuple[int, int]]:
+    rows = conn.execute(
+        "SELECT id, octet_length(payload) + COALESCE(octet_length(reply), 0) AS size"
+        " FROM inbox WHERE status = ANY(%s) AND updated_at < %s AND id < COALESCE("
+        "(SELECT min(id) FROM inbox WHERE status IN ('received', 'replied')), 9223372036854775807)"
+        " ORDER BY id",
+        (list(FINISHED_STATES), before),
+    ).fetchall()
+    return [(int(r["id"]), int(r["size"])) for r in rows]
 
 
 def _delete(conn: Connection, item_ids: list[int]) -> int:

@@ -472,5 +472,31 @@ class PgTranscriptStore:
         counts = _call(self.db, f"cannot list transcripts in {self.db.where}", _all_counts)
         return [TranscriptInfo(sid, (count,), _location(self.db, sid)) for sid, count in counts]
 
+    def sizes(self, session_ids: list[str]) -> dict[str, int]:
+        """Bytes each of these transcripts holds (its header and lines, as the file
+        would); a session without one is left out."""
+        return _call(self.db, f"cannot size transcripts in {self.db.where}", _sizes, session_ids)
+
+    def delete(self, session_ids: list[str]) -> int:
+        """Delete these transcripts (their lines go with them); how many there were."""
+        return _call(self.db, f"cannot delete transcripts in {self.db.where}", _delete, session_ids)
+
     def __repr__(self) -> str:
         return f"<PgTranscriptStore {self.db.where}>"
+
+
+def _sizes(conn: Connection, session_ids: list[str]) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT t.session_id, octet_length(t.header) + 1"
+        " + COALESCE((SELECT sum(octet_length(l.line) + 1) FROM transcript_lines l"
+        " WHERE l.session_id = t.session_id), 0) AS size"
+        " FROM transcripts t WHERE t.session_id = ANY(%s)",
+        (session_ids,),
+    ).fetchall()
+    return {r["session_id"]: int(r["size"]) for r in rows}
+
+
+def _delete(conn: Connection, session_ids: list[str]) -> int:
+    # transcript_lines go with them (ON DELETE CASCADE).
+    cursor = conn.execute("DELETE FROM transcripts WHERE session_id = ANY(%s)", (session_ids,))
+    return int(cursor.rowcount)

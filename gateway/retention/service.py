@@ -1,0 +1,129 @@
+"""The daily retention run inside the gateway: an explicit lifecycle (``start``/``stop``,
+registered on the gateway's exit stack).
+
+It runs once a day at ``[retention] run_hour_utc``; a gateway started when the last run
+is more than a day old (or there was none) runs once ``CATCH_UP_DELAY_SECONDS`` after
+its start too, so a gateway restarted every night before that hour still tidies. A run
+that fails (a full disk, a
+lost database connection, another run holding the lock) is logged and tried again the
+next day: it never stops the gateway. File work runs on worker threads
+(``gateway.retention.run``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from parley.gateway.config import LoadedConfig
+from parley.gateway.retention.run import RetentionState, RunReport, read_last_run, run_retention
+
+if TYPE_CHECKING:
+    from parley.core.memory.index import MemoryIndex
+
+log = logging.getLogger("parley.gateway.retention")
+
+# A first run this long after start when the last one is more than a day old: after the
+# start's own work (recovery, the memory sync), before the next scheduled hour.
+CATCH_UP_DELAY_SECONDS = 600.0
+
+
+def next_run(now: datetime, hour: int) -> datetime:
+    """The next ``hour``:00 UTC strictly after ``now`` (an aware datetime)."""
+    at = now.replace(hour=hour, minute=0, second=0, microsecond=0)
+    return at if at > now else at + timedelta(days=1)
+
+
+class RetentionService:
+    """Runs retention daily until stopped."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        state: RetentionState,
+        *,
+        clock: Callable[[], datetime],
+        memory: Callable[[], MemoryIndex | None],
+        forget_cached: Callable[[str], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.loaded = loaded
+        self.state = state
+        self.clock = clock
+        self.memory = memory
+        self.forget_cached = forget_cached
+        self._sleep = sleep
+        self._task: asyncio.Task[None] | None = None
+        self.last_report: RunReport | None = None
+        self.failures = 0
+
+    def start(self) -> None:
+        if self._task is None and self.loaded.config.retention.enabled:
+            self._task = asyncio.create_task(self._loop(), name="retention")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run_once(self) -> RunReport | None:
+        """One run now; a failure is logged (and counted), never raised."""
+        try:
+            report = await run_retention(
+                self.loaded,
+                self.state,
+                now=self.clock(),
+                memory=self.memory(),
+                forget_cached=self.forget_cached,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failures += 1
+            log.error("retention run failed (tried again tomorrow): %s", exc, exc_info=True)
+            return None
+        self.last_report = report
+        plan = report.plan
+        log.info(
+            "retention: removed %d archived transcript(s), %d inbox row(s), %d media file(s); "
+            "%d bytes freed under the home",
+            len(plan.transcripts),
+            plan.inbox.rows,
+            len(plan.media),
+            plan.freed_bytes,
+        )
+        for error in report.errors:
+            log.warning("retention: %s", error)
+        if plan.cap_unmet:
+            log.warning(
+                "retention: the home is still above the disk cap's low-water mark with no "
+                "archived data left to remove (active sessions, memory and state remain)"
+            )
+        return report
+
+    async def _loop(self) -> None:
+        hour = self.loaded.config.retention.run_hour_utc
+        now = self.clock()
+        wait = (next_run(now, hour) - now).total_seconds()
+        if await asyncio.to_thread(self._overdue, now):
+            wait = min(wait, CATCH_UP_DELAY_SECONDS)
+        while True:
+            await self._sleep(max(0.0, wait))
+            await self.run_once()
+            now = self.clock()
+            wait = (next_run(now, hour) - now).total_seconds()
+
+    def _overdue(self, now: datetime) -> bool:
+        last = read_last_run(self.loaded)
+        finished = last.get("finished_at") if last is not None else None
+        try:
+            at = datetime.fromisoformat(finished) if isinstance(finished, str) else None
+        except ValueError:
+            at = None
+        return at is None or now - at > timedelta(days=1)
