@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -75,7 +74,7 @@ from parley.channels.discord_client import (
 from parley.channels.discord_inbound import normalise_edit, normalise_message
 from parley.channels.discord_send import MAX_MESSAGE_CHARS, NETWORK_ERRORS, deliver
 from parley.channels.discord_stream import DRAFT_INTERVAL_SECONDS, DiscordSlots, message_order
-from parley.channels.preview import Previews, split_blocks
+from parley.channels.preview import Previews, split_blocks, streaming_capabilities
 from parley.channels.text import split_message
 
 logger = logging.getLogger("parley.channels.discord")
@@ -396,13 +395,9 @@ class DiscordChannel:
         self._accounts: dict[str, _Account] = {}
         self._marks: list[SeenMark] = []
         self._streaming: StreamMode = config.streaming
-        if config.streaming != "off":
-            self.capabilities = dataclasses.replace(
-                type(self).capabilities,
-                live_drafts=True,
-                draft_messages=True,
-                draft_interval_seconds=DRAFT_INTERVAL_SECONDS,
-            )
+        self.capabilities = streaming_capabilities(
+            type(self).capabilities, config.streaming, DRAFT_INTERVAL_SECONDS
+        )
         self._previews = Previews(
             DiscordSlots(self._resolve, self._partial), self._split, order=message_order
         )

@@ -22,6 +22,7 @@ waits it out as a send does.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from parley.channels.base import (
+    ChannelCapabilities,
     ChannelError,
     DeliveryError,
     DeliveryResult,
@@ -246,6 +248,25 @@ class Previews:
                 await self._ops.delete(route, message_id)
             except Exception as exc:  # a leftover draft is untidy, never a failed reply
                 logger.warning("%s: removing draft %s failed: %s", route.channel, message_id, exc)
+
+
+def streaming_capabilities(
+    base: ChannelCapabilities,
+    mode: StreamMode,
+    interval: float,
+    group_interval: float | None = None,
+) -> ChannelCapabilities:
+    """A platform adapter's capabilities with ``streaming = mode``: drafts that are
+    messages of its own, at most every ``interval`` seconds (``group_interval`` in groups)."""
+    if mode == "off":
+        return base
+    return dataclasses.replace(
+        base,
+        live_drafts=True,
+        draft_messages=True,
+        draft_interval_seconds=interval,
+        draft_group_interval_seconds=group_interval,
+    )
 
 
 def route_of(draft: ReplyDraft) -> OutboundMessage:

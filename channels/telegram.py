@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import hmac
 import json
@@ -48,7 +47,7 @@ from parley.channels.base import (
     WebhookRoute,
 )
 from parley.channels.config import TelegramAccountConfig, TelegramConfig
-from parley.channels.preview import Previews, split_blocks
+from parley.channels.preview import Previews, split_blocks, streaming_capabilities
 from parley.channels.telegram_http import AiohttpRequest
 from parley.channels.telegram_inbound import normalise_update, parse_message_ref
 from parley.channels.telegram_polling import (
@@ -151,14 +150,12 @@ class TelegramChannel:
         self._backoff = backoff
         self._send_settings = SendSettings(config.reply_in_groups, config.max_retry_after_seconds)
         self._streaming: StreamMode = config.streaming
-        if config.streaming != "off":
-            self.capabilities = dataclasses.replace(
-                type(self).capabilities,
-                live_drafts=True,
-                draft_messages=True,
-                draft_interval_seconds=DRAFT_INTERVAL_SECONDS,
-                draft_group_interval_seconds=DRAFT_GROUP_INTERVAL_SECONDS,
-            )
+        self.capabilities = streaming_capabilities(
+            type(self).capabilities,
+            config.streaming,
+            DRAFT_INTERVAL_SECONDS,
+            DRAFT_GROUP_INTERVAL_SECONDS,
+        )
         self._previews = Previews(
             TelegramSlots(self._bot_of, self._send_settings, sleep),
             split_reply,

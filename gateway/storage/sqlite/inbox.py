@@ -257,11 +257,7 @@ class SqliteInbox:
                 ],
             )
             if sent is not None and item_ids:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO sent_messages"
-                    " (channel, account, platform_message_id, inbox_id) VALUES (?, ?, ?, ?)",
-                    [(sent.channel, sent.account, m, item_ids[0]) for m in sent.message_ids],
-                )
+                _record_sent(conn, item_ids, sent)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -291,11 +287,7 @@ class SqliteInbox:
                     [(send_mark, json.dumps(item_ids), item_id) for item_id in item_ids],
                 )
             if sent is not None:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO sent_messages"
-                    " (channel, account, platform_message_id, inbox_id) VALUES (?, ?, ?, ?)",
-                    [(sent.channel, sent.account, m, item_ids[0]) for m in sent.message_ids],
-                )
+                _record_sent(conn, item_ids, sent)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -350,3 +342,12 @@ class SqliteInbox:
     def _counts_sync(self) -> dict[str, int]:
         rows = self._db.conn.execute("SELECT status, count(*) FROM inbox GROUP BY status")
         return {status: n for status, n in rows}
+
+
+def _record_sent(conn: sqlite3.Connection, item_ids: Sequence[int], sent: SentMessages) -> None:
+    """The platform ids of what went out for a reply, under its first item."""
+    conn.executemany(
+        "INSERT OR IGNORE INTO sent_messages"
+        " (channel, account, platform_message_id, inbox_id) VALUES (?, ?, ?, ?)",
+        [(sent.channel, sent.account, m, item_ids[0]) for m in sent.message_ids],
+    )
