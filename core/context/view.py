@@ -28,6 +28,7 @@ from parley.core.context.pruning import (
     PruneDecision,
     apply_decisions,
     decide,
+    prune_old_images,
     recorded_decisions,
 )
 from parley.core.messages import Message
@@ -102,12 +103,19 @@ def build_view(
     decisions = recorded_decisions(entries)
     if decisions:
         messages = apply_decisions(messages, decisions, scaled_pruning(config.pruning, window))
+    aged = 0  # messages whose pictures aged out (a change to the prefix, like a prune)
+    if config.pruning.mode != "off":
+        shown = messages
+        messages = prune_old_images(shown, config.pruning.keep_image_turns)
+        aged = sum(new is not old for new, old in zip(messages, shown, strict=True))
     # The key names what makes this view differ from a plain continuation of the
     # previous one: a compaction, a prune, or (with a turn limit) a new first message.
     key = (
         f"{_latest_id(entries, ENTRY_COMPACTION)}|"
         f"{_latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE)}"
     )
+    if aged:
+        key += f"|images:{aged}"
     if (max_turns(config, chat_type) > 0 or limit > 0) and messages:
         # In-process only (str hashes are salted per process), like the accountant.
         key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"

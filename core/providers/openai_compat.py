@@ -53,6 +53,7 @@ from parley.core.errors import (
     ProviderError,
     ProviderTimeoutError,
 )
+from parley.core.media import gone_placeholder
 from parley.core.messages import (
     Block,
     ImageBlock,
@@ -106,8 +107,8 @@ _FINISH_REASONS: dict[str, str] = {
 
 
 def _image_part(block: ImageBlock) -> dict[str, Any]:
-    if not block.data:
-        return {"type": "text", "text": IMAGE_PLACEHOLDER}
+    if not block.data:  # stored pictures are resolved before (core.media)
+        return {"type": "text", "text": gone_placeholder(block) if block.ref else IMAGE_PLACEHOLDER}
     url = f"data:{block.media_type};base64,{block.data}"
     return {"type": "image_url", "image_url": {"url": url}}
 
@@ -304,6 +305,7 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_SECONDS,
         discovery_timeout: float = DEFAULT_DISCOVERY_TIMEOUT_SECONDS,
+        vision: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -312,6 +314,7 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             timeout,
             connect_timeout=connect_timeout,
             stall_timeout=stall_timeout,
+            vision=vision,
         )
         self._api_key = api_key
         self.discovery_timeout = discovery_timeout

@@ -47,12 +47,20 @@ class AnthropicConfig(_Strict):
     model: str = DEFAULT_ANTHROPIC_MODEL
     api_key: SecretStr | None = None
     base_url: str | None = None
+    # Every current Claude model sees images; false sends pictures as placeholders.
+    vision: bool = Field(True, description="the model sees images")
 
 
 class OpenAIConfig(_Strict):
     model: str = DEFAULT_OPENAI_MODEL
     api_key: SecretStr | None = None
     base_url: str | None = Field(None, description="any OpenAI-compatible server, /v1 included")
+    # Unset: yes for OpenAI itself (no base_url), no for another server (most local
+    # models read text only, and a server without a vision projector refuses images).
+    vision: bool | None = Field(None, description="the model sees images; unset: see above")
+
+    def sees_images(self) -> bool:
+        return self.vision if self.vision is not None else not self.base_url
 
 
 class LocalModelConfig(_Strict):
