@@ -6,6 +6,7 @@ vision or a file the store no longer keeps."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import stat
@@ -14,16 +15,25 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from parley.channels.telegram import TelegramChannel
 from parley.core.media import image_tokens
+from parley.gateway import app as app_module
+from parley.gateway.app import Gateway
+from parley.gateway.config import load_config
 from tests.channels.discord_support import ANN, LIMIT
 from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
-from tests.channels.telegram_helpers import TOKEN
+from tests.channels.telegram_helpers import FAST_BACKOFF, TOKEN, USERNAME, Sleeps, loopback_only
+from tests.fakes.anthropic_api import FakeAnthropic
+from tests.fakes.llm_common import Reply
+from tests.fakes.telegram_api import FakeTelegram
 from tests.gateway.media_support import (
+    ALICE,
     all_text,
     chat_bodies,
     decoded_size,
     discord_world,
     images_of,
+    llm_env,
     picture,
     telegram_world,
     web_world,
@@ -33,7 +43,8 @@ PROTOCOL = "parley.chat.v1"
 
 
 def media_files(home: Path) -> list[Path]:
-    return sorted(p for p in (home / "media").rglob("*") if p.is_file() and "uploads" not in p.parts)
+    found = (home / "media").rglob("*")
+    return sorted(p for p in found if p.is_file() and "uploads" not in p.parts)
 
 
 def transcript_text(home: Path) -> str:
@@ -213,3 +224,44 @@ async def test_a_corrupt_picture_is_refused_with_a_reason(
         reply = await w.send(caption="see attached", extra=bad)
         assert "(I could not read scan.jpg: it is not a picture that can be read" in reply
         assert "see attached" in all_text(chat_bodies(w.llm)[0])
+
+
+async def test_a_photo_recorded_before_a_crash_still_reaches_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inbox keeps the attachment's reference: a message whose turn a stop cut short
+    is answered after the restart, with its picture."""
+    home = tmp_path / "home"
+    loopback_only(monkeypatch)
+    monkeypatch.setattr(app_module, "STOP_DRAIN_SECONDS", 0.05)  # the stop cuts the turn
+    async with FakeTelegram(length_unit="utf16") as fake, FakeAnthropic() as llm:
+        fake.add_bot(TOKEN, USERNAME, bot_id=int(TOKEN.split(":")[0]))
+        settings = llm_env(home, llm) | {
+            "TELEGRAM_BOT_TOKEN": TOKEN,
+            "TELEGRAM_API_BASE_URL": fake.base_url,
+            "PARLEY_CHANNELS__TELEGRAM__DM_POLICY": "open",
+            "PARLEY_CHANNELS__TELEGRAM__POLL_TIMEOUT_SECONDS": "1",
+        }
+        loaded = load_config(env=settings)
+        never = asyncio.Event()
+        llm.script.append(Reply(text="lost", hold=never))  # the first life never answers
+        photo = fake.photo(TOKEN, picture(400, 300), 400, 300)
+        channel = TelegramChannel(loaded.config.channels.telegram, sleep=Sleeps(),
+                                  backoff=FAST_BACKOFF)  # fmt: skip
+        async with Gateway(loaded, channels=[channel]) as gateway:
+            update = fake.push_message(TOKEN, chat_id=ALICE, caption="after the crash", extra=photo)
+            await fake.wait_polled(TOKEN, update["update_id"] + 1)
+            await fake.wait_until(lambda: len(chat_bodies(llm)) == 1, 10)
+            [item] = await gateway.inbox.open_items()
+            assert item.message.attachments[0].kind == "image"  # the reference is durable
+        assert not fake.sent
+        channel = TelegramChannel(loaded.config.channels.telegram, sleep=Sleeps(),
+                                  backoff=FAST_BACKOFF)  # fmt: skip
+        async with Gateway(loaded, channels=[channel]) as gateway:
+            await fake.wait_sent(1)
+            await gateway.wait_idle()
+        assert fake.sent[0].visible_text == "seen"
+        last = chat_bodies(llm)[-1]
+        assert "after the crash" in all_text(last)
+        [(_, data)] = images_of(last)
+        assert decoded_size(data) == ("JPEG", (400, 300))
