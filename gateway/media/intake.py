@@ -64,7 +64,9 @@ def size_label(size: int) -> str:
 
 
 def _name(attachment: Attachment) -> str:
-    return attachment.name or f"the {_NOUNS[attachment.kind]}"
+    if attachment.kind == "voice" or not attachment.name:
+        return f"the {_NOUNS[attachment.kind]}"
+    return attachment.name
 
 
 def _duration(attachment: Attachment) -> str:
@@ -106,7 +108,8 @@ class MediaIntake:
                 except MediaRejected as exc:
                     noun, name = _NOUNS[attachment.kind], _name(attachment)
                     log.info("%s %s from %s not used: %s", noun, name, message.message_id, exc)
-                    blocks.append(TextBlock(f"[{noun} {name}: not read: {exc}]"))
+                    label = noun if name.startswith("the ") else f"{noun} {name}"
+                    blocks.append(TextBlock(f"[{label}: not read: {exc}]"))
                     notices.append(f"(I could not read {name}: {exc}.)")
         return Intake(tuple(blocks), tuple(notices))
 
