@@ -87,6 +87,20 @@ class MediaStore:
             log.warning("media file %s unreadable: %s", ref, exc)
             return None
 
+    def audience_folders(self) -> list[tuple[Audience, Path]]:
+        """Every audience folder of the store, with its audience (erasing a person).
+        Blocking."""
+        found = []
+        for kind in ("person", "conversation"):
+            base = self.root / kind
+            if not base.is_dir():
+                continue
+            for folder in sorted(base.iterdir()):
+                audience = parse_folder(kind, folder.name) if folder.is_dir() else None
+                if audience is not None:
+                    found.append((audience, folder))
+        return found
+
     def loader(self, viewer: Viewer) -> ViewerMedia:
         """What a turn's request may read (``core.media.MediaLoader``)."""
         return ViewerMedia(self, viewer)

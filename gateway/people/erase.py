@@ -15,6 +15,7 @@ from parley.core.memory.audience import MAIN_PERSON, Audience, parse_scope
 from parley.core.memory.notes import NoteStore
 from parley.core.memory.tasks import scope_file_name
 from parley.core.transcript_store import FileTranscriptStore
+from parley.gateway.media.store import MediaStore
 from parley.gateway.audiences import scope_resolver
 from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import GatewayError
@@ -338,6 +339,11 @@ def _erase_files(loaded: LoadedConfig, target: Person, files: _LocalFiles) -> No
         task.path.unlink(missing_ok=True)
     for folder in files.checkpoint_dirs:
         shutil.rmtree(folder, ignore_errors=True)
+    # The pictures they sent in their direct chats (a group's stay with the group, like
+    # its transcript).
+    for audience, folder in MediaStore(loaded.media_dir).audience_folders():
+        if audience.kind == "person" and target.owns(audience.scope):
+            shutil.rmtree(folder, ignore_errors=True)
     for path in sorted({b.path for b in files.blocks}):
         _remove_blocks(path, target)
 
