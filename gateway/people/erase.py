@@ -15,7 +15,6 @@ from parley.core.memory.audience import MAIN_PERSON, Audience, parse_scope
 from parley.core.memory.notes import NoteStore
 from parley.core.memory.tasks import scope_file_name
 from parley.core.transcript_store import FileTranscriptStore
-from parley.gateway.media.store import MediaStore
 from parley.gateway.audiences import scope_resolver
 from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import GatewayError
@@ -27,6 +26,7 @@ from parley.gateway.home_upgrade.audiences import (
     rewrite_file,
     workspace_flush_blocks,
 )
+from parley.gateway.media.store import MediaStore
 from parley.gateway.memory import memory_db_path, notes_dir, tasks_dir
 from parley.gateway.people import inventory
 from parley.gateway.people.inventory import SessionInfo, State, TaskFile

@@ -80,4 +80,3 @@ async def test_without_a_spool_files_are_refused(tmp_path: Path) -> None:
         assert frame == {"type": "error", "message": "this web chat does not take files",
                          "id": "m1"}  # fmt: skip
         assert chat.inbox.messages == []
-
