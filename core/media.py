@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from parley.core.messages import Block, ImageBlock, Message, TextBlock
+from parley.core.messages import Block, DerivedKey, ImageBlock, Message, TextBlock
 
 # Anthropic's estimate of an image's tokens: width × height / 750.
 PIXELS_PER_TOKEN = 750
@@ -67,8 +67,21 @@ def pruned_placeholder(block: ImageBlock) -> str:
     return f"[image {describe(block)}: sent earlier, no longer shown to the model]"
 
 
+# Kept on each message (``Message.derived``): asked before every provider call, over a
+# view whose messages are the same objects from turn to turn.
+_STORED_IMAGES: DerivedKey[bool] = DerivedKey("stored images")
+
+
+def _holds_stored_images(message: Message) -> bool:
+    found = message.derived(_STORED_IMAGES)
+    if found is None:
+        found = any(isinstance(b, ImageBlock) and b.ref for b in message.content)
+        message.keep_derived(_STORED_IMAGES, found)
+    return found
+
+
 def has_stored_images(messages: Sequence[Message]) -> bool:
-    return any(isinstance(b, ImageBlock) and b.ref for m in messages for b in m.content)
+    return any(_holds_stored_images(m) for m in messages)
 
 
 def resolve_images(
@@ -84,7 +97,7 @@ def resolve_images(
     cache = {} if cache is None else cache
     out: list[Message] = []
     for message in messages:
-        if not any(isinstance(b, ImageBlock) and b.ref for b in message.content):
+        if not _holds_stored_images(message):
             out.append(message)
             continue
         blocks: list[Block] = []
