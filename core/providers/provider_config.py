@@ -55,12 +55,16 @@ class OpenAIConfig(_Strict):
     model: str = DEFAULT_OPENAI_MODEL
     api_key: SecretStr | None = None
     base_url: str | None = Field(None, description="any OpenAI-compatible server, /v1 included")
-    # Unset: yes for OpenAI itself (no base_url), no for another server (most local
-    # models read text only, and a server without a vision projector refuses images).
+    # Unset: yes for OpenAI itself (no base_url); for another server what it says of the
+    # model (llama.cpp's /props, Ollama's /api/show), else no: most local models read
+    # text only, and a server without a vision projector refuses images.
     vision: bool | None = Field(None, description="the model sees images; unset: see above")
 
-    def sees_images(self) -> bool:
-        return self.vision if self.vision is not None else not self.base_url
+    def sees_images(self) -> bool | None:
+        """True or False as configured; None: ask the server."""
+        if self.vision is not None:
+            return self.vision
+        return None if self.base_url else True
 
 
 class LocalModelConfig(_Strict):
