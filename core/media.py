@@ -9,6 +9,10 @@ either inline (base64, for a model that sees images) or a placeholder that says 
 it was. The copies live as long as the request: no megabytes are kept with the
 session's messages, and no encoded request body holding them outlives its call.
 
+For a model without vision the view itself shows each picture as a placeholder
+(``without_vision``, applied by ``core.context.view.build_view``): what is counted is
+what is sent, and a 2,048-token local model is not told a photo costs 1,280 tokens.
+
 The bytes come from a ``MediaLoader`` the gateway builds for the turn's reader: it
 refuses (None) any file the reader may not see, under the one audience rule
 (``core.memory.audience.may_read``), and a file the media store no longer keeps. Either
@@ -82,6 +86,35 @@ def _holds_stored_images(message: Message) -> bool:
 
 def has_stored_images(messages: Sequence[Message]) -> bool:
     return any(_holds_stored_images(m) for m in messages)
+
+
+_BLIND: DerivedKey[Message] = DerivedKey("images for a model without vision")
+
+
+def without_vision(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` as a model without vision reads them: each stored picture a
+    placeholder saying so (the words sent with it stay). Done on the view, so what is
+    counted is what is sent; each copy is kept on its message, so the view hands the
+    same one from turn to turn. Messages without pictures are the same objects."""
+    out = []
+    for message in messages:
+        if not _holds_stored_images(message):
+            out.append(message)
+            continue
+        blind = message.derived(_BLIND)
+        if blind is None:
+            blind = Message(
+                message.role,
+                tuple(
+                    TextBlock(no_vision_placeholder(b))
+                    if isinstance(b, ImageBlock) and b.ref
+                    else b
+                    for b in message.content
+                ),
+            )
+            message.keep_derived(_BLIND, blind)
+        out.append(blind)
+    return out
 
 
 def resolve_images(

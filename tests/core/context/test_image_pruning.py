@@ -8,7 +8,9 @@ from pathlib import Path
 from parley.core.context.config import ContextConfig, PruningConfig
 from parley.core.context.pruning import prune_old_images
 from parley.core.context.view import build_view
+from parley.core.media import without_vision
 from parley.core.messages import ImageBlock, Message, TextBlock
+from parley.core.tokens import default_counter
 from parley.core.transcript import Transcript
 
 PHOTO = ImageBlock("image/png", ref="conversation/x/ab/" + "ab" * 32 + ".png",
@@ -63,3 +65,29 @@ def test_the_view_prunes_and_names_the_change_in_its_key(tmp_path: Path) -> None
     assert next(iter(transcript.entries())).message.content[1] == PHOTO
     off = config.model_copy(update={"pruning": PruningConfig(mode="off")})
     assert build_view(off, transcript.live_entries(), "direct")[0][0].content[1] == PHOTO
+
+
+def test_a_model_without_vision_is_shown_and_counted_a_placeholder(tmp_path: Path) -> None:
+    transcript = Transcript.create(tmp_path / "s.jsonl", "s1", "k")
+    for message in history(0):
+        transcript.append_message(message)
+    config = ContextConfig()
+    seeing, _, _ = build_view(config, transcript.live_entries(), "direct")
+    blind, _, _ = build_view(config, transcript.live_entries(), "direct", vision=False)
+    again, _, _ = build_view(config, transcript.live_entries(), "direct", vision=False)
+    assert seeing[0].content[1] == PHOTO
+    assert blind[0].content == (
+        TextBlock("see"),
+        TextBlock(
+            "[image plan.png, 10×20: the current model cannot see images; "
+            "only the words sent with it are here]"
+        ),
+    )
+    assert again[0] is blind[0] and blind[1] is seeing[1]  # stable copies, others as they are
+    counter = default_counter()
+    assert counter.message(seeing[0]) - counter.message(blind[0]) == (
+        counter.block(PHOTO) - counter.block(blind[0].content[1])
+    )
+    photo = ImageBlock("image/jpeg", ref=PHOTO.ref, name="big.jpg", width=1200, height=1200)
+    big = Message("user", (TextBlock("x"), photo))
+    assert counter.message(without_vision([big])[0]) < counter.message(big) // 20
