@@ -12,6 +12,8 @@ import pytest
 
 from parley.core.memory.audience import Audience, Viewer
 from parley.gateway.media.store import MediaStore
+from tests.channels.discord_support import ANN, LIMIT
+from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
 from tests.channels.telegram_helpers import TOKEN
 from tests.fakes.openai_api import FakeOpenAI
 from tests.gateway.media_support import (
@@ -19,6 +21,7 @@ from tests.gateway.media_support import (
     BOB,
     all_text,
     chat_bodies,
+    discord_world,
     images_of,
     picture,
     telegram_world,
@@ -201,3 +204,35 @@ async def test_one_persons_media_never_reaches_another(
     store = MediaStore(home / "media")
     assert store.read(ref, Viewer.only(Audience.person(f"telegram:{BOB}"))) is None
     assert store.read(ref, Viewer.only(Audience.person(f"telegram:{ALICE}"))) == stored.read_bytes()
+
+
+async def test_discord_document_and_voice_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discord's attachment URL, through discord.py's own CDN request: a PDF is read, a
+    voice message is transcribed, one over the limit is refused before any fetch."""
+    async with FakeOpenAI(api_key=None) as speech:
+        audio = b"OggS discord voice"
+        speech.transcripts[hashlib.sha256(audio).hexdigest()] = "see you at eight"
+        env = {"PARLEY_MEDIA__TRANSCRIPTION__URL": speech.base_url,
+               "PARLEY_MEDIA__MAX_DOCUMENT_BYTES": "2048"}  # fmt: skip
+        async with discord_world(tmp_path / "home", monkeypatch, api="anthropic", **env) as w:
+            dm = w.fake.add_dm(DISCORD_TOKEN, ANN)
+            pdf = {"filename": "menu.pdf", "content_type": "application/pdf",
+                   "data": text_pdf("Soup of the day: lentil")}  # fmt: skip
+            voice = {"filename": "voice-message.ogg", "content_type": "audio/ogg",
+                     "data": audio, "duration_secs": 2.0, "waveform": "AAAA"}  # fmt: skip
+            huge = {"filename": "dump.csv", "content_type": "text/csv", "data": b"a,b\n" * 1000}
+            for number, spec in enumerate((pdf, voice, huge), start=1):
+                await w.fake.push_message(
+                    DISCORD_TOKEN, channel_id=dm, content=f"file {number}", author=ANN,
+                    attachments=[spec],
+                )  # fmt: skip
+                await w.fake.wait_until(lambda n=number: len(w.replies()) >= n, LIMIT)
+                await w.gateway.wait_idle()
+            first, second, third = (all_text(b) for b in chat_bodies(w.llm))
+            assert "[document menu.pdf (PDF" in first and "Soup of the day: lentil" in first
+            assert "[voice note, 2 s, transcribed]\nsee you at eight" in second
+            assert "[document dump.csv: not read: it is 4 kB; the limit is 2 kB]" in third
+            assert w.replies()[-1].content.startswith("(I could not read dump.csv: it is 4 kB")
+            assert len(w.fake.cdn_fetches) == 2  # the CSV was never fetched
