@@ -10,6 +10,7 @@ ChannelError
 │   └── RecipientBlocked   the user blocked the bot; do not retry
 ├── ChannelStartError      the adapter could not start
 ├── AttachmentUnavailable  an attachment could not be fetched (gone, refused, too big)
+├── UploadRefused          a web chat frame's files cannot be taken (web_uploads)
 └── InboundNotStored       the gateway could not make a message durable (raised by
                            the handler); hand the same message again later
 

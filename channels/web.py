@@ -83,6 +83,8 @@ TYPING_REFRESH_SECONDS = 10.0
 # characters takes ~15 ms), and not at all past the cap (the page shows the text).
 RENDER_INLINE_CHARS = 2_000
 RENDER_MAX_CHARS = 200_000
+# Frames longer than this (files ride in them) are parsed on a worker thread.
+INLINE_FRAME_CHARS = 256 * 1024
 # Replies sent, remembered so a draft that comes late does not reappear.
 FINISHED_KEYS = 1024
 DEFAULT_SENDER_NAME = "web user"
@@ -453,7 +455,9 @@ class WebChannel:
                 return
 
     async def _on_frame(self, sock: _Socket, data: str) -> None:
-        frame = _parse(data)
+        # A frame carrying files can be megabytes: parsed (and decoded) off the loop.
+        large = len(data) > INLINE_FRAME_CHARS
+        frame = await asyncio.to_thread(_parse, data) if large else _parse(data)
         if frame is None:
             await self._write(sock, _error("a frame must be a JSON object"))
             return
@@ -470,7 +474,8 @@ class WebChannel:
             return
         text = frame.get("text", "")
         try:
-            files = self._files(frame.get("files"))
+            raw_files = frame.get("files")
+            files = await asyncio.to_thread(self._files, raw_files) if raw_files else []
         except UploadRefused as exc:
             await self._write(sock, _error(str(exc), message_id))
             return

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parley.channels.base import Attachment, AttachmentKind, AttachmentUnavailable
+from parley.channels.base import Attachment, AttachmentKind, AttachmentUnavailable, ChannelError
 
 _UPLOAD_RE = re.compile(r"[0-9a-f]{32}")
 _MIME_RE = re.compile(r"[a-z0-9.+-]{1,64}/[a-z0-9.+-]{1,128}")
 MAX_NAME_CHARS = 200
 
 
-class UploadRefused(ValueError):
+class UploadRefused(ChannelError):
     """A frame's files cannot be taken; the text says why (sent to the browser)."""
 
 
