@@ -66,6 +66,17 @@ async def test_telegram_photo_reaches_anthropic_downscaled_and_by_reference(
         assert "what is on this?" in all_text(body)
         assert "[image photo.jpg, 1200×800]" in all_text(body)  # named for the model
         assert w.fake.downloads == ["photos/file_1.jpg"]  # through getFile's path
+        # Nothing kept with the session's messages holds the picture's bytes: the
+        # request's base64 (and its encoded body) lived only as long as the call.
+        page = await w.gateway.registry.list(status="active")
+        transcript = await w.gateway.transcript(page.sessions[0])
+        kept = [
+            repr(getattr(e.message, "_derived", None))
+            for e in transcript.live_entries()
+            if e.type == "message"
+        ]
+        assert kept and not any(data[1000:1100] in k for k in kept)
+        assert any("token count" in k for k in kept)  # what is kept is small
     # Stored once, owner-only, referred to from the transcript and never inlined there.
     [stored] = media_files(home)
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
