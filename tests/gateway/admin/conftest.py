@@ -87,7 +87,7 @@ async def admin_world(
         **env,
     )
     channel = RecordingChannel()
-    web = WebChannel(loaded.config.channels.web)
+    web = WebChannel(loaded.config.channels.web, upload_dir=loaded.media_dir / "uploads")
     provider = ScriptedProvider()
     async with Gateway(loaded, channels=[channel, web], provider=provider) as gateway:
         assert gateway.http is not None
