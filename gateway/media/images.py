@@ -43,7 +43,7 @@ def prepare_image(data: bytes, *, max_side: int, max_pixels: int) -> PreparedIma
     """``data`` as the model will see it; raises ``MediaRejected`` (not a picture, too
     many pixels, Pillow missing)."""
     try:
-        from PIL import Image, ImageOps, UnidentifiedImageError
+        from PIL import Image, ImageOps
     except ImportError:
         raise MediaRejected(NO_PILLOW) from None
     try:
@@ -58,7 +58,9 @@ def prepare_image(data: bytes, *, max_side: int, max_pixels: int) -> PreparedIma
             image.load()
     except MediaRejected:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
+    except Exception as exc:
+        # Untrusted bytes: whatever a decoder raises on them (SyntaxError, EOFError,
+        # struct.error, ...) is the file's fault, not the turn's.
         raise MediaRejected(
             "it is not a picture that can be read (corrupt or unknown format)"
         ) from exc

@@ -61,3 +61,10 @@ def test_without_pypdf_a_clear_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
         document_text(text_pdf("x"), kind="PDF", max_pdf_pages=1)
     assert str(caught.value) == NO_PYPDF
     assert document_text(b"plain", kind="text", max_pdf_pages=1) == "plain"  # text still read
+
+
+@pytest.mark.parametrize("cut", [40, 200, 400, -60, -20])
+def test_a_damaged_pdf_is_refused_whatever_breaks(cut: int) -> None:
+    damaged = text_pdf("some words here")[:cut]
+    with pytest.raises(MediaRejected):
+        document_text(damaged, kind="PDF", max_pdf_pages=10)
