@@ -19,8 +19,10 @@ import pytest
 
 from parley.core.messages import TextBlock, Usage
 from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
+from tests.gateway.admin.conftest import admin_world, seed_session
 from tests.gateway.admin.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, Tab
 from tests.gateway.media_support import picture
+from tests.gateway.memory_helpers import use_hashing_embedder
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="needs playwright")
 async_playwright = playwright_api.async_playwright
@@ -168,12 +170,19 @@ async def test_a_reload_restores_the_conversation_for_this_browser_only(
     assert tab.problems == [] and other.problems == []
 
 
+@pytest.fixture
+async def uploads_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    use_hashing_embedder(monkeypatch)
+    async with admin_world(tmp_path / "home", seed_session, uploads=True) as world:
+        yield world
+
+
 async def test_a_file_attached_in_the_page_reaches_the_model(
-    admin_server: Any, browser: Any, tmp_path: Path
+    uploads_server: Any, browser: Any, tmp_path: Path
 ) -> None:
     """The 📎 button: the picture rides in the message frame, is kept by the gateway and
     reaches the model (a model without vision: a placeholder naming it, with the words)."""
-    server = admin_server
+    server = uploads_server
     tab = await phone_tab(browser)
     page = tab.page
     await open_chat(tab, server)
