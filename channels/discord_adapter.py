@@ -48,6 +48,8 @@ import discord
 
 from parley.channels.base import (
     TYPING_DELAY_SECONDS,
+    Attachment,
+    AttachmentUnavailable,
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -526,3 +528,19 @@ class DiscordChannel:
 
     def webhook_routes(self) -> Sequence[WebhookRoute]:
         return []  # the gateway websocket needs no inbound HTTP
+
+    async def fetch_attachment(
+        self, message: InboundMessage, attachment: Attachment, max_bytes: int
+    ) -> bytes:
+        """``AttachmentSource``: the attachment's URL, through the receiving account's
+        discord.py HTTP client (its CDN request)."""
+        running = self._accounts.get(message.account)
+        if running is None:
+            raise AttachmentUnavailable(f"discord account {message.account!r} is not running")
+        try:
+            data = await running.client.http.get_from_cdn(attachment.ref)
+        except (discord.DiscordException, *NETWORK_ERRORS) as exc:
+            raise AttachmentUnavailable(f"Discord: {exc}") from exc
+        if len(data) > max_bytes:
+            raise AttachmentUnavailable(f"{len(data)} bytes", too_large=True)
+        return data

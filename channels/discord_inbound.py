@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import discord
 
-from parley.channels.base import ChatType, InboundMessage
+from parley.channels.base import Attachment, AttachmentKind, ChatType, InboundMessage
 from parley.channels.config import EditRule
 
 logger = logging.getLogger("parley.channels.discord")
@@ -63,14 +63,44 @@ def _size_label(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MB"
 
 
+def _is_voice(message: discord.Message, attachment: discord.Attachment) -> bool:
+    return attachment.duration is not None and (
+        attachment.is_voice_message() or message.flags.voice
+    )
+
+
+def attachments_of(message: discord.Message) -> tuple[Attachment, ...]:
+    """Every file of ``message``, described; fetched later through its URL (discord.py's
+    own CDN request, ``DiscordChannel.fetch_attachment``)."""
+    found = []
+    for attachment in message.attachments:
+        mime = attachment.content_type or ""
+        kind: AttachmentKind = "document"
+        if _is_voice(message, attachment):
+            kind = "voice"
+        elif mime.startswith("image/"):
+            kind = "image"
+        found.append(
+            Attachment(
+                kind,
+                attachment.url,
+                name=attachment.filename,
+                mime_type=mime,
+                size=attachment.size,
+                width=attachment.width,
+                height=attachment.height,
+                duration=attachment.duration,
+            )
+        )
+    return tuple(found)
+
+
 def placeholders(message: discord.Message) -> list[str]:
     """Stand-ins for what text cannot carry, one per attachment and sticker."""
     labels = []
     for attachment in message.attachments:
-        if attachment.duration is not None and (
-            attachment.is_voice_message() or message.flags.voice
-        ):
-            labels.append(f"[voice message, {round(attachment.duration)} s]")
+        if _is_voice(message, attachment):
+            labels.append(f"[voice message, {round(attachment.duration or 0)} s]")
         elif (attachment.content_type or "").startswith("image/"):
             labels.append(f"[image: {attachment.filename}]")
         else:
@@ -221,6 +251,7 @@ def normalise_message(
         reply_to_text=reply_to_text,
         guild_id=guild_id,
         edited=edited,
+        attachments=() if edited else attachments_of(message),  # an edit's files came before
     )
 
 

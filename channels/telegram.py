@@ -33,6 +33,8 @@ from telegram.error import InvalidToken, TelegramError
 
 from parley.channels.base import (
     TYPING_DELAY_SECONDS,
+    Attachment,
+    AttachmentUnavailable,
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -48,6 +50,7 @@ from parley.channels.base import (
 )
 from parley.channels.config import TelegramAccountConfig, TelegramConfig
 from parley.channels.preview import Previews, split_blocks, streaming_capabilities
+from parley.channels.telegram_files import fetch_file
 from parley.channels.telegram_http import AiohttpRequest
 from parley.channels.telegram_inbound import normalise_update, parse_message_ref
 from parley.channels.telegram_polling import (
@@ -440,6 +443,15 @@ class TelegramChannel:
 
     def policy(self, message: InboundMessage) -> ChatPolicy:
         return self.config.policy(message.account, message.chat_type, message.chat_id)
+
+    async def fetch_attachment(
+        self, message: InboundMessage, attachment: Attachment, max_bytes: int
+    ) -> bytes:
+        """``AttachmentSource``: through the receiving account's bot (its file ids)."""
+        account = self._accounts.get(message.account)
+        if account is None:
+            raise AttachmentUnavailable(f"account {message.account!r} is not running")
+        return await fetch_file(account.bot, attachment, max_bytes)
 
 
 def _secret_matches(given: str, expected: str) -> bool:

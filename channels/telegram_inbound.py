@@ -24,7 +24,7 @@ from datetime import timedelta
 from telegram import Message, MessageEntity, Update, User
 from telegram.warnings import PTBDeprecationWarning
 
-from parley.channels.base import ChatType, InboundMessage
+from parley.channels.base import Attachment, AttachmentKind, ChatType, InboundMessage
 from parley.channels.config import EditRule
 from parley.channels.text import utf16_len
 
@@ -110,6 +110,50 @@ def placeholder(message: Message) -> str:
     if message.dice:
         return f"[dice {message.dice.emoji} {message.dice.value}]"
     return ""
+
+
+def attachments_of(message: Message) -> tuple[Attachment, ...]:
+    """The photo, document or voice note of ``message`` (a Telegram message has one)."""
+    if message.photo:
+        # Sizes come smallest first: the largest (the gateway scales it down itself).
+        best = max(message.photo, key=lambda p: p.width * p.height)
+        return (
+            Attachment(
+                "image",
+                best.file_id,
+                name="photo.jpg",
+                mime_type="image/jpeg",
+                size=best.file_size,
+                width=best.width,
+                height=best.height,
+            ),
+        )
+    if message.voice:
+        voice = message.voice
+        return (
+            Attachment(
+                "voice",
+                voice.file_id,
+                name="voice.ogg",
+                mime_type=voice.mime_type or "audio/ogg",
+                size=voice.file_size,
+                duration=read_period(voice, "duration"),
+            ),
+        )
+    if message.document and not message.animation:
+        document = message.document
+        mime = document.mime_type or ""
+        kind: AttachmentKind = "image" if mime.startswith("image/") else "document"
+        return (
+            Attachment(
+                kind,
+                document.file_id,
+                name=document.file_name or "",
+                mime_type=mime,
+                size=document.file_size,
+            ),
+        )
+    return ()
 
 
 def _utf16_cut(data: bytes, spans: list[tuple[int, int]]) -> str:
@@ -241,7 +285,8 @@ def normalise_update(
         logger.debug("telegram %s: command for another bot dropped", account)
         return None
     text = " ".join(p for p in (placeholder(message), body.text) if p)
-    if not text:
+    attachments = attachments_of(message)
+    if not text and not attachments:
         logger.debug("telegram %s: message %s has nothing usable", account, message.message_id)
         return None
     reply_to_text, replies_to_bot = _reply_context(message, bot)
@@ -266,4 +311,5 @@ def normalise_update(
         thread_id=thread_id,
         reply_to_text=reply_to_text,
         edited=edited,
+        attachments=() if edited else attachments,  # an edit's file was sent before
     )

@@ -4,7 +4,9 @@ Protocol ``parley.chat.v1`` (JSON text frames; see the admin contract):
 
     client -> server   {"type": "hello", "client_id", "name"?, "history"?: true}
                                                                  first frame, within 10 s
-                       {"type": "message", "id", "text"}
+                       {"type": "message", "id", "text", "files"?}
+                                                                 files: [{"name", "type",
+                                                                 "data" (base64)}]
     server -> client   {"type": "ready", "client_id"}            after hello
                        {"type": "history", "messages": [...]}    after ready, when asked
                                                                  and there is any
@@ -43,12 +45,15 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from parley.channels.base import (
     OPEN_POLICY,
+    Attachment,
+    AttachmentUnavailable,
     ChannelCapabilities,
     ChannelStartError,
     ChatPolicy,
@@ -64,6 +69,7 @@ from parley.channels.base import (
 from parley.channels.config import WebConfig
 from parley.channels.web_history import ChatLog
 from parley.channels.web_markdown import markdown_tree
+from parley.channels.web_uploads import Upload, UploadRefused, UploadSpool, read_files
 
 logger = logging.getLogger("parley.channels.web")
 
@@ -77,6 +83,8 @@ TYPING_REFRESH_SECONDS = 10.0
 # characters takes ~15 ms), and not at all past the cap (the page shows the text).
 RENDER_INLINE_CHARS = 2_000
 RENDER_MAX_CHARS = 200_000
+# Frames longer than this (files ride in them) are parsed on a worker thread.
+INLINE_FRAME_CHARS = 256 * 1024
 # Replies sent, remembered so a draft that comes late does not reappear.
 FINISHED_KEYS = 1024
 DEFAULT_SENDER_NAME = "web user"
@@ -156,9 +164,17 @@ class WebChannel:
         live_drafts=True,
     )
 
-    def __init__(self, config: WebConfig, *, hello_timeout: float = HELLO_TIMEOUT_SECONDS) -> None:
-        """``hello_timeout``: how long a new socket may stay silent (tests shrink it)."""
+    def __init__(
+        self,
+        config: WebConfig,
+        *,
+        hello_timeout: float = HELLO_TIMEOUT_SECONDS,
+        upload_dir: Path | None = None,
+    ) -> None:
+        """``hello_timeout``: how long a new socket may stay silent (tests shrink it);
+        ``upload_dir``: where files sent with messages are kept (None: none taken)."""
         self.config = config
+        self._spool = UploadSpool(upload_dir) if upload_dir and config.max_files else None
         self._hello_timeout = hello_timeout
         self._handler: InboundHandler | None = None
         self._running = False
@@ -332,7 +348,7 @@ class WebChannel:
         ws = web.WebSocketResponse(
             protocols=(PROTOCOL,),
             heartbeat=HEARTBEAT_SECONDS,
-            max_msg_size=4 * self.config.max_text_chars + 4096,
+            max_msg_size=self._max_frame(),
         )
         await ws.prepare(request)
         sock = _Socket(ws)
@@ -354,6 +370,22 @@ class WebChannel:
             if not ws.closed:
                 await ws.close()
         return ws
+
+    def _max_frame(self) -> int:
+        """Room for a full-length text however the browser encodes it, the files (base64)
+        a message may carry, and the envelope."""
+        files = 0
+        if self._spool is not None:
+            files = self.config.max_files * ((self.config.max_upload_bytes + 2) // 3 * 4 + 1024)
+        return 4 * self.config.max_text_chars + 4096 + files
+
+    async def fetch_attachment(
+        self, message: InboundMessage, attachment: Attachment, max_bytes: int
+    ) -> bytes:
+        """``AttachmentSource``: an upload of the message's own client, from the spool."""
+        if self._spool is None:
+            raise AttachmentUnavailable("this web chat keeps no uploads")
+        return await self._spool.read(message.chat_id, attachment.ref, max_bytes)
 
     async def _greet(self, sock: _Socket) -> bool:
         """Wait for the hello; register the socket, send ready and the kept replies."""
@@ -423,7 +455,9 @@ class WebChannel:
                 return
 
     async def _on_frame(self, sock: _Socket, data: str) -> None:
-        frame = _parse(data)
+        # A frame carrying files can be megabytes: parsed (and decoded) off the loop.
+        large = len(data) > INLINE_FRAME_CHARS
+        frame = await asyncio.to_thread(_parse, data) if large else _parse(data)
         if frame is None:
             await self._write(sock, _error("a frame must be a JSON object"))
             return
@@ -438,8 +472,14 @@ class WebChannel:
         if not isinstance(message_id, str) or not _ID_RE.fullmatch(message_id):
             await self._write(sock, _error("id must be 1-64 of A-Z a-z 0-9 _ -"))
             return
-        text = frame.get("text")
-        if not isinstance(text, str) or not text.strip():
+        text = frame.get("text", "")
+        try:
+            raw_files = frame.get("files")
+            files = await asyncio.to_thread(self._files, raw_files) if raw_files else []
+        except UploadRefused as exc:
+            await self._write(sock, _error(str(exc), message_id))
+            return
+        if not isinstance(text, str) or not (text.strip() or files):
             await self._write(sock, _error("text must be a non-empty string", message_id))
             return
         limit = self.config.max_text_chars
@@ -453,6 +493,12 @@ class WebChannel:
         if handler is None or client_id is None:
             await self._write(sock, _error("the web chat is not running", message_id))
             return
+        attachments: tuple[Attachment, ...] = ()
+        if files and self._spool is not None:
+            # Kept before the message is handed over: the inbox records the references.
+            attachments = tuple([await self._spool.keep(client_id, f) for f in files])
+            if not text.strip():
+                text = " ".join(f"[{a.kind}: {a.name}]" for a in attachments)
         inbound = InboundMessage(
             channel=self.name,
             account="default",
@@ -464,6 +510,7 @@ class WebChannel:
             message_id=f"{client_id}:{message_id}",
             timestamp=datetime.now(UTC),
             mentions_bot=True,
+            attachments=attachments,
         )
         # Logged before the handler runs: a command (/status) is answered inside it, and
         # the answer must come after the question in the history a reload replays.
@@ -494,6 +541,14 @@ class WebChannel:
             await self._write(sock, _error("the message was not accepted; try again", message_id))
             return
         await self._write(sock, _frame("ack", id=message_id))
+
+    def _files(self, raw: Any) -> list[Upload]:
+        if raw is None:
+            return []
+        if self._spool is None:
+            raise UploadRefused("this web chat does not take files")
+        config = self.config
+        return read_files(raw, max_bytes=config.max_upload_bytes, max_files=config.max_files)
 
 
 def _parse(data: str) -> dict[str, Any] | None:

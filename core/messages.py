@@ -74,13 +74,30 @@ class ToolResultBlock:
 
 @dataclass(frozen=True, slots=True)
 class ImageBlock:
-    """An image; ``data`` is base64 (may be empty when only a placeholder is kept)."""
+    """An image. A picture someone sent lives in the gateway's media store: ``ref`` names
+    the stored file (never its bytes: the transcript holds the reference, and a provider
+    is handed the bytes only for the request that sends them, ``core.media``), with its
+    ``name``, ``width`` and ``height`` in pixels. ``data`` is inline base64, only ever set
+    on a request's own copy of a message (and read from transcripts written before the
+    media store); empty with no ``ref``, the block is a bare placeholder."""
 
     media_type: str
     data: str = ""
+    ref: str = ""
+    name: str = ""
+    width: int = 0
+    height: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "image", "media_type": self.media_type, "data": self.data}
+        out: dict[str, Any] = {"type": "image", "media_type": self.media_type}
+        if self.ref:
+            out["ref"] = self.ref
+            out["name"] = self.name
+            out["width"] = self.width
+            out["height"] = self.height
+        if self.data or not self.ref:
+            out["data"] = self.data
+        return out
 
 
 Block: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock
@@ -101,8 +118,20 @@ def block_from_dict(raw: dict[str, Any]) -> Block:
             str(raw["tool_use_id"]), str(raw.get("content", "")), bool(raw.get("is_error", False))
         )
     if kind == "image":
-        return ImageBlock(str(raw.get("media_type", "image/png")), str(raw.get("data", "")))
+        return ImageBlock(
+            str(raw.get("media_type", "image/png")),
+            str(raw.get("data", "")),
+            ref=str(raw.get("ref", "")),
+            name=str(raw.get("name", "")),
+            width=_dimension(raw.get("width")),
+            height=_dimension(raw.get("height")),
+        )
     raise ValueError(f"unknown content block type: {kind!r}")
+
+
+def _dimension(value: Any) -> int:
+    """A stored width or height: a non-negative int, 0 for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 V = TypeVar("V")

@@ -30,6 +30,7 @@ next turn starts from a consistent transcript.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +54,7 @@ from parley.core.errors import (
 )
 from parley.core.fences import read_user_message
 from parley.core.group_context import group_context_block
+from parley.core.media import MediaLoader, has_stored_images, resolve_images
 from parley.core.memory.audience import Viewer
 from parley.core.memory.recall import (
     RECALL_META_KEY,
@@ -61,7 +63,7 @@ from parley.core.memory.recall import (
     Recaller,
     previous_user_text,
 )
-from parley.core.messages import Message, TextBlock, ToolResultBlock, Usage
+from parley.core.messages import Block, Message, TextBlock, ToolResultBlock, Usage
 from parley.core.prompt import SystemPromptBuilder, turn_context_block
 from parley.core.providers.base import (
     STOP_OVERFLOW,
@@ -119,6 +121,11 @@ class TurnRequest:
     # Who is reading and writing memory in this conversation (core.memory.audience):
     # memory_get, remember and the flush ask it; None where memory is off.
     memory_viewer: Viewer | None = None
+    # What came with the words (pictures, documents read as text, transcribed voice
+    # notes: the gateway's media intake), stored after them in the user message.
+    attachments: tuple[Block, ...] = ()
+    # The bytes of the session's stored pictures, for this reader only (core.media).
+    media: MediaLoader | None = None
 
 
 RetryHook = Callable[[int, ProviderError, float], None]
@@ -234,10 +241,14 @@ class Runner:
             # The recall block goes first: the engine protects the newest user words and
             # the turn context at the tail when it must shed text, and recalled notes are
             # the cheapest thing to lose. Either way it is in the volatile newest message.
-            blocks = [recall.block] if recall is not None and recall.block is not None else []
+            blocks: list[Block] = (
+                [recall.block] if recall is not None and recall.block is not None else []
+            )
             if turn.group_context_text:
                 blocks.append(group_context_block(turn.group_context_text))
-            blocks.append(TextBlock(turn.user_text))
+            if turn.user_text or not turn.attachments:
+                blocks.append(TextBlock(turn.user_text))
+            blocks.extend(turn.attachments)
             if turn.context_text:
                 blocks.append(turn_context_block(turn.context_text))
             meta = dict(turn.meta)
@@ -265,6 +276,8 @@ class Runner:
         # A reply the window cut off, held while recovery makes room for a retry; kept
         # as the answer when recovery cannot make the request any smaller.
         held: _Held | None = None
+        # The turn's pictures as base64, by ref (core.media): dropped with the turn.
+        images: dict[str, str | None] = {}
         while True:
             try:
                 view = await self.engine.prepare(transcript, view_request, events)
@@ -284,7 +297,7 @@ class Runner:
                 request = ProviderRequest(
                     model=model,
                     system=system,
-                    messages=view.messages,
+                    messages=await self._with_images(view.messages, turn, images),
                     tools=specs,
                     # The reply's reserve of the window (a quarter at most): a server
                     # that counts max_tokens against its window refuses more than fits.
@@ -444,6 +457,18 @@ class Runner:
             self.recaller is not None
             and bool(turn.memory_scopes)
             and self.recaller.reason(turn.user_text) is not None
+        )
+
+    async def _with_images(
+        self, messages: tuple[Message, ...], turn: TurnRequest, cache: dict[str, str | None]
+    ) -> tuple[Message, ...]:
+        """The view as the request sends it: stored pictures inline for a model that sees
+        images, else placeholders (``core.media``); read on a worker thread."""
+        if not has_stored_images(messages):
+            return messages
+        vision = getattr(self.provider, "vision", False) is True
+        return await asyncio.to_thread(
+            functools.partial(resolve_images, messages, turn.media, vision=vision, cache=cache)
         )
 
     async def _recall(

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from parley.core.media import image_tokens
 from parley.core.messages import (
     Block,
     DerivedKey,
@@ -298,6 +299,8 @@ class TokenCounter:
         if isinstance(b, ToolResultBlock):
             return self.text(b.tool_use_id) + self.text(b.content)
         if isinstance(b, ImageBlock):
+            if b.ref:  # a stored picture: (width × height) / 750, core.media
+                return image_tokens(b.width, b.height)
             return IMAGE_TOKENS if b.data else IMAGE_PLACEHOLDER_TOKENS
         raise TypeError(f"not a content block: {type(b).__name__}")
 

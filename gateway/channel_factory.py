@@ -16,10 +16,12 @@ def build_channels(
     banner: str | None = None,
     on_terminal_close: Callable[[], None] | None = None,
     terminal_history: Path | None = None,
+    upload_dir: Path | None = None,
 ) -> list[Channel]:
     """The terminal chat when asked for, or when nothing else is configured; the web chat
     when ``config.web_enabled()`` (never with ``terminal_only``). ``terminal_history``:
-    the file where lines typed at a real terminal are kept across runs (owner-only)."""
+    the file where lines typed at a real terminal are kept across runs (owner-only);
+    ``upload_dir``: where the web chat keeps files sent with messages (None: none taken)."""
     configured = [] if terminal_only else config.configured()
     channels: list[Channel] = []
     if terminal_only or not configured or "terminal" in configured:
@@ -44,5 +46,5 @@ def build_channels(
     if not terminal_only and config.web_enabled():
         from parley.channels.web import WebChannel
 
-        channels.append(WebChannel(config.web))
+        channels.append(WebChannel(config.web, upload_dir=upload_dir))
     return channels

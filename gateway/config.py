@@ -5,6 +5,7 @@ it exists, else the built-in defaults. Then the environment:
 
 - secrets: ``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``OPENAI_API_KEY``,
   ``OPENAI_BASE_URL`` fill the provider sections when the file leaves them unset;
+  ``PARLEY_TRANSCRIPTION_API_KEY`` the voice transcription endpoint's key;
   ``TELEGRAM_BOT_TOKEN`` and ``DISCORD_BOT_TOKEN`` the ``default`` bot account's
   token; ``PARLEY_DATABASE_URL`` the PostgreSQL URL (``[storage] url``);
   ``TELEGRAM_API_BASE_URL`` overrides the ``default`` Telegram account's Bot API
@@ -45,6 +46,7 @@ from parley.core.providers.provider_config import ProvidersConfig
 from parley.gateway.errors import ConfigFileError
 from parley.gateway.lanes import LanesConfig
 from parley.gateway.machine_memory import usable_memory_bytes
+from parley.gateway.media.config import MediaConfig
 from parley.gateway.retention_config import RetentionConfig
 from parley.gateway.session_config import SessionConfig
 
@@ -52,7 +54,13 @@ DEFAULT_HOME = Path("~/.parley")
 CONFIG_FILE_NAME = "parley.toml"
 ENV_PREFIX = "PARLEY_"
 # Environment variables that are not field overrides.
-_RESERVED_ENV = {"PARLEY_HOME", "PARLEY_LOG_LEVEL", "PARLEY_CONFIG", "PARLEY_DATABASE_URL"}
+_RESERVED_ENV = {
+    "PARLEY_HOME",
+    "PARLEY_LOG_LEVEL",
+    "PARLEY_CONFIG",
+    "PARLEY_DATABASE_URL",
+    "PARLEY_TRANSCRIPTION_API_KEY",
+}
 _SECRET_ENV: dict[str, tuple[str, ...]] = {
     "ANTHROPIC_API_KEY": ("providers", "anthropic", "api_key"),
     "ANTHROPIC_BASE_URL": ("providers", "anthropic", "base_url"),
@@ -61,6 +69,7 @@ _SECRET_ENV: dict[str, tuple[str, ...]] = {
     "TELEGRAM_BOT_TOKEN": ("channels", "telegram", "accounts", "default", "token"),
     "DISCORD_BOT_TOKEN": ("channels", "discord", "accounts", "default", "token"),
     "PARLEY_DATABASE_URL": ("storage", "url"),
+    "PARLEY_TRANSCRIPTION_API_KEY": ("media", "transcription", "api_key"),
 }
 # Overrides (not defaults): they win over the file, and apply to an existing account only.
 _OVERRIDE_ENV: dict[str, tuple[str, ...]] = {
@@ -223,6 +232,7 @@ class ParleyConfig(_Strict):
     storage: StorageConfig = StorageConfig()
     retention: RetentionConfig = RetentionConfig()
     logging: LoggingConfig = LoggingConfig()
+    media: MediaConfig = MediaConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +256,11 @@ class LoadedConfig:
     @property
     def sessions_dir(self) -> Path:
         return self.home / "sessions"
+
+    @property
+    def media_dir(self) -> Path:
+        """The media store: pictures and files people sent (owner-only)."""
+        return self.home / "media"
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -10,7 +10,9 @@ GatewayError
 ├── LaneBusy             a session's lane cannot take more work now
 ├── NotStarted           a part built at start was asked for before the gateway started
 ├── AdminServerError     the HTTP server cannot start (no token on a public address, port taken)
-└── ApiError             an admin API request cannot be served; carries the HTTP status
+├── ApiError             an admin API request cannot be served; carries the HTTP status
+└── MediaRejected        a picture, document or voice note cannot be used (too big, of
+                         an unsupported type, unreadable); says why in words a person reads
 """
 
 from __future__ import annotations
@@ -76,3 +78,8 @@ class ApiError(GatewayError):
         self.status = status
         self.code = code
         self.message = message
+
+
+class MediaRejected(GatewayError):
+    """An attachment the gateway cannot use. ``str(exc)`` is the reason, written for the
+    person who sent it ("it is 31 MB; the limit is 20 MB")."""

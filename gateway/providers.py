@@ -51,6 +51,7 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
                 timeout=retry.timeout_seconds,
                 connect_timeout=retry.connect_timeout_seconds,
                 stall_timeout=retry.stall_timeout_seconds,
+                vision=config.anthropic.vision,
             ),
             None,
         )
@@ -66,6 +67,7 @@ def build_provider(config: ProvidersConfig) -> tuple[Provider, str | None]:
                 timeout=retry.timeout_seconds,
                 connect_timeout=retry.connect_timeout_seconds,
                 stall_timeout=retry.stall_timeout_seconds,
+                vision=config.openai.sees_images(),
             ),
             None,
         )

@@ -66,6 +66,9 @@ class PruningConfig(_Strict):
     prune_on_share: bool = True
     tools_allow: tuple[str, ...] = Field((), description="globs; empty = every tool")
     tools_deny: tuple[str, ...] = Field((), description="globs; deny wins over allow")
+    # Pictures people sent: shown to the model for this many completed turns after the
+    # one they came with, then a placeholder naming them (core.context.pruning).
+    keep_image_turns: int = Field(3, ge=0, le=100)
 
 
 class CompactionConfig(_Strict):

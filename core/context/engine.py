@@ -273,6 +273,11 @@ class ContextEngine:
 
     # -- the view -----------------------------------------------------------------------
 
+    @property
+    def vision(self) -> bool:
+        """Whether the model sees images (else the view shows pictures as placeholders)."""
+        return getattr(self.provider, "vision", False) is True
+
     def max_messages(self, chat_type: str, window: int) -> int:
         """The view's message limit (0 = none): see ``core.context.view.max_messages``."""
         return max_messages(self.config, chat_type, window)
@@ -282,14 +287,14 @@ class ContextEngine:
     ) -> tuple[list[Message], str]:
         """The model's view of ``entries`` with recorded prunes applied, and its key.
         ``window`` sizes the derived message limit (default: ``default_window``)."""
-        messages, key, _ = build_view(self.config, entries, chat_type, window)
+        messages, key, _ = build_view(self.config, entries, chat_type, window, vision=self.vision)
         return messages, key
 
     def inspect_view(
         self, entries: Sequence[Entry], chat_type: str, *, window: int | None = None
     ) -> ContextView:
         """``view`` plus the counts of what pruning and the history limits left out."""
-        return inspect_view(self.config, entries, chat_type, window)
+        return inspect_view(self.config, entries, chat_type, window, vision=self.vision)
 
     # -- prepare ------------------------------------------------------------------------
 
@@ -302,7 +307,7 @@ class ContextEngine:
         self._stored_counts.take_new(transcript)
 
         messages, key, decisions = build_view(
-            self.config, transcript.live_entries(), request.chat_type, window
+            self.config, transcript.live_entries(), request.chat_type, window, vision=self.vision
         )
         if await record_prune(
             transcript, messages, decisions, self.config, window=window, now=self.now()

@@ -27,8 +27,13 @@ Images: in this codebase's message vocabulary a ``ToolResultBlock``'s content is
 string, so a result holds no image blocks and its text is what gets trimmed or cleared.
 An ``ImageBlock`` that shares a ``tool_result`` message with a pruned result (never made
 by the runtime, but loaded transcripts may hold one) is treated as part of that result
-and becomes ``PRUNED_IMAGE_PLACEHOLDER``. Images in user messages are user content and
-are left alone here.
+and becomes ``PRUNED_IMAGE_PLACEHOLDER``.
+
+Pictures people sent (``ImageBlock`` with a media store ``ref``) are pruned by age, not
+size, the way OpenClaw prunes old tool results: once ``keep_image_turns`` completed
+turns came after the one a picture was sent in, ``prune_old_images`` shows it as a
+placeholder naming it (``core.media.pruned_placeholder``). Deterministic from the view
+alone, so it needs no recorded decision: the same view prunes the same pictures.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from parley.core.context.config import PruningConfig
+from parley.core.media import pruned_placeholder
 from parley.core.messages import (
     Block,
     DerivedKey,
@@ -192,6 +198,44 @@ def apply_decisions(
         return list(messages)
     return [
         _prune_message(m, soft, hard, settings) if m.role == "tool_result" else m for m in messages
+    ]
+
+
+def _without_images(message: Message) -> Message:
+    """``message`` with its stored pictures as placeholders; kept on the message, so the
+    view hands the same copy from turn to turn (its counts and wire form kept with it)."""
+    kept = message.derived(_IMAGES_PRUNED)
+    if kept is None:
+        kept = Message(
+            message.role,
+            tuple(
+                TextBlock(pruned_placeholder(b)) if isinstance(b, ImageBlock) and b.ref else b
+                for b in message.content
+            ),
+        )
+        message.keep_derived(_IMAGES_PRUNED, kept)
+    return kept
+
+
+_IMAGES_PRUNED: DerivedKey[Message] = DerivedKey("images pruned")
+
+
+def prune_old_images(messages: Sequence[Message], keep_turns: int) -> list[Message]:
+    """``messages`` with the pictures of user messages older than the last ``keep_turns``
+    completed turns (a user message the model has answered) as placeholders. Messages
+    with nothing to change are handed back as the same objects."""
+    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    completed = [i for i, m in enumerate(messages) if m.role == "user" and i < last_assistant]
+    if len(completed) <= keep_turns:
+        return list(messages)
+    cutoff = completed[-keep_turns] if keep_turns else last_assistant
+    return [
+        _without_images(m)
+        if i < cutoff
+        and m.role == "user"
+        and any(isinstance(b, ImageBlock) and b.ref for b in m.content)
+        else m
+        for i, m in enumerate(messages)
     ]
 
 

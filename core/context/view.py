@@ -28,8 +28,10 @@ from parley.core.context.pruning import (
     PruneDecision,
     apply_decisions,
     decide,
+    prune_old_images,
     recorded_decisions,
 )
+from parley.core.media import without_vision
 from parley.core.messages import Message
 from parley.core.transcript import ENTRY_COMPACTION, ENTRY_CUSTOM, ENTRY_MESSAGE, Entry
 from parley.core.transcript_store import SessionTranscript
@@ -92,22 +94,37 @@ def max_messages(config: ContextConfig, chat_type: str, window: int) -> int:
 
 
 def build_view(
-    config: ContextConfig, entries: Sequence[Entry], chat_type: str, window: int | None = None
+    config: ContextConfig,
+    entries: Sequence[Entry],
+    chat_type: str,
+    window: int | None = None,
+    *,
+    vision: bool = True,
 ) -> tuple[list[Message], str, list[PruneDecision]]:
     """The view of ``entries``, its key, and the recorded prunes it applied. ``window``
-    sizes the derived message limit and the pruning figures (default: ``default_window``)."""
+    sizes the derived message limit and the pruning figures (default: ``default_window``);
+    without ``vision`` the pictures people sent are placeholders (``core.media``)."""
     window = window or config.default_window
     limit = max_messages(config, chat_type, window)
     messages = build_history(entries, max_turns=max_turns(config, chat_type), max_messages=limit)
     decisions = recorded_decisions(entries)
     if decisions:
         messages = apply_decisions(messages, decisions, scaled_pruning(config.pruning, window))
+    aged = 0  # messages whose pictures aged out (a change to the prefix, like a prune)
+    if config.pruning.mode != "off":
+        shown = messages
+        messages = prune_old_images(shown, config.pruning.keep_image_turns)
+        aged = sum(new is not old for new, old in zip(messages, shown, strict=True))
+    if not vision:
+        messages = without_vision(messages)
     # The key names what makes this view differ from a plain continuation of the
     # previous one: a compaction, a prune, or (with a turn limit) a new first message.
     key = (
         f"{_latest_id(entries, ENTRY_COMPACTION)}|"
         f"{_latest_id(entries, ENTRY_CUSTOM, PRUNE_CUSTOM_TYPE)}"
     )
+    if aged:
+        key += f"|images:{aged}"
     if (max_turns(config, chat_type) > 0 or limit > 0) and messages:
         # In-process only (str hashes are salted per process), like the accountant.
         key += f"|{hash(messages[0].text)}:{len(messages[0].content)}"
@@ -115,10 +132,15 @@ def build_view(
 
 
 def inspect_view(
-    config: ContextConfig, entries: Sequence[Entry], chat_type: str, window: int | None = None
+    config: ContextConfig,
+    entries: Sequence[Entry],
+    chat_type: str,
+    window: int | None = None,
+    *,
+    vision: bool = True,
 ) -> ContextView:
     """``build_view`` plus the counts of what pruning and the history limits left out."""
-    messages, _, decisions = build_view(config, entries, chat_type, window)
+    messages, _, decisions = build_view(config, entries, chat_type, window, vision=vision)
     dropped = 0
     limit = max_messages(config, chat_type, window or config.default_window)
     if max_turns(config, chat_type) > 0 or limit > 0:

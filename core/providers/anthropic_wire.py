@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from parley.core.media import gone_placeholder
 from parley.core.messages import (
     Block,
     DerivedKey,
@@ -75,8 +76,9 @@ def wire_block(block: Block) -> dict[str, Any] | None:
             wire["is_error"] = True
         return wire
     if isinstance(block, ImageBlock):
-        if not block.data:
-            return {"type": "text", "text": IMAGE_PLACEHOLDER}
+        if not block.data:  # stored pictures are resolved before (core.media)
+            text = gone_placeholder(block) if block.ref else IMAGE_PLACEHOLDER
+            return {"type": "text", "text": text}
         return {
             "type": "image",
             "source": {"type": "base64", "media_type": block.media_type, "data": block.data},

@@ -67,6 +67,7 @@ class ModelFacts:
     # refusing prompt + max_tokens up front (OpenAI, vLLM, Anthropic).
     prompt_only_window: bool | None = None
     server: str = ""  # "llama.cpp", "ollama", "vllm", "openai", "embedded"
+    supports_vision: bool | None = None  # the model reads images (llama.cpp, Ollama say)
 
 
 @runtime_checkable

@@ -3,7 +3,8 @@
 Self-hosted servers publish the window they really run with, each in its own place:
 
 - llama.cpp: ``GET {root}/props`` → ``default_generation_settings.n_ctx`` (the window of
-  one slot, what a request gets) and ``chat_template_caps.supports_tools`` (whether the
+  one slot, what a request gets), ``modalities.vision`` (a vision projector is loaded)
+  and ``chat_template_caps.supports_tools`` (whether the
   model's chat template can take tool schemas). ``GET {base}/models`` also carries
   ``data[].meta.n_ctx``, but that is the whole context shared by every slot, so it is only
   the fallback when ``/props`` does not answer.
@@ -102,10 +103,13 @@ def parse_llamacpp_props(payload: object) -> ModelFacts | None:
     if window is None:
         return None
     caps = _mapping(_mapping(payload).get("chat_template_caps"))
+    modalities = _mapping(_mapping(payload).get("modalities"))
     return ModelFacts(
         context_window=window,
         source="llama.cpp /props",
         supports_tools=_flag(caps.get("supports_tools")),
+        # A server started with a vision projector (--mmproj) says so.
+        supports_vision=_flag(modalities.get("vision")),
         prompt_only_window=True,
         server="llama.cpp",
     )
@@ -163,13 +167,15 @@ def parse_ollama_show(payload: object) -> ModelFacts | None:
         window, how = OLLAMA_DEFAULT_NUM_CTX, f"default num_ctx {OLLAMA_DEFAULT_NUM_CTX}"
     if trained is not None and trained < window:
         window, how = trained, "trained length"
-    supports_tools = None
+    supports_tools = supports_vision = None
     if isinstance(capabilities, list):
         supports_tools = "tools" in capabilities
+        supports_vision = "vision" in capabilities
     return ModelFacts(
         context_window=window,
         source=f"ollama /api/show ({how})",
         supports_tools=supports_tools,
+        supports_vision=supports_vision,
         prompt_only_window=True,
         server="ollama",
     )

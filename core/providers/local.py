@@ -258,6 +258,7 @@ class LocalProvider:
     ) -> None:
         self.config = config or LocalModelConfig()
         self.name = PROVIDER_NAME
+        self.vision = False  # SmolLM2 reads text only: pictures reach it as placeholders
         file_name = self.config.model_path.name if self.config.model_path else DEFAULT_MODEL_FILE
         self.model = file_name.removesuffix(".gguf")
         self.sampling = sampling or Sampling.for_config(self.config)

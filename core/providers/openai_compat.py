@@ -53,6 +53,7 @@ from parley.core.errors import (
     ProviderError,
     ProviderTimeoutError,
 )
+from parley.core.media import gone_placeholder
 from parley.core.messages import (
     Block,
     ImageBlock,
@@ -106,8 +107,8 @@ _FINISH_REASONS: dict[str, str] = {
 
 
 def _image_part(block: ImageBlock) -> dict[str, Any]:
-    if not block.data:
-        return {"type": "text", "text": IMAGE_PLACEHOLDER}
+    if not block.data:  # stored pictures are resolved before (core.media)
+        return {"type": "text", "text": gone_placeholder(block) if block.ref else IMAGE_PLACEHOLDER}
     url = f"data:{block.media_type};base64,{block.data}"
     return {"type": "image_url", "image_url": {"url": url}}
 
@@ -304,7 +305,10 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_SECONDS,
         discovery_timeout: float = DEFAULT_DISCOVERY_TIMEOUT_SECONDS,
+        vision: bool | None = True,
     ) -> None:
+        """``vision``: whether the model sees images; None: what the server says at
+        ``start`` (llama.cpp's /props, Ollama's /api/show), no until it does."""
         super().__init__(
             model,
             api_key,
@@ -312,7 +316,9 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
             timeout,
             connect_timeout=connect_timeout,
             stall_timeout=stall_timeout,
+            vision=vision is True,
         )
+        self._vision_from_server = vision is None
         self._api_key = api_key
         self.discovery_timeout = discovery_timeout
         self.facts = ModelFacts()
@@ -364,6 +370,9 @@ class OpenAICompatProvider(StreamingProvider[openai.AsyncOpenAI]):
                 exc,
             )
             return
+        if self._vision_from_server and facts.supports_vision is not None:
+            self.vision = facts.supports_vision
+            log.info("%s: vision %s (%s)", self.model, "on" if self.vision else "off", facts.source)
         if facts.server == "openai":
             return  # OpenAI publishes no window: the model table applies
         if facts.context_window is None and facts.supports_tools is None:

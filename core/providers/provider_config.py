@@ -47,12 +47,24 @@ class AnthropicConfig(_Strict):
     model: str = DEFAULT_ANTHROPIC_MODEL
     api_key: SecretStr | None = None
     base_url: str | None = None
+    # Every current Claude model sees images; false sends pictures as placeholders.
+    vision: bool = Field(True, description="the model sees images")
 
 
 class OpenAIConfig(_Strict):
     model: str = DEFAULT_OPENAI_MODEL
     api_key: SecretStr | None = None
     base_url: str | None = Field(None, description="any OpenAI-compatible server, /v1 included")
+    # Unset: yes for OpenAI itself (no base_url); for another server what it says of the
+    # model (llama.cpp's /props, Ollama's /api/show), else no: most local models read
+    # text only, and a server without a vision projector refuses images.
+    vision: bool | None = Field(None, description="the model sees images; unset: see above")
+
+    def sees_images(self) -> bool | None:
+        """True or False as configured; None: ask the server."""
+        if self.vision is not None:
+            return self.vision
+        return None if self.base_url else True
 
 
 class LocalModelConfig(_Strict):

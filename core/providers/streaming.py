@@ -257,9 +257,13 @@ class StreamingProvider(ABC, Generic[ClientT]):
         *,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_SECONDS,
+        vision: bool = True,
     ) -> None:
         self.model = model
         self.base_url = base_url
+        # Whether the model sees images: stored pictures go to it inline, else as a
+        # placeholder with the words sent with them (core.media).
+        self.vision = vision
         self.timeouts = StreamTimeouts(connect=connect_timeout, stall=stall_timeout, total=timeout)
         self._client = self._open_client(api_key, base_url, self.timeouts)
 

@@ -125,7 +125,28 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
             findings.append(await _check_pairing(loaded))
         findings += await _check_disk(loaded, None, read_state=not state_blocked)
     findings.append(await asyncio.to_thread(_check_http, loaded))
+    findings.append(await asyncio.to_thread(_check_media, loaded))
     return findings
+
+
+def _check_media(loaded: LoadedConfig) -> Finding:
+    """Pictures, documents and voice (gateway/media/): the extra, the transcription URL."""
+    media = loaded.config.media
+    if not media.enabled:
+        return Finding("media", "ok", "off ([media] enabled = false): placeholders only")
+    missing = [
+        name for name, module in (("Pillow", "PIL"), ("pypdf", "pypdf"))
+        if importlib.util.find_spec(module) is None
+    ]  # fmt: skip
+    url = media.transcription.url
+    voice = f"voice notes transcribed at {url}" if url else "voice notes not transcribed"
+    if missing:
+        return Finding(
+            "media", "warning",
+            f"{' and '.join(missing)} missing (the media extra): pictures and PDFs get a "
+            f'notice instead; pip install "parley[media]"; {voice}',
+        )  # fmt: skip
+    return Finding("media", "ok", f"pictures and documents read; {voice}")
 
 
 async def _fix(loaded: LoadedConfig) -> Finding:

@@ -44,6 +44,7 @@ async def serve(loaded: LoadedConfig, *, terminal_only: bool) -> int:
         banner=banner,
         on_terminal_close=eof.set,
         terminal_history=terminal_history(loaded),
+        upload_dir=loaded.media_dir / "uploads",
     )
     gateway = Gateway(
         loaded,

@@ -26,6 +26,8 @@ What ``erase_person`` removes, on either backend:
   (a home not yet migrated by ``parley doctor --fix``);
 - the inbox rows they sent (any chat, groups included: the row is their message) and
   their DM pairing requests or approvals;
+- the pictures they sent in their direct chats (their folders of the media store,
+  ``gateway.media.store``);
 - the terminal chat's line history (``<home>/terminal_history``, what was typed at the
   terminal) when they are the terminal's person (``[channels.terminal] sender_id``);
 - then the memory index is synced, so the chunks of every removed file go, and the

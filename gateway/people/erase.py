@@ -26,6 +26,7 @@ from parley.gateway.home_upgrade.audiences import (
     rewrite_file,
     workspace_flush_blocks,
 )
+from parley.gateway.media.store import MediaStore
 from parley.gateway.memory import memory_db_path, notes_dir, tasks_dir
 from parley.gateway.people import inventory
 from parley.gateway.people.inventory import SessionInfo, State, TaskFile
@@ -338,6 +339,11 @@ def _erase_files(loaded: LoadedConfig, target: Person, files: _LocalFiles) -> No
         task.path.unlink(missing_ok=True)
     for folder in files.checkpoint_dirs:
         shutil.rmtree(folder, ignore_errors=True)
+    # The pictures they sent in their direct chats (a group's stay with the group, like
+    # its transcript).
+    for audience, folder in MediaStore(loaded.media_dir).audience_folders():
+        if audience.kind == "person" and target.owns(audience.scope):
+            shutil.rmtree(folder, ignore_errors=True)
     for path in sorted({b.path for b in files.blocks}):
         _remove_blocks(path, target)
 

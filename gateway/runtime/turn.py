@@ -41,6 +41,8 @@ from parley.core.runner import TurnRequest, TurnResult
 from parley.core.transcript import ENTRY_COMPACTION
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.gateway_view import ProviderHealth
+from parley.gateway.media.intake import Intake, MediaIntake, with_notices
+from parley.gateway.media.store import MediaStore
 from parley.gateway.memory import record_turn_task
 from parley.gateway.runtime.context import Runtime, last_entry_id
 from parley.gateway.runtime.delivery import Delivery, reply_key, reply_to
@@ -73,6 +75,8 @@ class Turns:
         self.rt = rt
         self.transcripts = transcripts
         self.delivery = delivery if delivery is not None else Delivery(rt, transcripts)
+        # Pictures, documents and voice notes that come with the words (gateway.media).
+        self.media = MediaIntake(rt.config.media, MediaStore(rt.loaded.media_dir), rt.channels)
 
     async def run(
         self,
@@ -131,12 +135,19 @@ class Turns:
             chat_type=first.route.chat_type,
             memory_scopes=await self._memory_scopes(viewer),
             memory_viewer=viewer,
+            media=self.media.store.loader(viewer),
         )
+        intake = Intake()
         entries_before = transcript.entry_count
         started = time.perf_counter()
         started_at = rt.clock()  # the task record's start (wall clock)
         try:
             async with self.working(message):
+                if not resume and any(i.message.attachments for i in items):
+                    intake = await self.media.take(
+                        [i.message for i in items], viewer.audience, rt.window_for(record)
+                    )
+                    turn.attachments = intake.blocks
                 if drafts is None:
                     result = await runner.run_turn(transcript, turn, on_retry=on_retry)
                 else:
@@ -199,7 +210,7 @@ class Turns:
                 now=rt.clock(),
             ),
         )
-        return result.reply or EMPTY_REPLY_TEXT
+        return with_notices(result.reply or EMPTY_REPLY_TEXT, intake.notices)
 
     def _drafts(
         self,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from parley.channels.base import EarlierMessage, InboundMessage, SeenMark
+from parley.channels.base import Attachment, EarlierMessage, InboundMessage, SeenMark
 from parley.gateway.routing import normalise_channel, normalise_peer_id
 
 OPEN_STATES = ("received", "replied")
@@ -107,6 +107,13 @@ def well_formed(message: InboundMessage) -> InboundMessage:
         for name in InboundMessage.__dataclass_fields__
         if isinstance(value := getattr(message, name), str) and _has_unstorable(value)
     }
+    if any(_has_unstorable(a.name + a.ref + a.mime_type) for a in message.attachments):
+        changes["attachments"] = tuple(
+            dataclasses.replace(
+                a, name=_scrub(a.name), ref=_scrub(a.ref), mime_type=_scrub(a.mime_type)
+            )
+            for a in message.attachments
+        )
     return dataclasses.replace(message, **changes) if changes else message
 
 
@@ -123,6 +130,10 @@ def message_to_json(message: InboundMessage) -> str:
         name: getattr(message, name) for name in InboundMessage.__dataclass_fields__
     }
     data["timestamp"] = message.timestamp.isoformat()
+    if message.attachments:
+        data["attachments"] = [a.to_dict() for a in message.attachments]
+    else:
+        del data["attachments"]  # the rows of messages without any stay as they were
     return json.dumps(data, ensure_ascii=False)
 
 
@@ -131,6 +142,7 @@ def message_from_json(raw: str) -> InboundMessage:
     data["timestamp"] = datetime.fromisoformat(data["timestamp"])
     # Rows written before group context have none; JSON gives the lines back as lists.
     data["group_context"] = tuple(EarlierMessage(*line) for line in data.get("group_context", ()))
+    data["attachments"] = tuple(Attachment.from_dict(a) for a in data.get("attachments", ()))
     return InboundMessage(**data)
 
 

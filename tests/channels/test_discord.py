@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from parley.channels.base import ChatPolicy, InboundMessage
+from parley.channels.base import AttachmentUnavailable, ChatPolicy, InboundMessage
 from parley.channels.config import DEFAULT_GROUP_CONTEXT_MESSAGES
 from tests.channels.discord_support import (
     ANN,
@@ -195,6 +196,33 @@ async def test_attachments_and_stickers_become_placeholders(fake: FakeDiscord) -
         "[sticker: wave]"
     )
     assert bare.text == "[file: notes.txt, 300 B]"
+    # Each file is also described for the gateway, by its URL (fetched in the turn).
+    kinds = [(a.kind, a.name, a.mime_type, a.size) for a in described.attachments]
+    assert kinds == [
+        ("image", "cat.png", "image/png", 52_000),
+        ("document", "report.pdf", "application/pdf", 12_288),
+        ("voice", "voice-message.ogg", "audio/ogg", 8_000),
+    ]
+    assert described.attachments[2].duration == 4.2
+    assert described.attachments[0].ref.endswith("/cat.png")
+    assert [a.kind for a in bare.attachments] == ["document"]
+
+
+async def test_an_attachment_is_fetched_through_its_url(fake: FakeDiscord) -> None:
+    async with running(fake) as (channel, inbox):
+        await fake.push_message(
+            TOKEN, channel_id=GENERAL, content=f"<@{BOT_ID}> file", author=ANN,
+            attachments=[{"filename": "a.txt", "content_type": "text/plain", "data": b"abc"}],
+        )  # fmt: skip
+        [message] = await inbox.wait(1)
+        [attachment] = message.attachments
+        assert await channel.fetch_attachment(message, attachment, 100) == b"abc"
+        with pytest.raises(AttachmentUnavailable) as too_big:
+            await channel.fetch_attachment(message, attachment, 2)
+        assert too_big.value.too_large
+        gone = dataclasses.replace(attachment, ref=attachment.ref + "-gone")
+        with pytest.raises(AttachmentUnavailable, match="Discord"):
+            await channel.fetch_attachment(message, gone, 100)
 
 
 async def test_own_messages_bots_and_system_messages_are_ignored(fake: FakeDiscord) -> None:

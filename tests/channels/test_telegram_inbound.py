@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from parley.channels.base import InboundMessage, OutboundMessage
+from parley.channels.base import Attachment, InboundMessage, OutboundMessage
 from parley.channels.telegram import TelegramChannel
 from tests.channels.telegram_helpers import (
     BOT_ID,
@@ -220,6 +220,28 @@ async def test_media_become_placeholders(
         "[video, 12 s]",
         "[contact: Dan]",
     ]
+
+
+async def test_photos_documents_and_voice_notes_are_described_as_attachments(
+    fake: FakeTelegram, inbox: Inbox, channel: TelegramChannel
+) -> None:
+    fake.push_message(TOKEN, chat_id=42, photo=True)  # three sizes, no caption: still taken
+    fake.push_message(TOKEN, chat_id=42, voice=5)
+    picture = {"document": {"file_id": "DOC1", "file_unique_id": "U1", "file_size": 900,
+                            "file_name": "scan.png", "mime_type": "image/png"}}  # fmt: skip
+    fake.push_message(TOKEN, chat_id=42, extra=picture, caption="scanned")
+    fake.push_message(TOKEN, chat_id=42, document="notes.md")
+    fake.push_message(TOKEN, chat_id=42, sticker="😀")
+    messages = await inbox.wait(5)
+    photo, voice, scan, notes, sticker = (m.attachments for m in messages)
+    assert photo == (Attachment("image", "AgACAgIAAxk", name="photo.jpg", mime_type="image/jpeg",
+                                size=1280 * 960 // 10, width=1280, height=960),)  # fmt: skip
+    assert voice == (Attachment("voice", "AgACAgIAAxk", name="voice.ogg", mime_type="audio/ogg",
+                                duration=5.0),)  # fmt: skip
+    assert scan == (Attachment("image", "DOC1", name="scan.png", mime_type="image/png", size=900),)
+    assert [(a.kind, a.name) for a in notes] == [("document", "notes.md")]
+    assert sticker == ()  # a sticker stays a placeholder
+    assert messages[0].text == "[photo]"
 
 
 async def test_nothing_usable_is_dropped(

@@ -23,6 +23,7 @@ nor written. ``fake.billing`` keeps the running totals.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -116,6 +117,10 @@ def _check_block(block: Any, where: str) -> None:
         source = block.get("source") or {}
         if source.get("type") != "base64" or not source.get("data"):
             raise InvalidRequest(f"{where}.source: image source data is required")
+        try:
+            base64.b64decode(source["data"], validate=True)
+        except ValueError:
+            raise InvalidRequest(f"{where}.source.data: invalid base64 data") from None
         if source.get("media_type") not in IMAGE_MEDIA_TYPES:
             raise InvalidRequest(
                 f"{where}.source.media_type: Input should be one of 'image/jpeg', "

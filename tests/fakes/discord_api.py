@@ -47,6 +47,11 @@ those only the ones on the guild's shard (DMs: shard 0). ``GET /gateway/bot`` re
 closed 4011 (the shard rules are in ``tests.fakes.discord_gateway``). What a
 bot sends comes back to its own sessions as MESSAGE_CREATE, as on the real gateway.
 The websocket side lives in ``tests.fakes.discord_gateway``.
+
+Attachments: a ``push_message`` attachment spec with ``data`` (bytes) is served, like
+Discord's CDN, at its ``url`` on this fake (``GET /cdn/attachments/{channel}/{id}/
+{name}``, no token needed; 404 for an unknown one); its ``size`` is the data's length
+unless the spec says otherwise. Every CDN fetch is in ``cdn_fetches``.
 """
 
 from __future__ import annotations
@@ -328,6 +333,8 @@ class FakeDiscord:
         self._channels: dict[str, Channel] = {}
         self._users: dict[str, Json] = {}
         self._messages: dict[str, Json] = {}
+        self._cdn: dict[str, bytes] = {}  # attachment files by path
+        self.cdn_fetches: list[str] = []
         # (author id, str(nonce)) -> (clock() at creation, the message created), oldest
         # first; every nonce sent is kept, with or without enforce_nonce.
         self._nonces: dict[tuple[str, str], tuple[float, Json]] = {}
@@ -357,6 +364,7 @@ class FakeDiscord:
         app = web.Application(middlewares=[self._middleware])
         api = API_PREFIX
         app.router.add_get("/gateway", self.gateway.handle)
+        app.router.add_get("/cdn/attachments/{channel_id}/{attachment_id}/{name}", self._cdn_get)
         app.router.add_get(f"{api}/users/@me", self._get_me)
         app.router.add_get(f"{api}/oauth2/applications/@me", self._get_application)
         app.router.add_get(f"{api}/gateway", self._get_gateway)
@@ -658,8 +666,23 @@ class FakeDiscord:
     def _attachment(self, channel_id: str, spec: Mapping[str, Any]) -> Json:
         aid = str(spec.get("id") or self.snowflake())
         name = str(spec.get("filename") or "file")
-        url = f"https://cdn.discordapp.com/attachments/{channel_id}/{aid}/{name}"
-        return {"size": 0, "url": url, "proxy_url": url, **spec, "id": aid, "filename": name}
+        spec = dict(spec)
+        data = spec.pop("data", None)
+        if data is None:
+            url = f"https://cdn.discordapp.com/attachments/{channel_id}/{aid}/{name}"
+            return {"size": 0, "url": url, "proxy_url": url, **spec, "id": aid, "filename": name}
+        path = f"/cdn/attachments/{channel_id}/{aid}/{name}"
+        self._cdn[path] = bytes(data)
+        url = f"http://127.0.0.1:{self._port}{path}"
+        return {"size": len(data), "url": url, "proxy_url": url, **spec, "id": aid,
+                "filename": name}  # fmt: skip
+
+    async def _cdn_get(self, request: web.Request) -> web.Response:
+        data = self._cdn.get(request.path)
+        if data is None:
+            return web.Response(status=404, text="Not Found")
+        self.cdn_fetches.append(request.path)
+        return web.Response(body=data, content_type="application/octet-stream")
 
     @staticmethod
     def _reference_to(message: Mapping[str, Any]) -> Json:

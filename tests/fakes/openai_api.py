@@ -6,7 +6,9 @@ includes ``/v1``). Like the real service (and the servers that copy it) it check
 - a key, as ``Authorization: Bearer`` or ``x-api-key``: 401 ``invalid_api_key``;
 - the body: model, non-empty messages with known roles, ``tool`` messages answering
   the ``tool_calls`` of the assistant message before them, every tool call answered,
-  string ``arguments``, ``stream_options`` only with ``stream``: 400;
+  string ``arguments``, ``stream_options`` only with ``stream``, user content parts
+  (``text``, ``image_url`` with an http(s) URL or a base64 data URL of JPEG, PNG, GIF
+  or WebP): 400;
 - the context window (``context_window``) with the overflow body of the chosen
   ``dialect``: ``"openai"`` (code ``context_length_exceeded``), ``"vllm"`` (a
   top-level error object) or ``"llamacpp"`` (``exceed_context_size_error``).
@@ -15,6 +17,10 @@ Streams are ``data:`` lines only, ending with ``data: [DONE]``; with
 ``stream_options.include_usage`` a last chunk carries usage (``report_usage=False``
 imitates servers that never send it). Cached tokens: the longest prompt prefix (in
 whole messages) already seen, as OpenAI's automatic prefix caching reports it.
+
+Speech to text (``POST /v1/audio/transcriptions``, multipart ``file`` and ``model``)
+answers the words ``transcripts`` holds for the file's SHA-256; every request is in
+``transcription_requests``.
 
 Embeddings (``POST /v1/embeddings``) are as strict as the real endpoint: the same key
 check (none when the fake has ``api_key=None``, like a local Ollama), a known set of
@@ -40,6 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import aiohttp
 import numpy as np
 from aiohttp import web
 
@@ -233,6 +240,46 @@ def _validate_embeddings(body: Any, width: int) -> list[str]:
     return texts
 
 
+_DATA_URL = re.compile(r"data:(image/(?:jpeg|png|gif|webp));base64,([A-Za-z0-9+/]+={0,2})")
+
+
+def _check_part(part: Any, where: str) -> None:
+    """A user content part as the API checks it: text, or an image_url whose url is an
+    http(s) URL or a base64 data URL of a supported image type."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest("Invalid type for 'text': expected a string.", f"{where}.text")
+        return
+    if kind == "image_url":
+        url = (part.get("image_url") or {}).get("url")
+        if not isinstance(url, str):
+            raise InvalidRequest("Missing required parameter: 'url'.", f"{where}.image_url.url")
+        if url.startswith(("http://", "https://")):
+            return
+        match = _DATA_URL.fullmatch(url)
+        if match is None:
+            raise InvalidRequest("Invalid image URL: expected a base64 data URL.", where)
+        try:
+            base64.b64decode(match[2], validate=True)
+        except ValueError:
+            raise InvalidRequest("Invalid base64 image data.", where) from None
+        return
+    raise InvalidRequest(f"Invalid value: '{kind}'. Supported values are: 'text' and "
+                         "'image_url'.", f"{where}.type")  # fmt: skip
+
+
+def image_parts(body: Mapping[str, Any]) -> list[str]:
+    """The data URLs of every image part of a chat request, in order."""
+    return [
+        part["image_url"]["url"]
+        for message in body.get("messages", [])
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    ]
+
+
 def _validate(body: Any) -> None:
     if not isinstance(body, dict):
         raise InvalidRequest("We could not parse the JSON body of your request.")
@@ -291,6 +338,9 @@ def _validate(body: Any) -> None:
                 "Invalid value for 'content': expected a string, got null.",
                 f"messages.[{i}].content",
             )
+        elif isinstance(message["content"], list):
+            for j, part in enumerate(message["content"]):
+                _check_part(part, f"messages[{i}].content[{j}]")
     if pending:
         raise InvalidRequest(
             "An assistant message with 'tool_calls' must be followed by tool messages "
@@ -337,6 +387,9 @@ class FakeOpenAI(FakeLLMServer):
         # Lists the vectors last to first (indexes still right): clients must use ``index``.
         self.reverse_embeddings = reverse_embeddings
         self.embedding_script: deque[EmbeddingStep] = deque()
+        # Speech to text: the words for an audio file, by the SHA-256 of its bytes.
+        self.transcripts: dict[str, str] = {}
+        self.transcription_requests: list[dict[str, Any]] = []
 
     def make_app(self) -> web.Application:
         # aiohttp's 1 MB default would answer 413 long before the API's own limits do.
@@ -344,7 +397,33 @@ class FakeOpenAI(FakeLLMServer):
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_post(EMBEDDINGS_PATH, self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
         return app
+
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        """Speech to text: multipart ``file`` and ``model`` required; the words are the
+        ones ``transcripts`` holds for the file's SHA-256 (else "unintelligible")."""
+        failure = self._auth_failure(request)
+        if failure is not None:
+            return failure
+        fields: dict[str, Any] = {}
+        try:
+            reader = await request.multipart()
+            async for part in reader:
+                if not isinstance(part, aiohttp.BodyPartReader) or part.name is None:
+                    continue
+                if part.name == "file":
+                    fields["file"] = await part.read(decode=False)
+                    fields["filename"] = part.filename
+                else:
+                    fields[part.name] = await part.text()
+        except (ValueError, AssertionError):
+            return self._error(400, "invalid_request_error", "Expected multipart form data.")
+        if "file" not in fields or not fields.get("model"):
+            return self._error(400, "invalid_request_error", "file and model are required.")
+        self.transcription_requests.append(fields)
+        digest = hashlib.sha256(bytes(fields["file"])).hexdigest()
+        return web.json_response({"text": self.transcripts.get(digest, "unintelligible")})
 
     def enqueue_embeddings(self, *steps: EmbeddingStep) -> None:
         self.embedding_script.extend(steps)

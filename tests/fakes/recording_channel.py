@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 
 from parley.channels.base import (
     OPEN_POLICY,
+    Attachment,
+    AttachmentUnavailable,
     ChannelCapabilities,
     ChatPolicy,
     DeliveryResult,
@@ -28,6 +30,8 @@ class RecordingChannel:
         self.fail_next: list[Exception] = []
         self.chat_policy: ChatPolicy = OPEN_POLICY  # what policy() answers, for tests
         self.typing_calls: list[tuple[str, str | None, str]] = []
+        # Attachments' bytes by ref, served by fetch_attachment (the platform's file API).
+        self.files: dict[str, bytes] = {}
         self._ids = itertools.count(1)
         self._changed = asyncio.Condition()
 
@@ -56,6 +60,16 @@ class RecordingChannel:
     ) -> None:
         self.typing_calls.append((chat_id, thread_id, account))
 
+    async def fetch_attachment(
+        self, message: InboundMessage, attachment: Attachment, max_bytes: int
+    ) -> bytes:
+        data = self.files.get(attachment.ref)
+        if data is None:
+            raise AttachmentUnavailable("no such file")
+        if len(data) > max_bytes:
+            raise AttachmentUnavailable(f"{len(data)} bytes", too_large=True)
+        return data
+
     async def wait_sent(self, count: int, limit_s: float = 10.0) -> list[OutboundMessage]:
         async with asyncio.timeout(limit_s), self._changed:
             await self._changed.wait_for(lambda: len(self.sent) >= count)
@@ -73,6 +87,7 @@ class RecordingChannel:
         automated: bool = False,
         mentions_bot: bool = False,
         reply_to_text: str | None = None,
+        attachments: tuple[Attachment, ...] = (),
     ) -> InboundMessage:
         return InboundMessage(
             channel=self.name,
@@ -88,4 +103,5 @@ class RecordingChannel:
             automated=automated,
             mentions_bot=mentions_bot,
             reply_to_text=reply_to_text,
+            attachments=attachments,
         )

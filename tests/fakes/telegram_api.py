@@ -26,6 +26,13 @@ Deleted messages are gone for edits and replies; ``deletions`` has them.
 ``message(chat_id, message_id)``/``message_text`` read a stored message as it is now
 (``sent`` keeps what each send returned); ``call_counts`` counts calls per method.
 
+Files: ``add_file(token, data)`` makes a file the bot can fetch (a ``file_id`` for that
+bot only, as on Telegram); ``photo``/``document``/``voice`` build the message fields
+for it (pass them as ``push_message(extra=...)``). ``getFile`` answers its
+``file_path`` (400 ``invalid file_id`` for an unknown id, 400 ``file is too big`` past
+``max_download_bytes``, 20 MB like the real service), and ``GET /file/bot<token>/<path>``
+serves the bytes (404 for an unknown path or token); downloads are in ``downloads``.
+
 Tests push updates with ``push_message``/``push_update``: they wait for ``getUpdates``
 or, once a webhook is set, are POSTed to it in order; a non-2xx answer keeps the
 update pending until ``redeliver()``. ``fail_next``/``flood`` script errors (a
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import math
@@ -56,6 +64,7 @@ from aiohttp import web
 from tests.fakes.telegram_html import EntityParseError, _Parser, visible_text
 
 DEFAULT_MAX_TEXT_LENGTH = 4096
+MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024  # what getFile serves a bot at most
 WEBHOOK_CONFLICT = (
     "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to"
     " delete the webhook first"
@@ -352,6 +361,11 @@ class FakeTelegram:
         # Calls per method by its documented name ("editMessageText"), failed ones too.
         self.call_counts: Counter[str] = Counter()
         self.webhook_deliveries: list[WebhookDelivery] = []
+        self.max_download_bytes = MAX_DOWNLOAD_BYTES
+        # Files by (token, file_id): (file_path, bytes); paths served by (token, path).
+        self._files: dict[tuple[str, str], tuple[str, bytes]] = {}
+        self._paths: dict[tuple[str, str], bytes] = {}
+        self.downloads: list[str] = []  # file paths fetched, in order
         # Called with every API call as it arrives, before it is answered.
         self.call_hooks: list[Callable[[ApiCall], None]] = []
         # Methods held (lowercase): their calls wait until ``release`` (a slow server).
@@ -377,6 +391,7 @@ class FakeTelegram:
             "editMessageReplyMarkup": self._edit_message_reply_markup,
             "deleteMessage": self._delete_message,
             "sendChatAction": self._send_chat_action,
+            "getFile": self._get_file,
         }
         # Method names are case-insensitive: by lowercase name, (documented name, handler).
         self._methods = {name.lower(): (name, h) for name, h in handlers.items()}
@@ -386,6 +401,7 @@ class FakeTelegram:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._download)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
         try:
@@ -1108,6 +1124,53 @@ class FakeTelegram:
         self.actions.append(ChatActionRecord(bot.token, chat.id, str(params.get("action")), thread))
         self._signal.pulse()
         return True
+
+    # -- files -----------------------------------------------------------------------------
+
+    def add_file(self, token: str, data: bytes, *, folder: str = "documents",
+                 extension: str = "bin") -> dict[str, Any]:  # fmt: skip
+        """A file the bot ``token`` may fetch: its ``file_id``, ``file_unique_id`` and
+        ``file_size`` (the fields every file object of a message carries)."""
+        self._bot(token)
+        number = len(self._files) + 1
+        file_id = f"BQACAgIAAx{number:06d}{hashlib.sha256(data).hexdigest()[:12]}"
+        path = f"{folder}/file_{number}.{extension}"
+        self._files[(token, file_id)] = (path, data)
+        self._paths[(token, path)] = data
+        return {"file_id": file_id, "file_unique_id": f"AgAD{number:06d}", "file_size": len(data)}
+
+    def photo(self, token: str, data: bytes, width: int, height: int) -> dict[str, Any]:
+        """``extra`` for a photo message: one size (the real one), as Telegram sends the
+        largest last."""
+        file = self.add_file(token, data, folder="photos", extension="jpg")
+        return {"photo": [{**file, "width": width, "height": height}]}
+
+    def document(self, token: str, data: bytes, name: str, mime_type: str) -> dict[str, Any]:
+        file = self.add_file(token, data, extension=name.rsplit(".", 1)[-1][:8] or "bin")
+        return {"document": {**file, "file_name": name, "mime_type": mime_type}}
+
+    def voice(self, token: str, data: bytes, duration: int) -> dict[str, Any]:
+        file = self.add_file(token, data, folder="voice", extension="oga")
+        return {"voice": {**file, "duration": duration, "mime_type": "audio/ogg"}}
+
+    async def _get_file(self, bot: _Bot, params: dict[str, Any]) -> Any:
+        found = self._files.get((bot.token, str(params.get("file_id"))))
+        if found is None:
+            raise bad_request("invalid file_id")
+        path, data = found
+        if len(data) > self.max_download_bytes:
+            raise bad_request("file is too big")
+        number = path.rsplit("_", 1)[-1].split(".")[0]
+        return {"file_id": params["file_id"], "file_unique_id": f"AgAD{int(number):06d}",
+                "file_size": len(data), "file_path": path}  # fmt: skip
+
+    async def _download(self, request: web.Request) -> web.Response:
+        data = self._paths.get((request.match_info["token"], request.match_info["path"]))
+        if data is None:
+            return _error(ApiError(404, "Not Found"))
+        self.downloads.append(request.match_info["path"])
+        self._signal.pulse()
+        return web.Response(body=data, content_type="application/octet-stream")
 
 
 def _kind(update: dict[str, Any]) -> str:

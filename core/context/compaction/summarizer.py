@@ -46,6 +46,7 @@ from parley.core.errors import (
     SummaryError,
 )
 from parley.core.identifiers import absent_identifiers
+from parley.core.media import describe
 from parley.core.messages import (
     ImageBlock,
     Message,
@@ -184,8 +185,8 @@ def serialize_message(message: Message) -> str:
         if isinstance(block, TextBlock):
             if block.text.strip():
                 text_parts.append(block.text)
-        elif isinstance(block, ImageBlock):
-            text_parts.append("[image]")
+        elif isinstance(block, ImageBlock):  # never its bytes: what it was
+            text_parts.append(f"[image {describe(block)}]" if block.ref else "[image]")
         elif isinstance(block, ToolUseBlock):
             args = json.dumps(block.input, ensure_ascii=False, sort_keys=True, default=str)
             lines.append(f"[Assistant tool calls]: {block.name}({_cut(args)})")

@@ -426,15 +426,19 @@ function onFrame(raw) {
 function transmit(id, text) {
   const pending = state.pending.get(id);
   if (!state.ws || !state.ready) return;
-  state.ws.send(JSON.stringify({ type: "message", id, text }));
+  const frame = { type: "message", id, text };
+  // Files ride in the frame (base64); the server checks their size and kind.
+  if (pending && pending.files && pending.files.length) frame.files = pending.files;
+  state.ws.send(JSON.stringify(frame));
   if (pending) setMessageState(pending.node, "sending");
 }
 
-function send(text) {
+function send(text, files = []) {
   const id = randomId();
   const at = new Date().toISOString();
-  const node = addUserMessage(text, id, at);
-  state.pending.set(id, { text, node });
+  const names = files.map((f) => `[${f.name}]`).join(" ");
+  const node = addUserMessage(names ? `${names} ${text}`.trim() : text, id, at);
+  state.pending.set(id, { text, node, files });
   setMessageState(node, "queued");
   saveEntry({ role: "user", id, text, at, pending: true });
   transmit(id, text); // or later, when the socket is (back) up
@@ -448,12 +452,51 @@ function autosize() {
   input.style.height = `${input.scrollHeight + 2}px`;
 }
 
-function submit(event) {
+// Files chosen with the attach button, read as base64 when the message is sent.
+const MAX_FILE_BYTES = 10 * 1024 * 1024; // the server's default ([channels.web] max_upload_bytes)
+
+function readFile(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => {
+      const url = String(reader.result);
+      resolve({ name: file.name, type: file.type || "", data: url.slice(url.indexOf(",") + 1) });
+    };
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+function chosenFiles() {
+  return Array.from($("#chat-file").files || []);
+}
+
+function showChosen() {
+  const names = chosenFiles().map((f) => f.name);
+  $("#chat-files").textContent = names.length ? names.join(", ") : "";
+}
+
+async function submit(event) {
   event.preventDefault();
   const input = $("#chat-input");
   const text = input.value;
-  if (!text.trim()) return;
-  send(text);
+  const chosen = chosenFiles();
+  if (!text.trim() && !chosen.length) return;
+  const big = chosen.find((f) => f.size > MAX_FILE_BYTES);
+  if (big) {
+    showError(`${big.name} is larger than the limit of ${MAX_FILE_BYTES / 1048576} MB.`);
+    return;
+  }
+  let files = [];
+  try {
+    files = await Promise.all(chosen.map(readFile));
+  } catch (err) {
+    showError(`A file could not be read: ${err}`);
+    return;
+  }
+  $("#chat-file").value = "";
+  showChosen();
+  send(text, files);
   input.value = "";
   autosize();
   input.focus();
@@ -463,6 +506,8 @@ function init() {
   state.clientId = loadClientId();
   parley.initToken({ onToken: start, onForget: () => promptForToken() });
   $("#chat-form").addEventListener("submit", submit);
+  $("#chat-attach").addEventListener("click", () => $("#chat-file").click());
+  $("#chat-file").addEventListener("change", showChosen);
   const input = $("#chat-input");
   input.addEventListener("input", autosize);
   input.addEventListener("keydown", (event) => {

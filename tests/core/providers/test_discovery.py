@@ -131,6 +131,7 @@ async def test_ollama_window_is_num_ctx_not_the_trained_length(fake: FakeServer)
         supports_tools=True,
         prompt_only_window=True,
         server="ollama",
+        supports_vision=False,  # its capabilities list no "vision"
     )
     shows = [s for s in fake.seen if s[1] == "/api/show"]
     assert shows[0][0] == "POST"
@@ -309,5 +310,37 @@ async def test_the_server_says_whether_tools_are_offered_and_the_request_decides
         request = ProviderRequest(MODEL, "", (Message.user("hi"),), (tool,))
         assert "tools" in provider.build_params(request)
         assert provider.supports_tools is (said is not False)
+    finally:
+        await provider.aclose()
+
+
+def test_vision_as_the_server_says_it() -> None:
+    props = {"default_generation_settings": {"n_ctx": 4096}, "modalities": {"vision": True}}
+    facts = parse_llamacpp_props(props)
+    assert facts is not None and facts.supports_vision is True
+    blind = parse_llamacpp_props({"default_generation_settings": {"n_ctx": 4096}})
+    assert blind is not None and blind.supports_vision is None  # an older server: not said
+    seeing = parse_ollama_show(ollama_show(caps=["completion", "vision"]))
+    assert seeing is not None and seeing.supports_vision is True
+    text_only = parse_ollama_show(ollama_show(caps=["completion"]))
+    assert text_only is not None and text_only.supports_vision is False
+
+
+@pytest.mark.parametrize(("configured", "said", "sees"), [
+    (None, True, True), (None, None, False), (None, False, False),
+    (False, True, False), (True, False, True),
+])  # fmt: skip
+async def test_vision_unset_is_what_the_server_says_at_start(
+    fake: FakeServer, configured: bool | None, said: bool | None, sees: bool
+) -> None:
+    props: dict[str, object] = {"default_generation_settings": {"n_ctx": 4096}}
+    if said is not None:
+        props["modalities"] = {"vision": said}
+    fake.answers["/props"] = (200, props)
+    provider = OpenAICompatProvider(MODEL, KEY, base_url=fake.base_url, vision=configured)
+    try:
+        assert provider.vision is (configured is True)  # before start: only what is set
+        await provider.start()
+        assert provider.vision is sees
     finally:
         await provider.aclose()

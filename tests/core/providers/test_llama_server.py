@@ -139,6 +139,7 @@ async def test_discovery_reads_the_window_and_tool_support(
         supports_tools=False,  # SmolLM2's template has no tool support
         prompt_only_window=True,
         server="llama.cpp",
+        supports_vision=False,  # /props' modalities: no vision projector loaded
     )
     assert provider.context_window == LLAMA_N_CTX
     assert provider.supports_tools is False

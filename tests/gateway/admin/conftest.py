@@ -76,9 +76,10 @@ async def seed_session(world: AdminWorld, sender: str = "alice") -> str:
 
 @asynccontextmanager
 async def admin_world(
-    home: Path, seed: Callable[[AdminWorld], Awaitable[str]], **env: str
+    home: Path, seed: Callable[[AdminWorld], Awaitable[str]], *, uploads: bool = False, **env: str
 ) -> AsyncIterator[AdminWorld]:
-    """A started gateway with a recording channel and the web chat, seeded by ``seed``.
+    """A started gateway with a recording channel and the web chat (taking files when
+    ``uploads``, as ``parley run``'s does), seeded by ``seed``.
     Little is kept verbatim, so a manual compaction has something to fold."""
     loaded = memory_config(
         home,
@@ -87,7 +88,8 @@ async def admin_world(
         **env,
     )
     channel = RecordingChannel()
-    web = WebChannel(loaded.config.channels.web)
+    spool = loaded.media_dir / "uploads" if uploads else None
+    web = WebChannel(loaded.config.channels.web, upload_dir=spool)
     provider = ScriptedProvider()
     async with Gateway(loaded, channels=[channel, web], provider=provider) as gateway:
         assert gateway.http is not None

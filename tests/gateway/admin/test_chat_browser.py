@@ -19,7 +19,10 @@ import pytest
 
 from parley.core.messages import TextBlock, Usage
 from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
+from tests.gateway.admin.conftest import admin_world, seed_session
 from tests.gateway.admin.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, Tab
+from tests.gateway.media_support import picture
+from tests.gateway.memory_helpers import use_hashing_embedder
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="needs playwright")
 async_playwright = playwright_api.async_playwright
@@ -165,3 +168,36 @@ async def test_a_reload_restores_the_conversation_for_this_browser_only(
     assert await other.page.locator("#messages .message").count() == 0
     assert "lighthouse" not in await other.page.content()
     assert tab.problems == [] and other.problems == []
+
+
+@pytest.fixture
+async def uploads_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    use_hashing_embedder(monkeypatch)
+    async with admin_world(tmp_path / "home", seed_session, uploads=True) as world:
+        yield world
+
+
+async def test_a_file_attached_in_the_page_reaches_the_model(
+    uploads_server: Any, browser: Any, tmp_path: Path
+) -> None:
+    """The 📎 button: the picture rides in the message frame, is kept by the gateway and
+    reaches the model (a model without vision: a placeholder naming it, with the words)."""
+    server = uploads_server
+    tab = await phone_tab(browser)
+    page = tab.page
+    await open_chat(tab, server)
+    before = len(server.provider.requests)
+    png = picture(64, 48, fmt="PNG")
+    await page.locator("#chat-file").set_input_files(
+        files=[{"name": "cat.png", "mimeType": "image/png", "buffer": png}]
+    )
+    await expect(page.locator("#chat-files")).to_have_text("cat.png")
+    await say(page, "what is this?")
+    await expect(page.locator("#messages .message.bot")).to_have_count(1, timeout=TIMEOUT_MS)
+    await expect(page.locator("#messages .message.user").last).to_contain_text("[cat.png]")
+    await expect(page.locator("#chat-files")).to_have_text("")  # cleared for the next one
+    [request] = server.provider.requests[before:]
+    said = "\n".join(b.text for b in request.messages[-1].content if isinstance(b, TextBlock))
+    assert "what is this?" in said
+    assert "[image cat.png, 64×48: the current model cannot see images" in said
+    assert tab.problems == []

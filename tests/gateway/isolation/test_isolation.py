@@ -95,6 +95,8 @@ def assert_isolated(world: World, elapsed: float) -> None:
         assert world.model.kinds["summary"] > 0, dict(world.model.kinds)
     assert tally.memory_answers > 0 and tally.tool_results > 0, tally.line()
     assert tally.task_records > 0, tally.line()
+    if not PRE_AUDIENCE:
+        assert tally.documents > 0 and tally.pictures > 0, tally.line()
     if not PRE_AUDIENCE:  # group context: overheard, then shown in its own group only
         assert tally.chatter > 0 and tally.overheard > 0, tally.line()
     if settings.erase and not PRE_AUDIENCE:  # erasure ran, not skipped

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import importlib
 import inspect
+import io
 import json
 import os
 import random
@@ -42,9 +43,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from parley.channels.base import ChatPolicy
+from PIL import Image
+
+from parley.channels.base import Attachment, ChatPolicy
 from parley.core.context.compaction.summarizer import REQUIRED_HEADINGS, SUMMARY_SYSTEM_PROMPT
-from parley.core.messages import TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from parley.core.messages import ImageBlock, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from parley.core.prompt import is_turn_context
 from parley.core.providers.base import STOP_END, STOP_TOOL_USE, ProviderRequest, ProviderResponse
 from parley.core.tokens import default_counter
@@ -301,6 +304,10 @@ KINDS: dict[str, int] = {
     "chatter": 16,
 }
 LEGACY_LEFT_OUT = {"remember_cmd", "remember_tool", "forget_other", "forget_own", "chatter"}
+# Of the "secret" steps, these shares say the secret in a file instead (issue 23): a
+# document whose text it is, or a picture whose file name it is. Drawn from a generator
+# of their own, so each seed's scenario is otherwise the one it always was.
+MEDIA_SECRETS = (("secret_document", 0.3), ("secret_picture", 0.25))
 # Groups answer when addressed and keep the rest as group context (issue 23): a
 # "chatter" step says a secret in a group without addressing the agent.
 GROUP_POLICY = ChatPolicy(activation="mention", group_context_messages=8)
@@ -311,6 +318,7 @@ class Generator:
         self.settings = settings
         self.paths = paths
         self.rng = random.Random(settings.seed)
+        self.media_rng = random.Random(settings.seed * 7919)  # MEDIA_SECRETS
         self.canaries: list[Canary] = []
         self.words: set[str] = set()
         self.erased: set[str] = set()
@@ -346,6 +354,16 @@ class Generator:
         return Scenario(self.settings, steps, self.canaries)
 
     # -- pieces --
+
+    def _media_kind(self) -> str:
+        if PRE_AUDIENCE:  # no media before issue 23
+            return "secret"
+        draw = self.media_rng.random()
+        for kind, share in MEDIA_SECRETS:
+            if draw < share:
+                return kind
+            draw -= share
+        return "secret"
 
     def _speaker(self, conv: Conversation) -> Identity:
         return self.rng.choice(conv.members)
@@ -426,7 +444,7 @@ class Generator:
         rng = self.rng
         speaker = self._speaker(conv)
         if kind == "secret":
-            return self._secret(index, conv)
+            return self._secret(index, conv, self._media_kind())
         if kind == "chat":
             pool = self.canaries
             canary = rng.choice(pool)
@@ -543,6 +561,22 @@ def request_parts(request: ProviderRequest) -> Iterator[tuple[str, str]]:
                 yield f"message {number} tool result {name}", block.content
 
 
+def media_of(step: Step, channel: RecordingChannel) -> tuple[Attachment, ...]:
+    """The file a media step sends (served by ``channel``): a document whose text is the
+    secret, or a picture whose file name is (the model reads the name beside it)."""
+    canary = step.introduces
+    if canary is None or step.kind not in ("secret_document", "secret_picture"):
+        return ()
+    ref = f"file-{step.index}"
+    if step.kind == "secret_document":
+        channel.files[ref] = canary.phrase.encode()
+        return (Attachment("document", ref, name="secret.txt", mime_type="text/plain"),)
+    out = io.BytesIO()
+    Image.new("RGB", (8 + step.index % 5, 6), (step.index % 256, 40, 90)).save(out, "PNG")
+    channel.files[ref] = out.getvalue()
+    return (Attachment("image", ref, name=f"{canary.text}.png", mime_type="image/png"),)
+
+
 def request_kind(request: ProviderRequest) -> str:
     if request.system == SUMMARY_SYSTEM_PROMPT:
         return "summary"
@@ -647,6 +681,8 @@ class Tally:
     checks: int = 0  # (text, canary) pairs asserted
     chatter: int = 0  # group messages not addressed to the agent
     overheard: int = 0  # their canaries shown back to the model as group context
+    documents: int = 0  # secrets read to the model from a document someone sent
+    pictures: int = 0  # pictures sent inline to the model (their name the secret)
 
     def line(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in self.__dict__.items())
@@ -788,6 +824,7 @@ class World:
                 channel.chat_policy = GROUP_POLICY
         self.model = EchoModel()
         self.provider = ScriptedProvider(MODEL)
+        self.provider.vision = True  # type: ignore[attr-defined]  # pictures inline
         self.provider.responder = self.model
         self.eraser = find_eraser()
         self.notes_root = self._notes_root()
@@ -858,13 +895,17 @@ class World:
         requests_before = len(self.provider.requests)
         sent_before = {name: len(c.sent) for name, c in self.channels.items()}
         notes_before = self._other_notes(conv.audience) if step.kind == "forget_other" else None
+        text, attachments = step.text, media_of(step, channel)
+        if attachments:
+            text = "Keep this file for me."  # the secret is in the file, not the words
         message = channel.inbound(
-            step.text,
+            text,
             sender=speaker.sender,
             chat_type=conv.chat_type,
             chat_id=conv.chat_id,
             thread_id=conv.thread_id,
             mentions_bot=step.kind != "chatter",
+            attachments=attachments,
         )
         await gateway.handle_inbound(message)
         await gateway.wait_idle()
@@ -877,6 +918,24 @@ class World:
         await channel.wait_sent(sent_before[conv.channel] + 1)
         if step.kind in ("attack", "own_recall"):
             tally.attacks += step.kind == "attack"
+        if attachments and step.introduces is not None:
+            # Counted when the file reached the model: the document's text, or the
+            # picture inline with its name beside it (assert_isolated wants some of each).
+            turns = [
+                r for r in self.provider.requests[requests_before:] if request_kind(r) == "turn"
+            ]
+            shown = "\n".join(text for r in turns for _, text in request_parts(r))
+            inline = any(
+                isinstance(b, ImageBlock) and b.data
+                for r in turns
+                for m in r.messages
+                for b in m.content
+            )
+            if step.introduces.text in shown:
+                if step.kind == "secret_document":
+                    tally.documents += 1
+                elif inline:
+                    tally.pictures += 1
         for request in self.provider.requests[requests_before:]:
             tally.requests += 1
             for where, text in request_parts(request):

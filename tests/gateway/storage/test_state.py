@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from parley.channels.base import EarlierMessage, InboundMessage, SeenMark
+from parley.channels.base import Attachment, EarlierMessage, InboundMessage, SeenMark
 from parley.core.messages import Usage
 from parley.gateway.errors import PairingError, SchemaTooNewError
 from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
@@ -174,6 +174,28 @@ async def test_inbox_keeps_a_message_group_context(state: StateBackend) -> None:
     assert stored is not None and stored.message == with_context
     plain = (await inbox.record(message("62"))).item
     assert (await inbox.get(plain.id)).message.group_context == ()  # type: ignore[union-attr]
+
+
+async def test_inbox_keeps_a_message_attachments(state: StateBackend) -> None:
+    # The platform's references survive a restart with the message (the turn fetches
+    # the files then), on either backend; no bytes are stored, and a row without any
+    # (or from before attachments) reads back with none.
+    inbox = state.inbox
+    files = (
+        Attachment("image", "AgACAgIAAxk", name="photo.jpg", mime_type="image/jpeg",
+                   size=123_456, width=1280, height=960),
+        Attachment("voice", "https://cdn.example/v.ogg", name="v\ud800.ogg", duration=3.5),
+    )  # fmt: skip
+    sent = dataclasses.replace(message("71", "look"), attachments=files)
+    item = (await inbox.record(well_formed(sent))).item  # as the gateway records it
+    stored = await inbox.get(item.id)
+    assert stored is not None and stored.message.attachments[0] == files[0]
+    assert stored.message.attachments[1].name == "v\ufffd.ogg"  # scrubbed, not refused
+    assert [i.message.attachments for i in await inbox.open_items()][-1] == (
+        stored.message.attachments
+    )
+    plain = (await inbox.record(message("72"))).item
+    assert (await inbox.get(plain.id)).message.attachments == ()  # type: ignore[union-attr]
 
 
 async def test_inbox_keeps_the_send_mark_the_fold_and_what_went_out(
