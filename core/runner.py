@@ -418,11 +418,8 @@ class Runner:
                 # The compacting state: a compaction of this session (e.g. /compact from
                 # the admin API) finishes before a tool runs against the history.
                 await self.engine.idle(turn.session_key)
-                events.status("running " + ", ".join(dict.fromkeys(u.name for u in uses)))
-                try:
+                with events.busy("running " + ", ".join(dict.fromkeys(u.name for u in uses))):
                     results = [await self.tools.run(use, context, max_chars=cap) for use in uses]
-                finally:
-                    events.status(None)
             await append(Message("tool_result", tuple(results)))
 
         reply = reply_parts[-1] if reply_parts else ""

@@ -436,8 +436,7 @@ class ContextEngine:
         except ContextBudgetError:
             log.warning("session %s: no memory flush, the view does not fit", request.session_key)
             return
-        events.status("saving notes to memory")
-        try:
+        with events.busy("saving notes to memory"):
             outcome = await self.flusher.run(
                 transcript,
                 system=request.system,
@@ -447,8 +446,6 @@ class ContextEngine:
                 max_output=budget.flush_output,
                 trigger=trigger,
             )
-        finally:
-            events.status(None)
         events.flushes.append(outcome)
         events.usage = events.usage + outcome.usage
 
@@ -463,8 +460,7 @@ class ContextEngine:
         focus: str = "",
     ) -> CompactionOutcome:
         base = self.counter.text(request.system) + self.counter.tools(request.tools)
-        events.status("compacting the conversation")
-        try:
+        with events.busy("compacting the conversation"):
             async with self.gate.hold(request.session_key):
                 outcome = await self.compactor.compact(
                     transcript,
@@ -477,8 +473,6 @@ class ContextEngine:
                     budget=budget,
                     strategy=self._strategy(request.model),
                 )
-        finally:
-            events.status(None)
         events.compactions.append(outcome)
         events.usage = events.usage + outcome.usage
         if outcome.compacted:

@@ -8,7 +8,8 @@ re-exports all three.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from parley.core.context.budget import ContextBudget
@@ -44,6 +45,15 @@ class TurnEvents:
     def status(self, text: str | None) -> None:
         if self.on_status is not None:
             self.on_status(text)
+
+    @contextlib.contextmanager
+    def busy(self, text: str) -> Iterator[None]:
+        """``text`` is the status while the block runs."""
+        self.status(text)
+        try:
+            yield
+        finally:
+            self.status(None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,8 +170,9 @@ class TelegramWorld:
         update = self.fake.push_message(TOKEN, chat_id=chat_id, **message)
         await self.fake.wait_polled(TOKEN, update["update_id"] + 1)
         await self.gateway.wait_idle()
-        sent = await self.fake.wait_sent(before + 1)
-        return sent[-1].visible_text
+        sent = (await self.fake.wait_sent(before + 1))[-1]
+        # As it reads now: a streamed reply's first draft is edited into the reply.
+        return self.fake.message_text(sent.chat_id, sent.message_id) or ""
 
 
 def new_llm(api: str) -> FakeLLMServer:
@@ -205,6 +206,10 @@ class DiscordWorld:
 
     def replies(self) -> list[Any]:
         return [m for m in self.fake.sent if m.bot_id == BOT_ID]
+
+    def reply_texts(self) -> list[str]:
+        """The bot's messages as they read now (a streamed draft edited into its reply)."""
+        return [self.fake.message(m.id)["content"] for m in self.replies()]
 
 
 @asynccontextmanager

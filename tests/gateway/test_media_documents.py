@@ -234,5 +234,5 @@ async def test_discord_document_and_voice_message(
             assert "[document menu.pdf (PDF" in first and "Soup of the day: lentil" in first
             assert "[voice note, 2 s, transcribed]\nsee you at eight" in second
             assert "[document dump.csv: not read: it is 4 kB; the limit is 2 kB]" in third
-            assert w.replies()[-1].content.startswith("(I could not read dump.csv: it is 4 kB")
+            assert w.reply_texts()[-1].startswith("(I could not read dump.csv: it is 4 kB")
             assert len(w.fake.cdn_fetches) == 2  # the CSV was never fetched
