@@ -35,7 +35,7 @@ from parley.channels.base import (
 from parley.core.prompt import SILENT_REPLY
 from parley.gateway.runtime.context import Runtime
 from parley.gateway.runtime.send_recovery import parts_already_sent, send_mark
-from parley.gateway.storage.inbox import InboxItem, SentMessages
+from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, InboxItem, SentMessages
 
 log = logging.getLogger("parley.gateway")
 
@@ -65,7 +65,9 @@ class DraftRecord:
         """Store the chat's send mark before the first draft message; False when it
         cannot be stored (the reply then goes without drafts: nothing unrecorded)."""
         try:
-            mark = await send_mark(self._channel, self._route)
+            # A platform without marks (Discord) still gets one, unknown: it says the
+            # reply has drafts to take over, and it is never looked above.
+            mark = await send_mark(self._channel, self._route) or UNKNOWN_SEND_MARK
             await self._rt.inbox.note_preview(self._ids, mark)
         except Exception as exc:
             log.warning("inbox %s: no drafts for this reply: %s", self._ids, exc)

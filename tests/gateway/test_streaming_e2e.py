@@ -349,3 +349,26 @@ async def test_a_draft_whose_answer_was_lost_becomes_the_reply_not_a_second_mess
             assert await gateway.inbox.counts() == {"delivered": 1}
         assert fake.message_text(ALICE, taken[0]) == reply
         assert fake.call_counts["sendMessage"] == 1  # nothing sent beside it
+
+
+async def test_discord_drafts_recorded_before_a_kill_are_taken_over_after_the_nonce_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restart comes after Discord stopped matching nonces: the recorded draft is
+    edited into the reply all the same, not left beside a new message."""
+    async with discord(tmp_path, monkeypatch, "partial") as (fake, llm, loaded):
+        llm.enqueue(Hang(partial_text="Half of a rep"))
+        async with discord_gateway(loaded) as gateway:
+            recorded = drafts_recorded(gateway)
+            channel = fake.add_dm(DISCORD_TOKEN, ANN)
+            await fake.push_message(DISCORD_TOKEN, channel_id=channel, content="hello", author=ANN)
+            await asyncio.wait_for(recorded.wait(), 20)
+            await gateway.lanes.stop(drain=False, timeout=0)
+        assert bot_history(fake, channel) == ["Half of a rep"]
+        later = fake.clock() + 3600
+        fake.clock = lambda: later
+        async with discord_gateway(loaded) as gateway:
+            await gateway.wait_idle()
+            assert await gateway.inbox.counts() == {"delivered": 1}
+        assert bot_history(fake, channel) == ["echo: hello"]
+        assert fake.deduplicated == 0  # found from the record, not by the nonce
