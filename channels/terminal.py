@@ -101,6 +101,7 @@ class TerminalChannel:
         self._interactive = line_editing or _isatty(self._stdin)
         self._screen = ReplyScreen(hold_partial=self._editor is not None)
         self._working = False
+        self._busy_with: str | None = None  # what a draft says the agent is doing
         self._task: asyncio.Task[None] | None = None
         self._handler: InboundHandler | None = None
         self._lock = threading.Lock()
@@ -135,6 +136,7 @@ class TerminalChannel:
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         text = self._screen.reply(message.text, message.idempotency_key)
+        self._busy_with = None
         if not self._screen.drafting:
             self._working = False
         await self._out(text)
@@ -143,6 +145,7 @@ class TerminalChannel:
 
     async def draft(self, draft: ReplyDraft) -> None:
         text = self._screen.draft(draft)
+        self._busy_with = draft.status  # a tool or a compaction: said in the status line
         if draft.reset == "withdrawn":
             self._working = False  # a silent reply: nothing more is coming
         await self._out(text)
@@ -161,6 +164,8 @@ class TerminalChannel:
         live = self._screen.live
         if live:
             return [("", f"{live}\n")]
+        if self._busy_with:
+            return [(_STATUS_STYLE, f"{self._busy_with}…\n")]
         if self._working:
             return [(_STATUS_STYLE, f"{WORKING_TEXT}\n")]
         return []

@@ -273,6 +273,8 @@ class WebChannel:
             if blocks is not None:
                 fields["blocks"] = blocks
         fields["reset"] = draft.reset
+        if draft.status:  # a tool or a compaction at work, shown under the text
+            fields["status"] = draft.status
         if draft.key in self._finished:  # the reply went out while this one rendered
             return
         frame = _frame("draft", **fields)

@@ -66,8 +66,10 @@ async def test_end_of_input_is_reported(lines: str) -> None:
 # -- replies that stream -----------------------------------------------------------------
 
 
-def draft(text: str, key: str = "k1", reset: str | None = None) -> ReplyDraft:
-    return ReplyDraft("terminal", "default", "local", key, text, reset=reset)  # type: ignore[arg-type]
+def draft(
+    text: str, key: str = "k1", reset: str | None = None, status: str | None = None
+) -> ReplyDraft:
+    return ReplyDraft("terminal", "default", "local", key, text, reset=reset, status=status)  # type: ignore[arg-type]
 
 
 def final(text: str, key: str | None = "k1") -> OutboundMessage:
@@ -239,6 +241,17 @@ async def test_line_editing_shows_the_line_being_written_and_working() -> None:
         assert typist.stdout.getvalue().endswith("parley> First line\n        second line\n")
     finally:
         await typist.close()
+
+
+async def test_the_status_line_says_which_tool_runs_until_the_reply() -> None:
+    channel, _ = await plain_channel()
+    await channel.typing("local")
+    await channel.draft(draft("", status="running current_time"))
+    assert "running current_time…" in str(channel._status())
+    await channel.draft(draft("It is noon"))  # the tool is done: back to working
+    assert "running" not in str(channel._status())
+    await channel.send(final("It is noon."))
+    assert channel._status() == []
 
 
 async def test_a_silent_reply_ends_working() -> None:

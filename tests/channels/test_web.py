@@ -466,9 +466,11 @@ def keyed(text: str, key: str = "reply:web:default:tab-1:m1", client: str = "tab
     )
 
 
-def draft(text: str, reset: str | None = None, client: str = "tab-1") -> ReplyDraft:
+def draft(
+    text: str, reset: str | None = None, client: str = "tab-1", status: str | None = None
+) -> ReplyDraft:
     key = f"reply:web:default:{client}:m1"
-    return ReplyDraft("web", "default", client, key, text, reset=reset)  # type: ignore[arg-type]
+    return ReplyDraft("web", "default", client, key, text, reset=reset, status=status)  # type: ignore[arg-type]
 
 
 async def test_drafts_stream_and_the_reply_takes_their_place(chat: Chat) -> None:
@@ -488,6 +490,15 @@ async def test_drafts_stream_and_the_reply_takes_their_place(chat: Chat) -> None
     await chat.channel.draft(draft("Sorry, *world*. And"))
     await chat.channel.typing("tab-1")
     assert await ws.receive_json(timeout=5) == {"type": "typing"}
+
+
+async def test_a_draft_says_which_tool_runs(chat: Chat) -> None:
+    ws = await chat.connect("tab-1")
+    await chat.channel.draft(draft("Let me look", status="running web_search"))
+    frame = await ws.receive_json(timeout=5)
+    assert (frame["text"], frame["status"]) == ("Let me look", "running web_search")
+    await chat.channel.draft(draft("Let me look. Found it"))
+    assert "status" not in await ws.receive_json(timeout=5)
 
 
 async def test_drafts_are_never_kept_for_a_closed_tab(chat: Chat) -> None:

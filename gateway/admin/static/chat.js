@@ -243,7 +243,8 @@ function onDraft(frame) {
     state.drafts.set(frame.id, node);
     addMessage(node);
   }
-  bubble(node, frame, "writing…");
+  // What the agent is busy with besides writing (a tool, a compaction), else "writing".
+  bubble(node, frame, typeof frame.status === "string" ? `${frame.status}…` : "writing…");
   scrollToEnd(false);
 }
 
