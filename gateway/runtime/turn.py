@@ -69,12 +69,10 @@ _UNREACHABLE = (
 
 
 class Turns:
-    def __init__(
-        self, rt: Runtime, transcripts: TranscriptCache, delivery: Delivery | None = None
-    ) -> None:
+    def __init__(self, rt: Runtime, transcripts: TranscriptCache, delivery: Delivery) -> None:
         self.rt = rt
         self.transcripts = transcripts
-        self.delivery = delivery if delivery is not None else Delivery(rt, transcripts)
+        self.delivery = delivery  # whether a reply to a chat waits for another send
         # Pictures, documents and voice notes that come with the words (gateway.media).
         self.media = MediaIntake(rt.config.media, MediaStore(rt.loaded.media_dir), rt.channels)
 
