@@ -64,6 +64,7 @@ from bench.reply_tags import (  # noqa: E402
     Tally,
     anthropic_reply,
     anthropic_texts,
+    final_texts,
     is_flush,
     names_others,
     replied_to,
@@ -213,13 +214,6 @@ class Child:
         except TimeoutError:
             await self.kill()
             return None
-
-
-def final_texts(fake: FakeTelegram) -> list[str]:
-    """What the bot's messages say now, in the order they appeared: a streamed reply's
-    draft is edited into the reply, and a draft left over is deleted."""
-    texts = (fake.message_text(m.chat_id, m.message_id) for m in fake.sent)
-    return [text for text in texts if text is not None]
 
 
 def replies(fake: FakeTelegram) -> Tally:

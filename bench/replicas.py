@@ -19,7 +19,9 @@ as the baseline.
 
 Counted at the fake: ``lost`` (never answered), ``duplicated`` (answered more than
 once), ``out_of_order`` (a reply for message n of a chat sent after the reply for a
-later message of that chat). Prints one JSON object.
+later message of that chat), all by the text each message ends with (a streamed
+reply's first text is a draft's), and ``unfinished_replies`` (a draft never finished
+into its reply). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
 from bench.crash_soak import Child, child_env  # noqa: E402
 from bench.load import SlowAnthropic  # noqa: E402
-from bench.reply_tags import anthropic_reply  # noqa: E402
+from bench.reply_tags import anthropic_reply, final_texts, replied_to  # noqa: E402
 from bench.reply_tags import tally as tally_texts  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
 
@@ -173,10 +175,16 @@ def hooks_set(fake: FakeTelegram) -> int:
     return sum(1 for call in fake.calls if call.method.lower() == "setwebhook")
 
 
-def tally(fake: FakeTelegram) -> tuple[Counter[tuple[int, int]], int]:
-    """(replies naming each (chat, message) in their tag, replies sent out of order)."""
-    counted = tally_texts(sent.visible_text for sent in fake.sent)
-    return counted.counts, counted.out_of_order
+ASKED = "please confirm"  # how every message ends, so every whole reply (an echo) too
+
+
+def tally(fake: FakeTelegram) -> tuple[Counter[tuple[int, int]], int, int]:
+    """(replies naming each (chat, message) in their tag, replies sent out of order,
+    replies not finished: a streamed reply's draft, its tag whole, its echo not yet)."""
+    texts = final_texts(fake)  # a streamed reply: by the text it ends with
+    counted = tally_texts(texts)
+    unfinished = sum(1 for t in texts if replied_to(t) and not t.endswith(ASKED))
+    return counted.counts, counted.out_of_order, unfinished
 
 
 async def measure(
@@ -209,13 +217,13 @@ async def measure(
             plan = [(7000 + c, m) for m in range(args.per_chat) for c in range(args.chats)]
             started = time.perf_counter()
             for chat, m in plan:
-                fake.push_message(TOKEN, chat_id=chat, text=f"c{chat} m{m} please confirm")
+                fake.push_message(TOKEN, chat_id=chat, text=f"c{chat} m{m} {ASKED}")
             killed = False
             last_progress, answered = time.monotonic(), 0
             while time.monotonic() - last_progress < args.settle:
-                counts, _ = tally(fake)
+                counts, _, drafts = tally(fake)
                 now_answered = len(set(plan) & set(counts))
-                if now_answered == len(plan):
+                if now_answered == len(plan) and not drafts:
                     break
                 if replicas > 1 and not killed and now_answered >= len(plan) // 2:
                     await children[1].kill()
@@ -228,7 +236,7 @@ async def measure(
             seconds = time.perf_counter() - started
             for child in children:
                 await child.stop()
-            counts, out_of_order = tally(fake)
+            counts, out_of_order, unfinished = tally(fake)
             logs = "".join(
                 (Path(tmp) / f"replica-{n}.log").read_text(errors="replace")[-1500:]
                 for n in range(replicas)
@@ -239,6 +247,8 @@ async def measure(
         "lost": len(plan) - len(done),
         "duplicated": sum(1 for key in plan if counts[key] > 1),
         "out_of_order": out_of_order,
+        "unfinished_replies": unfinished,
+        "draft_edits": fake.call_counts["editMessageText"],
         "seconds": round(seconds, 1),
         "msgs_per_s": round(len(done) / seconds, 1),
         "killed": replicas > 1,
@@ -247,7 +257,7 @@ async def measure(
     twice = sorted(key for key in plan if counts[key] > 1)
     if twice:  # which ones, to find them in the replicas' logs and transcripts
         result["duplicated_messages"] = [f"c{c} m{m}" for c, m in twice[:20]]
-    if result["lost"] or result["duplicated"] or result["out_of_order"]:
+    if result["lost"] or result["duplicated"] or result["out_of_order"] or unfinished:
         result["log_tail"] = logs[-3000:]
     return result
 
@@ -263,6 +273,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "lost": shared["lost"],
         "duplicated": shared["duplicated"],
         "out_of_order": shared["out_of_order"],
+        "unfinished_replies": shared["unfinished_replies"],
         "msgs_per_s": shared["msgs_per_s"],
         "single_sqlite_msgs_per_s": single["msgs_per_s"],
         "speedup": round(speedup, 2) if speedup else None,

@@ -147,3 +147,11 @@ def anthropic_reply(body: Mapping[str, Any], *, chunk_chars: int = 0) -> Reply:
     echo when the newest user message holds no marker)."""
     text = reply_text(anthropic_texts(body))
     return Reply(text=echo_text(body) if text is None else text, chunk_chars=chunk_chars)
+
+
+def final_texts(fake: Any) -> list[str]:
+    """What a ``FakeTelegram`` bot's messages say now, in the order they appeared: a
+    streamed reply's draft is edited into the reply (its first text is a draft's, with
+    a half-written tag), and a draft left over is deleted."""
+    texts = (fake.message_text(m.chat_id, m.message_id) for m in fake.sent)
+    return [text for text in texts if text is not None]
