@@ -372,3 +372,41 @@ async def test_discord_drafts_recorded_before_a_kill_are_taken_over_after_the_no
             assert await gateway.inbox.counts() == {"delivered": 1}
         assert bot_history(fake, channel) == ["echo: hello"]
         assert fake.deduplicated == 0  # found from the record, not by the nonce
+
+
+async def test_a_kill_after_the_final_edit_is_answered_not_modified_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telegram took the edit that made the draft the whole reply; the kill came before
+    the delivery was recorded. The restart edits again, Telegram says "message is not
+    modified", and that is the delivery: nothing is sent again."""
+    reply = "The whole reply, shown while it was written."
+    async with telegram(tmp_path, monkeypatch, "partial") as (fake, llm, loaded):
+        resume = answer_with(llm, reply, chunk_chars=6, pause=2)
+        killed = asyncio.Event()
+
+        def kill_at_the_final_edit(call: Any) -> None:
+            final = call.method == "editMessageText" and call.params.get("text") == reply
+            if final and not killed.is_set():
+                killed.set()
+                for task in asyncio.all_tasks():
+                    if task.get_name().startswith(("lane ", "telegram-poll")):
+                        task.cancel()
+                kill_drafts()
+
+        fake.call_hooks.append(kill_at_the_final_edit)
+        async with telegram_gateway(loaded) as gateway:
+            dm(fake, "hello")
+            await fake.wait_sent(1)
+            resume.set()
+            await asyncio.wait_for(killed.wait(), 20)
+            await gateway.lanes.stop(drain=False, timeout=0)
+        assert chat_now(fake) == [reply]  # Telegram has it; the gateway never heard
+        edits = fake.call_counts["editMessageText"]
+        async with telegram_gateway(loaded) as gateway:
+            await gateway.wait_idle()
+            assert await gateway.inbox.counts() == {"delivered": 1}
+        assert chat_now(fake) == [reply]
+        assert fake.call_counts["sendMessage"] == 1
+        assert fake.call_counts["editMessageText"] == edits + 1  # answered "not modified"
+        assert [ref for ref, _ in await sent_rows(loaded)] == [f"{ALICE}:{fake.sent[0].message_id}"]
