@@ -107,6 +107,9 @@ timezone = "UTC"
 [channels.telegram]
 dm_policy = "open"
 poll_timeout_seconds = 1
+# As the bare bot does: one message per reply, scored by its one text (streamed
+# replies are measured by bench/channel_throughput.py).
+streaming = "off"
 
 [memory]
 enabled = false
