@@ -523,7 +523,14 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
                 continue
             result = body.get("result") if isinstance(body, dict) else None
             if status == 200 and isinstance(result, dict):
-                findings.append(Finding(check, "ok", f"token accepted: @{result.get('username')}"))
+                streaming = channels.telegram.streaming
+                findings.append(
+                    Finding(
+                        check,
+                        "ok",
+                        f"token accepted: @{result.get('username')}; replies stream: {streaming}",
+                    )
+                )
             else:
                 findings.append(Finding(check, "error", f"token refused (HTTP {status})"))
     if channels.discord.is_on():
@@ -541,7 +548,14 @@ async def _check_channels(loaded: LoadedConfig) -> list[Finding]:
                 )
                 continue
             if status == 200 and isinstance(body, dict):
-                findings.append(Finding(check, "ok", f"token accepted: {body.get('username')}"))
+                streaming = channels.discord.streaming
+                findings.append(
+                    Finding(
+                        check,
+                        "ok",
+                        f"token accepted: {body.get('username')}; replies stream: {streaming}",
+                    )
+                )
             else:
                 findings.append(Finding(check, "error", f"token refused (HTTP {status})"))
     return findings

@@ -30,6 +30,7 @@ async def test_tokens_are_checked_against_each_platform(
         findings = {f.check: f for f in await _check_channels(load_config(env=env))}
     assert findings["telegram:default"].severity == "ok"
     assert "@good_bot" in findings["telegram:default"].detail
+    assert "replies stream: partial" in findings["telegram:default"].detail
     assert findings["telegram:old"].severity == "error"
     assert "refused (HTTP 401)" in findings["telegram:old"].detail
     assert findings["discord:default"].severity == "ok"
