@@ -410,7 +410,7 @@ async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
     from parley.core.context.report import describe_tools, describe_window
     from parley.core.errors import WindowTooSmallError
     from parley.core.model_profile import choose_profile
-    from parley.gateway.app import tools_offered
+    from parley.gateway.runtime.agents import tools_offered
 
     config = loaded.config
     try:
