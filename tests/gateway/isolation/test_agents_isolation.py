@@ -1,0 +1,165 @@
+"""Canaries across agents: one agent never reads another's memory or transcripts.
+
+Two agents on one gateway (real state.db, transcripts, lanes, memory.db per agent,
+notes, the deterministic embedder): ``main`` answers the ``test`` channel and ``work``
+the ``other`` channel (a binding). Alice is one person on both (identity links), so the
+audience rule alone would let each conversation read the other's memory: only the
+agents keep them apart. Each agent is told canaries (in chat, by /remember, in its
+workspace's MEMORY.md); every request, recall block, /memory answer, memory_search and
+memory_get result and index row of the other agent is checked for them. The owning
+agent does find its own, so the checks can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from parley.core.memory.recall import is_recall_block
+from parley.core.messages import TextBlock, ToolResultBlock
+from parley.core.providers.base import ProviderRequest
+from parley.core.tools.memory import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
+from parley.gateway.app import Gateway
+from tests.fakes.recording_channel import RecordingChannel
+from tests.fakes.scripted_provider import ScriptedProvider
+from tests.gateway.memory_helpers import (
+    final,
+    memory_config,
+    say,
+    tool_call,
+    tool_results,
+    use_hashing_embedder,
+)
+
+CONFIG = """
+[session]
+dm_scope = "per-peer"
+[session.identity_links]
+alice = ["test:alice", "other:alice"]
+
+[[agents]]
+id = "main"
+name = "Parley"
+
+[[agents]]
+id = "work"
+name = "Atlas"
+model = "work-model"
+
+[[bindings]]
+agent = "work"
+channel = "other"
+"""
+MAIN = ("CANARY-MAIN-CHAT", "CANARY-MAIN-NOTE", "CANARY-MAIN-FILE")
+WORK = ("CANARY-WORK-CHAT", "CANARY-WORK-NOTE", "CANARY-WORK-FILE")
+# Both agents' canaries sit next to the same words, so a search for them finds either.
+TOPIC = "the quokka locker combination"
+
+World = tuple[Gateway, RecordingChannel, RecordingChannel, ScriptedProvider]
+
+
+@pytest.fixture
+async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    use_hashing_embedder(monkeypatch)
+    (tmp_path / "parley.toml").write_text(CONFIG, encoding="utf-8")
+    for workspace, canary in (
+        (tmp_path / "workspace", MAIN[2]),
+        (tmp_path / "agents" / "work" / "workspace", WORK[2]),
+    ):
+        workspace.mkdir(parents=True)
+        (workspace / "MEMORY.md").write_text(f"# Facts\n\n- {TOPIC} is {canary}\n")
+    test, other, provider = RecordingChannel("test"), RecordingChannel("other"), ScriptedProvider()
+    gateway = Gateway(memory_config(tmp_path), channels=[test, other], provider=provider)
+    async with gateway:
+        yield gateway, test, other, provider
+
+
+def _text(request: ProviderRequest) -> str:
+    parts = [request.system]
+    for message in request.messages:
+        for block in message.content:
+            parts.append(getattr(block, "text", "") or "")
+            parts.append(str(getattr(block, "content", "") or ""))
+    return "\n".join(parts)
+
+
+def _index_rows(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        chunks = [r[0] for r in conn.execute("SELECT text FROM chunks")]
+        files = [r[0] for r in conn.execute("SELECT path FROM files")]
+    return "\n".join(chunks + files)
+
+
+async def _tell(gateway: Gateway, channel: RecordingChannel, canaries: tuple[str, ...]) -> None:
+    await say(gateway, channel, f"remember {TOPIC} is {canaries[0]}")
+    await say(gateway, channel, f"/remember {TOPIC} is {canaries[1]}")
+    await say(gateway, channel, "/new")  # the canary is in memory only from now on
+
+
+async def test_no_canary_crosses_from_one_agent_to_the_other(world: World, tmp_path: Path) -> None:
+    gateway, test, other, provider = world
+    main, work = gateway.rt.agents["main"], gateway.rt.agents["work"]
+    assert main.memory is not None and work.memory is not None
+    await _tell(gateway, test, MAIN)
+    await _tell(gateway, other, WORK)
+    await asyncio.gather(main.memory.sync(), work.memory.sync())
+    asked = len(provider.requests)
+
+    for channel, own, foreign in ((test, MAIN, WORK), (other, WORK, MAIN)):
+        # Recall: the agent's own canaries come back, the other agent's never.
+        await say(gateway, channel, f"what is {TOPIC}? do you remember?")
+        recalled = [
+            b.text
+            for b in provider.requests[-1].messages[-1].content
+            if isinstance(b, TextBlock) and is_recall_block(b)
+        ]
+        assert any(own[0] in t or own[1] in t for t in recalled), recalled
+        assert not any(c in t for c in foreign for t in recalled)
+        # /memory search, as the conversation sees it.
+        found = await say(gateway, channel, "/memory search quokka locker combination")
+        assert own[0] in found or own[1] in found or own[2] in found, found
+        assert not any(c in found for c in foreign), found
+        # The memory tools.
+        provider.push(
+            tool_call("s1", MEMORY_SEARCH_TOOL, query=f"{TOPIC} CANARY"),
+            tool_call("g1", MEMORY_GET_TOOL, path="MEMORY.md"),
+            final("done"),
+        )
+        await say(gateway, channel, "look it up")
+        results: list[ToolResultBlock] = [
+            *tool_results(provider.requests[-2]),
+            *tool_results(provider.requests[-1]),
+        ]
+        shown = "\n".join(r.content for r in results)
+        assert own[2] in shown, shown  # memory_get read its own workspace's MEMORY.md
+        assert not any(c in shown for c in foreign), shown
+
+    # Every request an agent made holds none of the other agent's canaries.
+    for request in provider.requests:
+        text = _text(request)
+        foreign = MAIN if request.model == "work-model" else WORK
+        assert not any(c in text for c in foreign), (request.model, text[-2000:])
+    assert {r.model for r in provider.requests[asked:]} == {"scripted-model", "work-model"}
+
+    # Nor does either index hold a row of the other's: not stored, not only unread.
+    main_rows = await asyncio.to_thread(_index_rows, tmp_path / "memory" / "main" / "memory.db")
+    work_rows = await asyncio.to_thread(_index_rows, tmp_path / "memory" / "work" / "memory.db")
+    assert MAIN[0] in main_rows and WORK[0] in work_rows
+    assert not any(c in work_rows for c in MAIN)
+    assert not any(c in main_rows for c in WORK)
+
+
+async def test_each_agents_sessions_carry_its_id(world: World) -> None:
+    gateway, test, other, _ = world
+    await say(gateway, test, "hello")
+    await say(gateway, other, "hello")
+    status = await say(gateway, other, "/status")
+    assert "Agent: Atlas (work)" in status and "Session: agent:work:direct:alice" in status
+    main_status = await say(gateway, test, "/status")
+    assert "Agent: Parley (main)" in main_status
+    keys = {(r.agent_id, r.key) for r in (await gateway.registry.list()).sessions}
+    assert keys == {("main", "agent:main:direct:alice"), ("work", "agent:work:direct:alice")}
