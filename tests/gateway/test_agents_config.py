@@ -80,9 +80,7 @@ def test_the_first_entry_is_the_default_when_none_says_so(tmp_path: Path) -> Non
         ('[[bindings]]\nagent = "main"\npeer = "1"\nroom = "x"\n', "bindings.0.room"),
     ],
 )
-def test_mistakes_are_refused_with_what_is_wrong(
-    tmp_path: Path, text: str, expected: str
-) -> None:
+def test_mistakes_are_refused_with_what_is_wrong(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in _problems(tmp_path, text)
 
 

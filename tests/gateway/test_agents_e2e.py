@@ -1,0 +1,139 @@
+"""Several agents end to end: the fake Bot API and python-telegram-bot, the fake
+Discord gateway and discord.py, the whole gateway, the real anthropic SDK against the
+fake Messages API. Bindings pick the agent; each agent's requests carry its own model,
+its own workspace's system prompt and its own tools; /status and the admin API say
+which agent answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.channels.telegram_helpers import TOKEN, USERNAME
+from tests.gateway.test_telegram_e2e import ALICE, GROUP, dm, world
+
+BOB = 5002
+WORK_SOUL = "You are Atlas, the WORK-SOUL-MARK assistant."
+CONFIG = f"""
+[[agents]]
+id = "main"
+name = "Parley"
+default = true
+
+[[agents]]
+id = "work"
+name = "Atlas"
+model = "claude-work-model"
+tools_deny = ["read_file", "list_files"]
+
+[[bindings]]
+agent = "work"
+peer = "{BOB}"
+
+[[bindings]]
+agent = "work"
+channel = "telegram"
+chat = "{GROUP}"
+
+# Less specific than the peer binding above: Alice's DMs stay with main.
+[[bindings]]
+agent = "main"
+channel = "telegram"
+"""
+
+
+def _prepare(home: Path) -> None:
+    (home / "parley.toml").write_text(CONFIG, encoding="utf-8")
+    workspace = home / "agents" / "work" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "SOUL.md").write_text(WORK_SOUL + "\n", encoding="utf-8")
+
+
+def _system(body: dict[str, Any]) -> str:
+    system = body.get("system", "")
+    if isinstance(system, list):
+        return "\n".join(b.get("text", "") for b in system)
+    return str(system)
+
+
+def _tools(body: dict[str, Any]) -> set[str]:
+    return {t["name"] for t in body.get("tools", [])}
+
+
+async def test_bindings_route_each_chat_to_its_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _prepare(tmp_path)
+    async with world(tmp_path, monkeypatch) as w:
+        await w.settle(dm(w.fake, "hello from alice"))
+        await w.settle(w.fake.push_message(TOKEN, chat_id=BOB, sender_id=BOB, text="hi from bob"))
+        asked = w.fake.push_message(
+            TOKEN,
+            chat_id=GROUP,
+            chat_type="supergroup",
+            sender_id=ALICE,
+            text=f"@{USERNAME} hello group",
+        )
+        await w.settle(asked)
+        alice, bob, group = w.llm.requests_bodies
+        assert alice["model"] == "claude-test-model"
+        assert "WORK-SOUL-MARK" not in _system(alice)
+        assert {"read_file", "list_files"} <= _tools(alice)
+        for body in (bob, group):
+            assert body["model"] == "claude-work-model"
+            assert "WORK-SOUL-MARK" in _system(body) and "Atlas" in _system(body)
+            assert not _tools(body) & {"read_file", "list_files"}
+            assert "current_time" in _tools(body)
+
+        keys = {r.key: r.agent_id for r in (await w.gateway.registry.list()).sessions}
+        assert keys == {
+            f"agent:main:telegram:direct:{ALICE}": "main",
+            f"agent:work:telegram:direct:{BOB}": "work",
+            f"agent:work:telegram:group:{GROUP}": "work",
+        }
+
+        status = w.fake.push_message(TOKEN, chat_id=BOB, sender_id=BOB, text="/status")
+        await w.settle(status)
+        text = w.fake.sent[-1].text
+        assert "Agent: Atlas (work)" in text and "claude-work-model" in text
+        await w.settle(dm(w.fake, "/status"))
+        assert "Agent: Parley (main)" in w.fake.sent[-1].text
+
+        # The admin API: each session's agent, and a filter by agent.
+        http = w.gateway.http
+        assert http is not None
+        token = (tmp_path / "admin.token").read_text(encoding="utf-8").strip()
+        headers = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession(headers=headers) as client:
+            async with client.get(http.url("/api/sessions"), params={"agent": "work"}) as r:
+                assert r.status == 200, await r.text()
+                page = await r.json()
+        listed = {s["key"]: s["agent_id"] for s in page["items"]}
+        assert listed == {
+            f"agent:work:telegram:direct:{BOB}": "work",
+            f"agent:work:telegram:group:{GROUP}": "work",
+        }
+
+
+async def test_one_agent_without_agents_tables_keeps_the_sessions_it_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home from before [[agents]]: agent:main keys, [agent]'s workspace, same session."""
+    async with world(tmp_path, monkeypatch) as w:
+        await w.settle(dm(w.fake, "first"))
+        (before,) = (await w.gateway.registry.list()).sessions
+    (tmp_path / "parley.toml").write_text(
+        '[[agents]]\nid = "main"\n[[agents]]\nid = "work"\nmodel = "claude-work-model"\n',
+        encoding="utf-8",
+    )
+    async with world(tmp_path, monkeypatch) as w:
+        await w.settle(dm(w.fake, "second", message_id=900))  # ids restart with the fake
+        (after,) = (await w.gateway.registry.list()).sessions
+        assert after.session_id == before.session_id
+        assert after.key == f"agent:main:telegram:direct:{ALICE}"
+        body = w.llm.requests_bodies[-1]
+        assert body["model"] == "claude-test-model"
+        assert "first" in str(body["messages"]) and "second" in str(body["messages"])
