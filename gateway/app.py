@@ -42,6 +42,7 @@ from parley.gateway.home_upgrade.audiences import log_legacy_memory
 from parley.gateway.http_server import HttpServer
 from parley.gateway.lanes import LaneManager
 from parley.gateway.providers import build_provider
+from parley.gateway.retention.run import every_index
 from parley.gateway.retention.service import RetentionService
 from parley.gateway.routing import SessionRoute
 from parley.gateway.runtime.access import AccessGate
@@ -155,7 +156,7 @@ class Gateway:
             loaded,
             self.state,
             clock=clock,
-            memory=lambda: self.rt.memory,
+            memory=lambda: every_index([p.memory for p in self.rt.agents.values() if p.memory]),
             forget_cached=self.transcripts.forget,
         )
         routes = [r for c in channels for r in c.webhook_routes()]

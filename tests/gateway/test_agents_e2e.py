@@ -107,10 +107,12 @@ async def test_bindings_route_each_chat_to_its_agent(
         assert http is not None
         token = (tmp_path / "admin.token").read_text(encoding="utf-8").strip()
         headers = {"Authorization": f"Bearer {token}"}
-        async with aiohttp.ClientSession(headers=headers) as client:
-            async with client.get(http.url("/api/sessions"), params={"agent": "work"}) as r:
-                assert r.status == 200, await r.text()
-                page = await r.json()
+        async with (
+            aiohttp.ClientSession(headers=headers) as client,
+            client.get(http.url("/api/sessions"), params={"agent": "work"}) as r,
+        ):
+            assert r.status == 200, await r.text()
+            page = await r.json()
         listed = {s["key"]: s["agent_id"] for s in page["items"]}
         assert listed == {
             f"agent:work:telegram:direct:{BOB}": "work",
