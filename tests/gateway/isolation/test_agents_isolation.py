@@ -163,3 +163,40 @@ async def test_each_agents_sessions_carry_its_id(world: World) -> None:
     assert "Agent: Parley (main)" in main_status
     keys = {(r.agent_id, r.key) for r in (await gateway.registry.list()).sessions}
     assert keys == {("main", "agent:main:direct:alice"), ("work", "agent:work:direct:alice")}
+
+
+def _files_text(root: Path) -> str:
+    if not root.exists():
+        return ""
+    return "\n".join(
+        p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
+    )
+
+
+async def test_erasing_a_person_erases_them_from_every_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from parley.gateway.people import erase_person
+
+    use_hashing_embedder(monkeypatch)
+    (tmp_path / "parley.toml").write_text(CONFIG, encoding="utf-8")
+    test, other, provider = RecordingChannel("test"), RecordingChannel("other"), ScriptedProvider()
+    loaded = memory_config(tmp_path)
+    async with Gateway(loaded, channels=[test, other], provider=provider) as gateway:
+        await _tell(gateway, test, MAIN)
+        await _tell(gateway, other, WORK)
+        for parts in gateway.rt.agents.values():
+            assert parts.memory is not None
+            await parts.memory.sync()
+    memory = tmp_path / "memory"
+    work_db = memory / "work" / "memory.db"
+    assert WORK[0] in await asyncio.to_thread(_index_rows, work_db)
+    assert WORK[1] in _files_text(memory / "work" / "notes")
+
+    report = await erase_person(loaded, "alice")
+    assert any(n.startswith("work: ") for n in report.notes), report.notes
+    for agent, canaries in (("main", MAIN), ("work", WORK)):
+        rows = await asyncio.to_thread(_index_rows, memory / agent / "memory.db")
+        notes = _files_text(memory / agent / "notes") + _files_text(memory / agent / "tasks")
+        assert not any(c in rows or c in notes for c in canaries[:2]), agent
+    assert not any(c in _files_text(tmp_path / "sessions") for c in MAIN[:2] + WORK[:2])
