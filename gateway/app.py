@@ -212,6 +212,16 @@ class Gateway:
     def memory(self) -> MemoryIndex | None:
         return self.rt.memory
 
+    def memory_of(self, agent: str | None) -> MemoryIndex | None:
+        """An agent's memory index (None: the default agent's); KeyError for an agent
+        there is not."""
+        if agent is None:
+            return self.rt.memory
+        if agent not in {spec.id for spec in self.rt.agent_specs}:
+            raise KeyError(agent)
+        parts = self.rt.agents.get(agent)
+        return parts.memory if parts is not None else None
+
     @property
     def engine(self) -> ContextEngine | None:
         return self.rt.engine_or_none

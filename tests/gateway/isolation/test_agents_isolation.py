@@ -200,3 +200,28 @@ async def test_erasing_a_person_erases_them_from_every_agent(
         notes = _files_text(memory / agent / "notes") + _files_text(memory / agent / "tasks")
         assert not any(c in rows or c in notes for c in canaries[:2]), agent
     assert not any(c in _files_text(tmp_path / "sessions") for c in MAIN[:2] + WORK[:2])
+
+
+async def test_the_admin_api_searches_one_agents_memory_at_a_time(
+    world: World, tmp_path: Path
+) -> None:
+    import aiohttp
+
+    gateway, test, other, _ = world
+    await _tell(gateway, test, MAIN)
+    await _tell(gateway, other, WORK)
+    http = gateway.http
+    assert http is not None
+    token = (tmp_path / "admin.token").read_text(encoding="utf-8").strip()
+    found: dict[str, str] = {}
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as client:
+        for agent in ("main", "work", "ghost"):
+            params = {"q": TOPIC, "agent": agent, "limit": "50"}
+            async with client.get(http.url("/api/memory/search"), params=params) as r:
+                found[agent] = f"{r.status} {await r.text()}"
+        async with client.get(http.url("/api/memory/status"), params={"agent": "work"}) as r:
+            assert r.status == 200 and (await r.json())["enabled"] is True
+    assert found["main"].startswith("200") and found["work"].startswith("200")
+    assert any(c in found["main"] for c in MAIN) and not any(c in found["main"] for c in WORK)
+    assert any(c in found["work"] for c in WORK) and not any(c in found["work"] for c in MAIN)
+    assert found["ghost"].startswith("404")
