@@ -139,3 +139,59 @@ async def test_one_agent_without_agents_tables_keeps_the_sessions_it_had(
         body = w.llm.requests_bodies[-1]
         assert body["model"] == "claude-test-model"
         assert "first" in str(body["messages"]) and "second" in str(body["messages"])
+
+
+DISCORD_CONFIG = """
+[[agents]]
+id = "main"
+
+[[agents]]
+id = "guild"
+name = "Guildie"
+model = "claude-guild-model"
+
+[[agents]]
+id = "random"
+name = "Randy"
+model = "claude-random-model"
+
+[[bindings]]
+agent = "guild"
+guild = "{guild}"
+
+# A channel of that guild: more specific than the guild.
+[[bindings]]
+agent = "random"
+chat = "{random}"
+"""
+
+
+async def test_discord_guild_and_channel_bindings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.channels.discord_support import ANN, BOT_ID, GUILD_ID, ME, RANDOM, THREAD
+    from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
+    from tests.gateway.test_discord_e2e import wait_replies
+    from tests.gateway.test_discord_e2e import world as discord_world
+
+    text = DISCORD_CONFIG.format(guild=GUILD_ID, random=RANDOM)
+    (tmp_path / "parley.toml").write_text(text, encoding="utf-8")
+    env = {"PARLEY_CHANNELS__DISCORD__GUILD_ACTIVATION": "always"}
+    async with discord_world(tmp_path, monkeypatch, env=env) as w:
+        dm = w.fake.add_dm(DISCORD_TOKEN, ANN)
+        await w.fake.push_message(DISCORD_TOKEN, channel_id=dm, content="in a dm", author=ANN)
+        await wait_replies(w, 1)
+        await w.fake.push_message(DISCORD_TOKEN, channel_id=THREAD, content="thread", author=ANN)
+        await wait_replies(w, 2)
+        await w.fake.push_message(
+            DISCORD_TOKEN,
+            channel_id=RANDOM,
+            content=f"<@{BOT_ID}> random",
+            author=ANN,
+            mentions=[ME],
+        )
+        await wait_replies(w, 3)
+        models = [body["model"] for body in w.llm.requests_bodies]
+        assert models == ["claude-test-model", "claude-guild-model", "claude-random-model"]
+        agents = {r.agent_id for r in (await w.gateway.registry.list()).sessions}
+        assert agents == {"main", "guild", "random"}
