@@ -54,6 +54,21 @@ async def test_the_terminal_is_answered_by_its_bound_agent(tmp_path: Path) -> No
         code, out, _ = await parley("sessions", "show", KEY, home=tmp_path)
         assert code == 0 and "agent:        desk" in out and "hello desk" in out
 
+        # Each agent's memory is its own: the desk's holds the chat, main's does not.
+        for agent in ("desk", "main"):
+            code, _, err = await parley("memory", "index", "--agent", agent, home=tmp_path)
+            assert code == 0, err
+        code, out, err = await parley(
+            "memory", "search", "hello desk", "--all", "--agent", "desk", home=tmp_path
+        )
+        assert code == 0 and "sessions/" in out, out + err
+        code, out, err = await parley(
+            "memory", "search", "hello desk", "--all", "--agent", "main", home=tmp_path
+        )
+        assert code == 0 and "sessions/" not in out, out + err
+        code, _, err = await parley("memory", "status", "--agent", "ghost", home=tmp_path)
+        assert code != 0 and "no agent 'ghost'" in err
+
         code, out, _ = await parley("doctor", home=tmp_path, env=env)
         assert "agent main" in out and "agent desk" in out, out
         assert str(workspace) in out and "claude-desk-model" in out
