@@ -289,12 +289,13 @@ class Gateway:
         if warm_up is not None:  # the local model loads here, not on the first message
             await warm_up()
         # Each agent's parts: its workspace, prompt, tools, engine, memory and runner.
+        # Forgotten at stop (after their indexes closed), also when one fails to start.
+        stack.callback(self._forget_agents)
         for spec in rt.agent_specs:
             parts = await build_agent(
                 rt, spec, rt.agent_specs, on_stop=lambda what, stop: _on_stop(stack, what, stop)
             )
             rt.add_agent(parts)
-        stack.callback(self._forget_agents)
         await self.lanes.start()
         _on_stop(stack, "stopping the lanes", self._stop_lanes)
         if self.http is not None:
@@ -349,7 +350,7 @@ class Gateway:
             )
 
     def _forget_agents(self) -> None:
-        # Their memory indexes close on their own stop steps (after this one).
+        # Their memory indexes closed on their own stop steps (before this one).
         self.rt.memory = None
         self.rt.agents.clear()
 
