@@ -187,31 +187,43 @@ async def record_turn_task(
 
 class AgentTranscripts:
     """A ``TranscriptSource`` that lists only one agent's transcripts: those whose
-    header's key is ``agent:<id>:...`` (the default agent also takes a transcript whose
-    header names no agent, which only a hand-made file could be). A header never
-    changes, so each transcript's agent is read once."""
+    header's key is ``agent:<id>:...`` (the default agent also takes a file whose first
+    line names no agent, which only a hand-made file could be). A header never changes,
+    so each transcript's agent is read once; a transcript whose first line is not
+    complete yet is nobody's until the next sync."""
 
     def __init__(self, inner: TranscriptSource, agent_id: str, *, default: bool) -> None:
         self.inner = inner
         self.agent_id = agent_id
         self.default = default
-        self._owners: dict[str, str] = {}
+        self._owners: dict[str, str] = {}  # path -> agent id ("": none named)
 
     def transcripts(self) -> list[SourceFile]:
         return [s for s in self.inner.transcripts() if self._owns(s)]
 
     def _owns(self, source: SourceFile) -> bool:
-        if source.path not in self._owners:
+        owner = self._owners.get(source.path)
+        if owner is None:
             try:
-                head = self.inner.read(source, HEADER_READ_BYTES)
+                head = self._first_line(source)
             except Exception:  # gone or unreadable: not listed now, asked again next sync
                 return False
-            owner = transcript_agent(head)
-            if owner is None:  # no header yet, or none at all: not kept, read again
-                return self.default
+            if head is None:  # its first line is not written in full yet: next sync
+                return False
+            owner = transcript_agent(head) or ""  # "": it names no agent
             self._owners[source.path] = owner
-        owner = self._owners[source.path]
-        return owner == self.agent_id
+        return owner == self.agent_id or (owner == "" and self.default)
+
+    def _first_line(self, source: SourceFile) -> bytes | None:
+        data = b""
+        for limit in (HEADER_PEEK_BYTES, HEADER_READ_BYTES + 1):
+            data = self.inner.read(source, limit)
+            end = data.find(b"\n")
+            if end >= 0:
+                return data[:end]
+            if len(data) < limit:
+                return None
+        return data  # longer than any header: not one of ours
 
     def marker(self, source: SourceFile) -> Marker | None:
         return self.inner.marker(source)
@@ -226,6 +238,7 @@ class AgentTranscripts:
         return f"<AgentTranscripts {self.agent_id} of {self.inner!r}>"
 
 
+HEADER_PEEK_BYTES = 4096  # a header is far shorter; a longer one is read again in full
 HEADER_READ_BYTES = 64 * 1024
 
 
