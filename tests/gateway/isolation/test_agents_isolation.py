@@ -19,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from parley.core.memory.audience import Viewer
+from parley.core.memory.embedders import EmbedderSettings, ResilientEmbedder
 from parley.core.memory.recall import is_recall_block
 from parley.core.messages import TextBlock, ToolResultBlock
 from parley.core.providers.base import ProviderRequest
 from parley.core.tools.memory import MEMORY_GET_TOOL, MEMORY_SEARCH_TOOL
 from parley.gateway.app import Gateway
+from tests.fakes.embedder import HashingEmbedder, resilient
 from tests.fakes.recording_channel import RecordingChannel
 from tests.fakes.scripted_provider import ScriptedProvider
 from tests.gateway.memory_helpers import (
@@ -66,16 +69,20 @@ World = tuple[Gateway, RecordingChannel, RecordingChannel, ScriptedProvider]
 async def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
     use_hashing_embedder(monkeypatch)
     (tmp_path / "parley.toml").write_text(CONFIG, encoding="utf-8")
-    for workspace, canary in (
-        (tmp_path / "workspace", MAIN[2]),
-        (tmp_path / "agents" / "work" / "workspace", WORK[2]),
-    ):
-        workspace.mkdir(parents=True)
-        (workspace / "MEMORY.md").write_text(f"# Facts\n\n- {TOPIC} is {canary}\n")
+    _workspaces(tmp_path)
     test, other, provider = RecordingChannel("test"), RecordingChannel("other"), ScriptedProvider()
     gateway = Gateway(memory_config(tmp_path), channels=[test, other], provider=provider)
     async with gateway:
         yield gateway, test, other, provider
+
+
+def _workspaces(home: Path) -> None:
+    for workspace, canary in (
+        (home / "workspace", MAIN[2]),
+        (home / "agents" / "work" / "workspace", WORK[2]),
+    ):
+        workspace.mkdir(parents=True)
+        (workspace / "MEMORY.md").write_text(f"# Facts\n\n- {TOPIC} is {canary}\n")
 
 
 def _text(request: ProviderRequest) -> str:
@@ -101,7 +108,43 @@ async def _tell(gateway: Gateway, channel: RecordingChannel, canaries: tuple[str
 
 
 async def test_no_canary_crosses_from_one_agent_to_the_other(world: World, tmp_path: Path) -> None:
-    gateway, test, other, provider = world
+    await _no_canary_crosses(*world)
+    # Nor does either index hold a row of the other's: not stored, not only unread.
+    main_rows = await asyncio.to_thread(_index_rows, tmp_path / "memory" / "main" / "memory.db")
+    work_rows = await asyncio.to_thread(_index_rows, tmp_path / "memory" / "work" / "memory.db")
+    assert MAIN[0] in main_rows and WORK[0] in work_rows
+    assert not any(c in work_rows for c in MAIN)
+    assert not any(c in main_rows for c in WORK)
+
+
+async def test_no_canary_crosses_on_postgres(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str
+) -> None:
+    """The same on PostgreSQL: both indexes in one database (one per agent id), the
+    transcripts in its table."""
+
+    def build(settings: EmbedderSettings) -> ResilientEmbedder:
+        # 8 dimensions, ranked in the client: see tests/gateway/test_memory_pg_gateway.py.
+        return resilient(HashingEmbedder(dimensions=8))
+
+    monkeypatch.setattr("parley.gateway.memory.build_embedder", build)
+    (tmp_path / "parley.toml").write_text(CONFIG, encoding="utf-8")
+    _workspaces(tmp_path)
+    loaded = memory_config(
+        tmp_path,
+        PARLEY_STORAGE__BACKEND="postgres",
+        PARLEY_STORAGE__URL=pg_url,
+        PARLEY_STORAGE__VECTOR_INDEX="exact",
+    )
+    test, other, provider = RecordingChannel("test"), RecordingChannel("other"), ScriptedProvider()
+    async with Gateway(loaded, channels=[test, other], provider=provider) as gateway:
+        await _no_canary_crosses(gateway, test, other, provider)
+    assert not (tmp_path / "memory" / "work" / "memory.db").exists()
+
+
+async def _no_canary_crosses(
+    gateway: Gateway, test: RecordingChannel, other: RecordingChannel, provider: ScriptedProvider
+) -> None:
     main, work = gateway.rt.agents["main"], gateway.rt.agents["work"]
     assert main.memory is not None and work.memory is not None
     await _tell(gateway, test, MAIN)
@@ -145,12 +188,13 @@ async def test_no_canary_crosses_from_one_agent_to_the_other(world: World, tmp_p
         assert not any(c in text for c in foreign), (request.model, text[-2000:])
     assert {r.model for r in provider.requests[asked:]} == {"scripted-model", "work-model"}
 
-    # Nor does either index hold a row of the other's: not stored, not only unread.
-    main_rows = await asyncio.to_thread(_index_rows, tmp_path / "memory" / "main" / "memory.db")
-    work_rows = await asyncio.to_thread(_index_rows, tmp_path / "memory" / "work" / "memory.db")
-    assert MAIN[0] in main_rows and WORK[0] in work_rows
-    assert not any(c in work_rows for c in MAIN)
-    assert not any(c in main_rows for c in WORK)
+    # What each index holds at all (the operator's view, every audience).
+    for parts, foreign in ((main, WORK), (work, MAIN)):
+        assert parts.memory is not None
+        scopes = await parts.memory.visible_scopes(Viewer.for_operator())
+        for canary in foreign:
+            result = await parts.memory.search(f"{TOPIC} {canary}", scopes=scopes, max_results=50)
+            assert not any(canary in hit.snippet for hit in result.hits), (parts.id, canary)
 
 
 async def test_each_agents_sessions_carry_its_id(world: World) -> None:
