@@ -16,6 +16,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -269,3 +270,41 @@ async def test_the_admin_api_searches_one_agents_memory_at_a_time(
     assert any(c in found["main"] for c in MAIN) and not any(c in found["main"] for c in WORK)
     assert any(c in found["work"] for c in WORK) and not any(c in found["work"] for c in MAIN)
     assert found["ghost"].startswith("404")
+
+
+async def test_parley_migrate_moves_each_agents_memory_to_its_own_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str
+) -> None:
+    from parley.gateway.cli.migrate import migrate_command
+    from parley.gateway.storage.postgres.database import PgDatabase
+    from tests.gateway.cli.test_migrate import parse
+
+    monkeypatch.setattr(
+        "parley.gateway.memory.build_embedder",
+        lambda settings: resilient(HashingEmbedder(dimensions=8)),
+    )
+    (tmp_path / "parley.toml").write_text(CONFIG, encoding="utf-8")
+    loaded = memory_config(tmp_path)
+    test, other, provider = RecordingChannel("test"), RecordingChannel("other"), ScriptedProvider()
+    async with Gateway(loaded, channels=[test, other], provider=provider) as gateway:
+        await _tell(gateway, test, MAIN)
+        await _tell(gateway, other, WORK)
+        for parts in gateway.rt.agents.values():
+            assert parts.memory is not None
+            await parts.memory.sync()
+    args = parse("--from", "sqlite", "--to", "postgres", "--url", pg_url, "--vector-index", "exact")
+    assert await migrate_command(loaded, args) == 0
+
+    def rows(conn: Any, agent: str) -> str:
+        found = conn.execute(
+            "SELECT c.text AS text FROM memory_chunks c JOIN memory_indexes i "
+            "ON c.index_id = i.id WHERE i.name = %s AND i.role = 'live'",
+            (agent,),
+        ).fetchall()
+        return "\n".join(r["text"] for r in found)
+
+    async with PgDatabase(pg_url, pool_size=2) as db:
+        main_rows = await db.run(rows, "main")
+        work_rows = await db.run(rows, "work")
+    assert MAIN[0] in main_rows and WORK[0] in work_rows
+    assert not any(c in main_rows for c in WORK) and not any(c in work_rows for c in MAIN)
