@@ -30,6 +30,7 @@ class AgentSpec:
     config: AgentConfig
     is_default: bool
     model: str | None = None  # None: the provider's
+    provider: str | None = None  # None: the gateway's provider
     memory: bool = True
     tools_allow: tuple[str, ...] | None = None
     tools_deny: tuple[str, ...] = ()
@@ -63,6 +64,7 @@ def _spec(entry: AgentEntry, is_default: bool) -> AgentSpec:
         own,
         is_default=is_default,
         model=entry.model,
+        provider=entry.provider,
         memory=entry.memory,
         tools_allow=entry.tools_allow,
         tools_deny=entry.tools_deny,

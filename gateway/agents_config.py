@@ -20,6 +20,8 @@ Arrays of tables are set in the TOML file only: no environment variable reaches 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from parley.core.agent_config import AgentConfig
@@ -36,6 +38,9 @@ class AgentEntry(AgentConfig):
     default: bool = Field(False, description="answers every conversation no binding names")
     model: str | None = Field(
         None, min_length=1, max_length=200, description="the provider's model for this agent"
+    )
+    provider: Literal["anthropic", "openai", "local"] | None = Field(
+        None, description="another of [providers] for this agent; default: the gateway's"
     )
     memory: bool = Field(True, description="its own long-term memory (needs [memory] enabled)")
     tools_allow: tuple[str, ...] | None = Field(

@@ -62,7 +62,10 @@ def _describe(spec: AgentSpec, workspace: Path, note: str, loaded: LoadedConfig)
         tools = "tools " + ", ".join(spec.tools_allow)
     if spec.tools_deny:
         tools += " but " + ", ".join(spec.tools_deny)
+    model = spec.model or "the provider default"
+    if spec.provider is not None:
+        model += f" on {spec.provider}"
     return (
         f"{spec.name}{' (default)' if spec.is_default else ''}; workspace {workspace}{note}; "
-        f"model {spec.model or 'the provider default'}; memory {memory}; {tools}"
+        f"model {model}; memory {memory}; {tools}"
     )

@@ -38,9 +38,10 @@ from parley.core.tools.memory import (
 from parley.core.tools.tool_registry import ToolRegistry
 from parley.gateway.agents import AgentSpec, agent_workspace, loaded_for
 from parley.gateway.audiences import header_audience
-from parley.gateway.config import LoadedConfig
+from parley.gateway.config import LoadedConfig, ParleyConfig
 from parley.gateway.errors import GatewayError
 from parley.gateway.memory import build_memory_index, notes_dir, private_roots
+from parley.gateway.providers import build_provider
 from parley.gateway.workspace import ensure_workspace
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class AgentParts:
 
     spec: AgentSpec
     loaded: LoadedConfig  # the config as this agent reads it
+    provider: Provider  # the gateway's, or its own ([[agents]] provider)
     model: str  # the model its requests name
     runner: Runner
     engine: ContextEngine
@@ -166,6 +168,8 @@ async def build_agent(
     ``on_stop`` as soon as it started, so a failure later stops what did start."""
     loaded = loaded_for(rt.loaded, spec)
     config, provider = loaded.config, rt.provider
+    if spec.provider is not None and spec.provider != provider.name:
+        provider = await _own_provider(config, spec, on_stop)
     agent, context = config.agent, config.context
     workspace = loaded.workspace
     await asyncio.to_thread(ensure_workspace, workspace)
@@ -246,4 +250,20 @@ async def build_agent(
         ),
         model=spec.model,
     )
-    return AgentParts(spec, loaded, model, runner, engine, prompt, profile, memory)
+    return AgentParts(spec, loaded, provider, model, runner, engine, prompt, profile, memory)
+
+
+async def _own_provider(
+    config: ParleyConfig,
+    spec: AgentSpec,
+    on_stop: Callable[[str, Callable[[], Awaitable[Any] | None]], None],
+) -> Provider:
+    """The agent's own provider: ``[providers]`` with its ``provider`` as the default."""
+    providers = config.providers.model_copy(update={"default": spec.provider})
+    provider, _ = build_provider(providers)
+    on_stop(f"closing agent {spec.id}'s provider", provider.aclose)
+    warm_up = getattr(provider, "start", None)
+    if warm_up is not None:  # the local model loads here, not on the first message
+        await warm_up()
+    log.info("agent %s: provider %s (%s)", spec.id, provider.name, provider.model)
+    return provider

@@ -77,6 +77,7 @@ def test_the_first_entry_is_the_default_when_none_says_so(tmp_path: Path) -> Non
         ('[[agents]]\nid = "A B"\n', "agents.0.id"),
         ('[[agents]]\nid = "a"\ntools_deny = ["no such!"]\n', "is not a tool name"),
         ('[[agents]]\nid = "a"\ncolour = "red"\n', "agents.0.colour"),
+        ('[[agents]]\nid = "a"\nprovider = "gemini"\n', "agents.0.provider"),
         ('[[bindings]]\nagent = "main"\npeer = "1"\nroom = "x"\n', "bindings.0.room"),
     ],
 )

@@ -195,3 +195,33 @@ async def test_discord_guild_and_channel_bindings(
         assert models == ["claude-test-model", "claude-guild-model", "claude-random-model"]
         agents = {r.agent_id for r in (await w.gateway.registry.list()).sessions}
         assert agents == {"main", "guild", "random"}
+
+
+async def test_an_agent_on_another_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's provider is Anthropic; Bob's agent talks to an OpenAI-compatible
+    server through the real openai SDK, with its own model."""
+    from tests.fakes.llm_common import Reply
+    from tests.fakes.openai_api import FakeOpenAI
+
+    (tmp_path / "parley.toml").write_text(
+        f'[[agents]]\nid = "main"\n[[agents]]\nid = "oai"\nprovider = "openai"\n'
+        f'model = "gpt-agent-model"\n[[bindings]]\nagent = "oai"\npeer = "{BOB}"\n',
+        encoding="utf-8",
+    )
+    async with FakeOpenAI() as openai_fake:
+        openai_fake.responder = lambda body: Reply(text="from openai")
+        env = {"OPENAI_API_KEY": openai_fake.api_key, "OPENAI_BASE_URL": openai_fake.base_url}
+        async with world(tmp_path, monkeypatch, env=env) as w:
+            await w.settle(w.fake.push_message(TOKEN, chat_id=BOB, sender_id=BOB, text="hi"))
+            await w.settle(dm(w.fake, "hello"))
+            bob, alice = w.fake.sent[-2:]
+            assert (bob.chat_id, bob.text) == (BOB, "from openai")
+            assert (alice.chat_id, alice.text) == (ALICE, "echo: hello")
+            (body,) = [r.body for r in openai_fake.requests if r.path.endswith("/completions")]
+            assert body["model"] == "gpt-agent-model"
+            assert [b["model"] for b in w.llm.requests_bodies] == ["claude-test-model"]
+            status = w.fake.push_message(TOKEN, chat_id=BOB, sender_id=BOB, text="/status")
+            await w.settle(status)
+            assert "gpt-agent-model" in w.fake.sent[-1].text

@@ -88,14 +88,15 @@ class CommandReplies:
         """Whether the session's model is offered tools, and who decided."""
         rt = self.rt
         key = record.key if record is not None else key
-        runner, model = rt.agent(key).runner, self.model_for(record, key)
+        agent = rt.agent(key)
+        runner, model = agent.runner, self.model_for(record, key)
         override = rt.config.context.models.get(model.strip().lower())
         return describe_tools(
             bool(runner.offer_tools),
             count=len(runner.tools.specs()),
             model=model,
             configured=override.tools if override is not None else None,
-            provider=rt.provider,
+            provider=agent.provider,
         )
 
     def model_for(self, record: SessionRecord | None, key: str | None = None) -> str:
@@ -108,8 +109,10 @@ class CommandReplies:
     def window_note(self, record: SessionRecord | None, key: str | None = None) -> str:
         """The session's window and where it came from, in plain words."""
         rt, model = self.rt, self.model_for(record, key)
-        facts = getattr(rt.provider, "facts", None) if model == rt.provider.model else None
-        info = rt.agent(record.key if record is not None else key).engine.window(model)
+        agent = rt.agent(record.key if record is not None else key)
+        provider = agent.provider
+        facts = getattr(provider, "facts", None) if model == provider.model else None
+        info = agent.engine.window(model)
         note = describe_window(info, model=model, facts=facts)
         window = rt.window_for(record)
         if window < info.tokens:
