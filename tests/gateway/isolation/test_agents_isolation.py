@@ -221,7 +221,7 @@ def _files_text(root: Path) -> str:
 async def test_erasing_a_person_erases_them_from_every_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from parley.gateway.people import erase_person
+    from parley.gateway.people import erase_person, list_people
 
     use_hashing_embedder(monkeypatch)
     (tmp_path / "parley.toml").write_text(CONFIG, encoding="utf-8")
@@ -237,6 +237,10 @@ async def test_erasing_a_person_erases_them_from_every_agent(
     work_db = memory / "work" / "memory.db"
     assert WORK[0] in await asyncio.to_thread(_index_rows, work_db)
     assert WORK[1] in _files_text(memory / "work" / "notes")
+
+    # `parley people list` counts both agents' notes of hers.
+    (alice,) = [p for p in await list_people(loaded) if p.person == "alice"]
+    assert alice.notes == 2
 
     report = await erase_person(loaded, "alice")
     assert any(n.startswith("work: ") for n in report.notes), report.notes
