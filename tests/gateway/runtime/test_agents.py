@@ -57,3 +57,33 @@ async def test_one_agent_is_the_default_parts_for_every_key(
         assert not rt.bindings
         assert await say(gateway, channel, "hi") == "echo: hi"
         assert provider.requests[-1].model == "scripted-model"
+
+
+async def test_file_tools_never_reach_another_agents_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default agent's workspace is the whole home here: the other agent's workspace
+    (under agents/) is inside it, and still out of its file tools' reach."""
+    from tests.gateway.memory_helpers import final, tool_call, tool_results
+
+    use_hashing_embedder(monkeypatch)
+    (tmp_path / "parley.toml").write_text(
+        f'[[agents]]\nid = "main"\nworkspace = "{tmp_path}"\n[[agents]]\nid = "work"\n',
+        encoding="utf-8",
+    )
+    secret = tmp_path / "agents" / "work" / "workspace" / "SOUL.md"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("WORK-ONLY-SECRET\n", encoding="utf-8")
+    (tmp_path / "mine.md").write_text("MAIN-FILE\n", encoding="utf-8")
+    channel, provider = RecordingChannel(), ScriptedProvider()
+    async with Gateway(memory_config(tmp_path), channels=[channel], provider=provider) as gateway:
+        provider.push(
+            tool_call("r1", "read_file", path="agents/work/workspace/SOUL.md"),
+            tool_call("r2", "read_file", path="mine.md"),
+            tool_call("l1", "list_files", path="agents"),
+            final("done"),
+        )
+        await say(gateway, channel, "read them")
+    shown = [r.content for i in (-3, -2, -1) for r in tool_results(provider.requests[i])]
+    assert "WORK-ONLY-SECRET" not in shown[0] and "MAIN-FILE" in shown[1]
+    assert "workspace" not in shown[2]
