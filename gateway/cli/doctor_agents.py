@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from parley.core.tools.builtin import default_registry
 from parley.gateway.agents import AgentSpec, agent_specs, agent_workspace
 from parley.gateway.agents_config import BINDING_FIELDS
 from parley.gateway.config import LoadedConfig
+from parley.gateway.runtime.agents import AgentToolsError, agent_tools
 
 Severity = Literal["ok", "warning", "error"]
 
@@ -28,6 +30,10 @@ def agents_findings(loaded: LoadedConfig) -> list[tuple[str, Severity, str]]:
             severity, note = "error", " (not a directory)"
         elif not workspace.exists():
             note = " (created on the first run)"
+        try:  # a tool name that is none: the gateway would refuse to start
+            agent_tools(default_registry(), spec)
+        except AgentToolsError as exc:
+            severity, note = "error", f"{note}; {exc}"
         found.append((f"agent {spec.id}", severity, _describe(spec, workspace, note, loaded)))
     bindings = config.bindings
     if not config.agents and not bindings:

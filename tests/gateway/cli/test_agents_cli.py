@@ -73,3 +73,15 @@ async def test_the_terminal_is_answered_by_its_bound_agent(tmp_path: Path) -> No
         assert "agent main" in out and "agent desk" in out, out
         assert str(workspace) in out and "claude-desk-model" in out
         assert "channel=terminal -> desk; else main" in out
+
+
+async def test_doctor_says_which_tool_name_is_none(tmp_path: Path) -> None:
+    (tmp_path / "parley.toml").write_text(
+        '[[agents]]\nid = "main"\n[[agents]]\nid = "x"\ntools_deny = ["red_file"]\n',
+        encoding="utf-8",
+    )
+    code, out, _ = await parley("doctor", home=tmp_path)
+    assert code != 0
+    (line,) = [line for line in out.splitlines() if "agent x" in line]
+    assert not line.startswith("[ok") and not line.startswith("[warn"), line
+    assert "no tool named red_file" in line
