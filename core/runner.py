@@ -179,8 +179,12 @@ class Runner:
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         engine: ContextEngine | None = None,
         recaller: Recaller | None = None,
+        model: str | None = None,
     ) -> None:
+        """``model``: what a request names when its session sets none (None: the
+        provider's own)."""
         self.provider = provider
+        self.model = model
         self.tools = tools
         self.prompt = prompt
         self.agent = agent
@@ -507,7 +511,7 @@ class Runner:
         system = prompt.text
         specs = self.tools.specs() if self.offer_tools else ()
         return ViewRequest(
-            session_key, system, tuple(specs), model or self.provider.model, chat_type
+            session_key, system, tuple(specs), model or self.model or self.provider.model, chat_type
         )
 
     async def _recover(

@@ -24,37 +24,29 @@ from typing import TYPE_CHECKING, Any
 
 from parley.channels.base import Channel, ChannelError, InboundMessage
 from parley.core.context.compaction.compactor import CompactionOutcome
-from parley.core.context.config import ContextConfig
 from parley.core.context.engine import ContextEngine
-from parley.core.context.flush import FlushTarget
 from parley.core.context.report import ContextReport
 from parley.core.context.view import ContextView
-from parley.core.context.window import model_window
 from parley.core.memory.audience import Audience, Viewer
 from parley.core.memory.index import MemoryIndex
-from parley.core.memory.notes import NoteStore
-from parley.core.memory.recall import Recaller
-from parley.core.model_profile import choose_profile
 from parley.core.prompt import SystemPromptBuilder
 from parley.core.providers.base import Provider
 from parley.core.runner import Runner
-from parley.core.tools.builtin import default_registry
-from parley.core.tools.memory import memory_tools
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.gateway_view import ProviderHealth
 from parley.gateway.admin.metrics import GatewayMetrics
 from parley.gateway.admin.session_figures import SessionFiguresCache
-from parley.gateway.audiences import header_audience
 from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import ChannelFailure, LaneBusy
 from parley.gateway.home_upgrade.audiences import log_legacy_memory
 from parley.gateway.http_server import HttpServer
 from parley.gateway.lanes import LaneManager
-from parley.gateway.memory import build_memory_index, notes_dir, private_roots
 from parley.gateway.providers import build_provider
+from parley.gateway.retention.run import every_index
 from parley.gateway.retention.service import RetentionService
 from parley.gateway.routing import SessionRoute
 from parley.gateway.runtime.access import AccessGate
+from parley.gateway.runtime.agents import build_agent
 from parley.gateway.runtime.commands.replies import CommandReplies
 from parley.gateway.runtime.context import Runtime
 from parley.gateway.runtime.delivery import Delivery
@@ -69,7 +61,6 @@ from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.runtime.turn import Turns
 from parley.gateway.storage.sessions import SessionRecord, utcnow
 from parley.gateway.storage.stores import StateStores
-from parley.gateway.workspace import ensure_workspace
 
 if TYPE_CHECKING:
     from parley.gateway.storage.inbox import Inbox
@@ -165,7 +156,7 @@ class Gateway:
             loaded,
             self.state,
             clock=clock,
-            memory=lambda: self.rt.memory,
+            memory=lambda: every_index([p.memory for p in self.rt.agents.values() if p.memory]),
             forget_cached=self.transcripts.forget,
         )
         routes = [r for c in channels for r in c.webhook_routes()]
@@ -221,6 +212,16 @@ class Gateway:
     def memory(self) -> MemoryIndex | None:
         return self.rt.memory
 
+    def memory_of(self, agent: str | None) -> MemoryIndex | None:
+        """An agent's memory index (None: the default agent's); KeyError for an agent
+        there is not."""
+        if agent is None:
+            return self.rt.memory
+        if agent not in {spec.id for spec in self.rt.agent_specs}:
+            raise KeyError(agent)
+        parts = self.rt.agents.get(agent)
+        return parts.memory if parts is not None else None
+
     @property
     def engine(self) -> ContextEngine | None:
         return self.rt.engine_or_none
@@ -270,8 +271,6 @@ class Gateway:
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         rt, config = self.rt, self.config
         rt.zone = await asyncio.to_thread(resolve_timezone, config.session.timezone)
-        workspace = self.loaded.workspace
-        await asyncio.to_thread(ensure_workspace, workspace)
         # Memory from before audiences, and settings they retired: a warning each.
         await asyncio.to_thread(log_legacy_memory, self.loaded)
         await asyncio.to_thread(self.loaded.sessions_dir.mkdir, parents=True, exist_ok=True)
@@ -289,84 +288,14 @@ class Gateway:
         warm_up = getattr(provider, "start", None)
         if warm_up is not None:  # the local model loads here, not on the first message
             await warm_up()
-        agent, context = config.agent, config.context
-        tools = default_registry(
-            agent.tool_result_max_chars, private_roots=private_roots(self.loaded)
-        )
-        offer_tools = tools_offered(provider, context)
-        # The profile follows the model's window as the server or its file states it.
-        window = model_window(provider.model, context, provider)
-        profile = rt.profile = choose_profile(
-            agent.profile, window=window.tokens, provider=provider
-        )
-        use_sampling = getattr(provider, "use_sampling", None)
-        if use_sampling is not None and profile.sampling():
-            use_sampling(profile.sampling())  # a llama.cpp server: against looping
-        log.info(
-            "model %s: window %s tokens (%s), profile %s",
-            provider.model,
-            f"{window.tokens:,}",
-            window.detail or window.source,
-            profile.name,
-        )
-        memory = None
-        if config.memory.enabled:
-            # On PostgreSQL the index shares the state's pool (None: memory.db).
-            memory = build_memory_index(self.loaded, db=self.state.pg)
-            memory.on_search = self.metrics.search
-            await memory.start()  # the first sync runs in the background
-            rt.memory = memory
-            _on_stop(stack, "closing the memory index", self._close_memory)
-            for tool in memory_tools(memory):
-                tools.register(tool)
-        rt.prompt = SystemPromptBuilder(
-            workspace,
-            agent_name=agent.name,
-            tools=tools.specs() if offer_tools else (),
-            file_max_chars=context.file_max_chars,
-            total_max_chars=context.total_max_chars,
-            memory_enabled=memory is not None and offer_tools,
-            profile=profile,
-        )
-        # The engine's threshold needs the output the provider will really allow.
-        max_output = min(
-            agent.max_output_tokens,
-            getattr(provider, "max_output_tokens", None) or agent.max_output_tokens,
-        )
-        engine = rt.engine = ContextEngine(
-            config=context,
-            provider=provider,
-            retry=config.providers.retry,
-            max_output=max_output,
-            flush_target=FlushTarget(
-                memory.notes if memory is not None else NoteStore(notes_dir(self.loaded)),
-                lambda header: header_audience(header.to_dict(), rt.person_links.names),
-            ),
-            checkpoints_dir=self.loaded.checkpoints_dir,
-            zone=lambda: rt.zone,
-            now=rt.clock,
-            # A separate summary model ([context.compaction] model) is the operator's
-            # choice of a summariser: the profile does not second-guess it.
-            summaries_by_default=profile.summaries or context.compaction.model is not None,
-        )
-        # Load the tokenizer now (~0.3 s), not in the first person's turn.
-        await asyncio.to_thread(engine.counter.text, "warm up")
-        rt.runner = Runner(
-            provider=provider,
-            tools=tools,
-            prompt=rt.prompt,
-            agent=agent,
-            retry=config.providers.retry,
-            workspace=workspace,
-            offer_tools=offer_tools,
-            now=rt.clock,
-            engine=engine,
-            recaller=(
-                Recaller.for_index(memory, config.memory, engine.counter)
-                if memory is not None
-                else None
-            ),
-        )
+        # Each agent's parts: its workspace, prompt, tools, engine, memory and runner.
+        # Forgotten at stop (after their indexes closed), also when one fails to start.
+        stack.callback(self._forget_agents)
+        for spec in rt.agent_specs:
+            parts = await build_agent(
+                rt, spec, rt.agent_specs, on_stop=lambda what, stop: _on_stop(stack, what, stop)
+            )
+            rt.add_agent(parts)
         await self.lanes.start()
         _on_stop(stack, "stopping the lanes", self._stop_lanes)
         if self.http is not None:
@@ -420,10 +349,10 @@ class Gateway:
                 report.unfinished,
             )
 
-    async def _close_memory(self) -> None:
-        memory, self.rt.memory = self.rt.memory, None
-        if memory is not None:
-            await memory.close()
+    def _forget_agents(self) -> None:
+        # Their memory indexes closed on their own stop steps (before this one).
+        self.rt.memory = None
+        self.rt.agents.clear()
 
     async def _offer_catch_up(self, channel: Channel) -> None:
         """Tell an adapter that can read history (``catch_up``) where each recently
@@ -514,17 +443,6 @@ class Gateway:
     ) -> tuple[ContextReport, ContextView | None]:
         """What the next request would hold, by part, and how the history was cut."""
         return await self.commands.context_report(record, transcript, chat_type)
-
-
-def tools_offered(provider: Provider, context: ContextConfig) -> bool:
-    """Whether the model gets tool schemas: the operator's word for the model
-    (``[context.models."<id>"] tools``), else what its server said at start (llama.cpp's
-    ``/props``), else yes. A model whose template has no tools would have them dropped
-    silently by its server, and parley would still count them in every estimate."""
-    override = context.models.get(provider.model.strip().lower())
-    if override is not None and override.tools is not None:
-        return override.tools
-    return bool(getattr(provider, "supports_tools", True))
 
 
 def _on_stop(

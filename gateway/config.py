@@ -43,6 +43,7 @@ from parley.core.agent_config import AgentConfig
 from parley.core.context.config import ContextConfig
 from parley.core.memory.memory_config import MemorySettings
 from parley.core.providers.provider_config import ProvidersConfig
+from parley.gateway.agents_config import AgentEntry, BindingConfig, check_agents, inherit_limits
 from parley.gateway.errors import ConfigFileError
 from parley.gateway.lanes import LanesConfig
 from parley.gateway.machine_memory import usable_memory_bytes
@@ -61,6 +62,8 @@ _RESERVED_ENV = {
     "PARLEY_DATABASE_URL",
     "PARLEY_TRANSCRIPTION_API_KEY",
 }
+# Arrays of tables: no environment variable reaches them.
+_FILE_ONLY = frozenset({"agents", "bindings"})
 _SECRET_ENV: dict[str, tuple[str, ...]] = {
     "ANTHROPIC_API_KEY": ("providers", "anthropic", "api_key"),
     "ANTHROPIC_BASE_URL": ("providers", "anthropic", "base_url"),
@@ -222,6 +225,9 @@ class HttpConfig(_Strict):
 
 class ParleyConfig(_Strict):
     agent: AgentConfig = AgentConfig()
+    # Several agents (gateway/agents_config.py); none: [agent] is the one agent.
+    agents: tuple[AgentEntry, ...] = ()
+    bindings: tuple[BindingConfig, ...] = ()
     providers: ProvidersConfig = ProvidersConfig()
     context: ContextConfig = ContextConfig()
     memory: MemorySettings = MemorySettings()
@@ -233,6 +239,23 @@ class ParleyConfig(_Strict):
     retention: RetentionConfig = RetentionConfig()
     logging: LoggingConfig = LoggingConfig()
     media: MediaConfig = MediaConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agents_inherit(cls, data: object) -> object:
+        return inherit_limits(data)
+
+    @model_validator(mode="after")
+    def _agents_valid(self) -> ParleyConfig:
+        check_agents(self.agents, self.bindings, self.agent.id)
+        return self
+
+    def default_agent(self) -> AgentConfig:
+        """The agent that answers what no binding names: ``[agent]`` without
+        ``[[agents]]``, else the entry with ``default = true`` (else the first)."""
+        if not self.agents:
+            return self.agent
+        return next((a for a in self.agents if a.default), self.agents[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +321,9 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     except ValidationError as exc:
         problems = [(_dotted(err["loc"]), err["msg"]) for err in exc.errors()]
         raise ConfigFileError(source, problems) from None
+    if config.agents:
+        # The default agent stands in [agent]'s place: its workspace, its memory.db.
+        config = config.model_copy(update={"agent": config.default_agent()})
     return LoadedConfig(config=config, home=home, source=source)
 
 
@@ -322,6 +348,10 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[tuple[str, ...], Any]]:
         if not name.startswith(ENV_PREFIX) or name in _RESERVED_ENV or "__" not in name:
             continue
         parts = tuple(p.lower() for p in name[len(ENV_PREFIX) :].split("__"))
+        if parts[0] in _FILE_ONLY:
+            raise ConfigFileError(
+                name, [(parts[0], "[[agents]] and [[bindings]] are set in the file only")]
+            )
         if all(parts):
             found.append((parts, _parse_env_value(raw)))
     return found
@@ -397,6 +427,10 @@ def _to_toml(
             continue
         if value is None:
             scalars.append(f"# {_toml_key(key)} = (unset)")
+            continue
+        if isinstance(value, list | tuple) and value and all(isinstance(v, dict) for v in value):
+            header = f"[[{'.'.join(_toml_key(p) for p in path)}]]"  # [[agents]], [[bindings]]
+            tables += [f"{header}\n{_to_toml(item, masked, path)}" for item in value]
             continue
         if path in masked:
             value = (

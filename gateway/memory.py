@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 
 from parley.core.memory.embedders import build_embedder
 from parley.core.memory.index import AsyncResource, MemoryIndex
-from parley.core.memory.sources import StoreTranscriptSource
+from parley.core.memory.sources import (
+    FileTranscriptSource,
+    Marker,
+    SourceFile,
+    StoreTranscriptSource,
+    read_header,
+)
 from parley.core.memory.tasks import task_record_from_turn
 from parley.core.transcript import Entry
 from parley.gateway.audiences import PersonLinks, scope_resolver
@@ -108,6 +114,14 @@ def build_memory_index(loaded: LoadedConfig, *, db: PgDatabase | None = None) ->
             resource = db
         backend = PgMemoryBackend(db, loaded.config.agent.id, vector_index=storage.vector_index)
         transcripts = StoreTranscriptSource(PgTranscriptStore(db))
+    if loaded.config.agents:
+        # Several agents share the transcripts: this one's index reads its own only.
+        default = loaded.config.default_agent().id
+        transcripts = AgentTranscripts(
+            transcripts or FileTranscriptSource(loaded.sessions_dir),
+            loaded.config.agent.id,
+            default=default == loaded.config.agent.id,
+        )
     writer: str | None = None
     if storage.backend == "postgres":
         # Replicas share the index, so they must share the task logs it reads (the
@@ -169,6 +183,78 @@ async def record_turn_task(
     except Exception:
         log.exception("writing the task record failed")
         return False
+
+
+class AgentTranscripts:
+    """A ``TranscriptSource`` that lists only one agent's transcripts: those whose
+    header's key is ``agent:<id>:...`` (the default agent also takes a file whose first
+    line names no agent, which only a hand-made file could be). A header never changes,
+    so each transcript's agent is read once; a transcript whose first line is not
+    complete yet is nobody's until the next sync."""
+
+    def __init__(self, inner: TranscriptSource, agent_id: str, *, default: bool) -> None:
+        self.inner = inner
+        self.agent_id = agent_id
+        self.default = default
+        self._owners: dict[str, str] = {}  # path -> agent id ("": none named)
+
+    def transcripts(self) -> list[SourceFile]:
+        return [s for s in self.inner.transcripts() if self._owns(s)]
+
+    def _owns(self, source: SourceFile) -> bool:
+        owner = self._owners.get(source.path)
+        if owner is None:
+            try:
+                head = self._first_line(source)
+            except Exception:  # gone or unreadable: not listed now, asked again next sync
+                return False
+            if head is None:  # its first line is not written in full yet: next sync
+                return False
+            owner = transcript_agent(head) or ""  # "": it names no agent
+            self._owners[source.path] = owner
+        return owner == self.agent_id or (owner == "" and self.default)
+
+    def _first_line(self, source: SourceFile) -> bytes | None:
+        data = b""
+        for limit in (HEADER_PEEK_BYTES, HEADER_READ_BYTES + 1):
+            data = self.inner.read(source, limit)
+            end = data.find(b"\n")
+            if end >= 0:
+                return data[:end]
+            if len(data) < limit:
+                return None
+        return data  # longer than any header: not one of ours
+
+    def marker(self, source: SourceFile) -> Marker | None:
+        return self.inner.marker(source)
+
+    def read(self, source: SourceFile, limit: int) -> bytes:
+        return self.inner.read(source, limit)
+
+    def read_range(self, source: SourceFile, start: int, limit: int) -> bytes:
+        return self.inner.read_range(source, start, limit)
+
+    def __repr__(self) -> str:
+        return f"<AgentTranscripts {self.agent_id} of {self.inner!r}>"
+
+
+HEADER_PEEK_BYTES = 4096  # a header is far shorter; a longer one is read again in full
+HEADER_READ_BYTES = 64 * 1024
+
+
+def transcript_agent(data: bytes) -> str | None:
+    """The agent id a transcript's first line names (its key's ``agent:<id>:``, else
+    its ``agent`` meta), None when it names none."""
+    end = data.find(b"\n")
+    header = read_header(data if end < 0 else data[:end])
+    if header is None:
+        return None
+    key = header.get("key")
+    if isinstance(key, str) and key.startswith("agent:") and key.count(":") >= 2:
+        return key.split(":", 2)[1]
+    meta = header.get("meta")
+    agent = meta.get("agent") if isinstance(meta, dict) else None
+    return agent if isinstance(agent, str) else None
 
 
 def _own_pool(loaded: LoadedConfig) -> PgDatabase:

@@ -215,6 +215,15 @@ def parse_session_key(key: str) -> ParsedKey | None:
     )
 
 
+def key_agent_id(key: str) -> str:
+    """The agent segment of a session key (``agent:<id>:...``), without the full parse
+    (the hot path asks it of every message); "" for what is not a key."""
+    if not key.startswith("agent:"):
+        return ""
+    end = key.find(":", 6)
+    return key[6:end] if end > 6 else ""
+
+
 def reset_type_for(target: SessionRoute | str) -> ResetType:
     """Which ``reset_by_type`` entry applies to a route or a key."""
     if isinstance(target, SessionRoute):

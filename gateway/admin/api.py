@@ -123,7 +123,8 @@ async def reset(request: web.Request) -> web.Response:
 
 
 async def memory_status(request: web.Request) -> web.Response:
-    return json_body(await request.app[SERVICE].memory_status())
+    query = parse_query(request, s.MemoryStatusQuery)
+    return json_body(await request.app[SERVICE].memory_status(query))
 
 
 async def memory_stats(request: web.Request) -> web.Response:
@@ -241,6 +242,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "The memory index: counts, embedder, fallbacks",
         "memory",
         s.MemoryStatusBody,
+        errors=(400, 401, 404),
+        query=s.MemoryStatusQuery,
         extra_responses=((503, "the memory index is unavailable", s.ErrorBody),),
     ),
     Operation(
@@ -250,7 +253,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Task records: counts by outcome, most frequent errors, tool use",
         "memory",
         s.MemoryStatsBody,
-        errors=(400, 401),
+        errors=(400, 401, 404),
         query=s.MemoryStatsQuery,
         extra_responses=((503, "the memory index is unavailable", s.ErrorBody),),
     ),
@@ -261,7 +264,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Hybrid search over long-term memory (one scope, or all)",
         "memory",
         s.MemorySearchBody,
-        errors=(400, 401),
+        errors=(400, 401, 404),
         query=s.MemorySearchQuery,
         extra_responses=(
             (409, "memory is turned off", s.ErrorBody),

@@ -55,6 +55,11 @@ class AdminGateway(Protocol):
     @property
     def memory(self) -> MemoryIndex | None: ...
 
+    def memory_of(self, agent: str | None) -> MemoryIndex | None:
+        """An agent's memory index (None: the default agent's); raises KeyError for
+        an agent there is not."""
+        ...
+
     @property
     def figures(self) -> SessionFiguresCache: ...
 

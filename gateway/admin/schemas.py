@@ -288,7 +288,16 @@ class TranscriptQuery(_Query):
     cursor: str | None = Field(None, min_length=1, max_length=20, pattern=r"^[0-9]+$")
 
 
+class MemoryStatusQuery(_Query):
+    agent: str | None = Field(
+        None, min_length=1, max_length=64, description="an agent's id; default: the default agent"
+    )
+
+
 class MemoryStatsQuery(_Query):
+    agent: str | None = Field(
+        None, min_length=1, max_length=64, description="an agent's id; default: the default agent"
+    )
     scope: str | None = Field(
         None, min_length=1, max_length=300, description="one scope; default: every scope"
     )
@@ -296,6 +305,9 @@ class MemoryStatsQuery(_Query):
 
 class MemorySearchQuery(_Query):
     q: str = Field(min_length=1, max_length=1000)
+    agent: str | None = Field(
+        None, min_length=1, max_length=64, description="an agent's id; default: the default agent"
+    )
     scope: str | None = Field(
         None, min_length=1, max_length=300, description="one scope; default: every scope"
     )

@@ -36,6 +36,7 @@ from parley.gateway.errors import ApiError, LaneBusy
 from parley.gateway.storage.sessions import SessionRecord, removed_at
 
 if TYPE_CHECKING:
+    from parley.core.memory.index import MemoryIndex
     from parley.gateway.admin.gateway_view import AdminGateway
 
 log = logging.getLogger("parley.gateway.admin")
@@ -244,8 +245,14 @@ class AdminService:
 
     # -- memory ---------------------------------------------------------------------------
 
-    async def memory_status(self) -> s.MemoryStatusBody:
-        memory = self.gateway.memory
+    def _memory_of(self, agent: str | None) -> MemoryIndex | None:
+        try:
+            return self.gateway.memory_of(agent)
+        except KeyError:
+            raise ApiError(404, "not_found", f"no agent {agent!r}") from None
+
+    async def memory_status(self, query: s.MemoryStatusQuery) -> s.MemoryStatusBody:
+        memory = self._memory_of(query.agent)
         if memory is None:
             return s.MemoryStatusBody(enabled=False)
         status = await self._memory_call(memory.status())
@@ -253,7 +260,7 @@ class AdminService:
 
     async def memory_stats(self, query: s.MemoryStatsQuery) -> s.MemoryStatsBody:
         """Task records: counts by outcome, the most frequent errors, tool use."""
-        memory = self.gateway.memory
+        memory = self._memory_of(query.agent)
         scopes = [query.scope] if query.scope else None
         if memory is None:
             return s.MemoryStatsBody(enabled=False, scopes=scopes)
@@ -268,7 +275,7 @@ class AdminService:
         )
 
     async def memory_search(self, query: s.MemorySearchQuery) -> s.MemorySearchBody:
-        memory = self.gateway.memory
+        memory = self._memory_of(query.agent)
         if memory is None:
             raise ApiError(409, "conflict", "long-term memory is turned off ([memory] enabled)")
         if query.scope:

@@ -45,6 +45,7 @@ from parley.core.errors import TranscriptError
 from parley.core.providers.base import ModelFacts
 from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
 from parley.gateway.admin.auth import check_setup
+from parley.gateway.cli.doctor_agents import agents_findings
 from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import AdminServerError, GatewayError, StateError
 from parley.gateway.file_modes import find_wide_modes, narrow_modes
@@ -74,6 +75,7 @@ class Finding:
 
 async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding]:
     findings = [Finding("config", "ok", f"valid ({loaded.source})")]
+    findings += [Finding(*f) for f in await asyncio.to_thread(agents_findings, loaded)]
     if fix:
         findings.append(await _fix(loaded))
     found = await asyncio.to_thread(survey, loaded)
@@ -98,6 +100,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
                 findings.append(Finding("memory", skipped, why))
             else:
                 findings.append(await _check_memory(loaded, db))
+                findings += await _check_other_agents_memory(loaded, db)
             findings += await _check_provider_and_model(loaded)
             findings += await _check_channels(loaded)
             if db is None:
@@ -117,6 +120,7 @@ async def run_doctor(loaded: LoadedConfig, *, fix: bool = False) -> list[Finding
             findings.append(Finding("memory", "warning", "not checked: see migration"))
         else:
             findings.append(await _check_memory(loaded))
+            findings += await _check_other_agents_memory(loaded)
         findings += await _check_provider_and_model(loaded)
         findings += await _check_channels(loaded)
         if state_blocked:
@@ -342,6 +346,19 @@ def _listed(items: list[str], shown: int = LISTED_TRANSCRIPTS) -> str:
     return "; ".join(items[:shown]) + (f" (+{more} more)" if more > 0 else "")
 
 
+async def _check_other_agents_memory(
+    loaded: LoadedConfig, db: PgDatabase | None = None
+) -> list[Finding]:
+    """The memory check of each agent but the default (whose is ``memory``)."""
+    from parley.gateway.agents import agent_specs, loaded_for
+
+    found = []
+    for spec in agent_specs(loaded.config)[1:]:
+        finding = await _check_memory(loaded_for(loaded, spec), db)
+        found.append(Finding(f"memory ({spec.id})", finding.severity, finding.detail))
+    return found
+
+
 async def _check_memory(loaded: LoadedConfig, db: PgDatabase | None = None) -> Finding:
     """Open the memory index as the gateway would and report what search can do."""
     from parley.core.errors import CoreError
@@ -431,7 +448,7 @@ async def _check_model(loaded: LoadedConfig, *, ask: bool = True) -> Finding:
     from parley.core.context.report import describe_tools, describe_window
     from parley.core.errors import WindowTooSmallError
     from parley.core.model_profile import choose_profile
-    from parley.gateway.app import tools_offered
+    from parley.gateway.runtime.agents import tools_offered
 
     config = loaded.config
     try:

@@ -33,8 +33,9 @@ def add_maintenance_commands(
 async def maintenance_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
     # Imported here: the stores and the memory index are heavy to import.
     from parley.core.errors import CoreError
+    from parley.gateway.agents import agent_specs, loaded_for
     from parley.gateway.memory import build_memory_index, memory_db_path
-    from parley.gateway.retention.run import run_retention
+    from parley.gateway.retention.run import every_index, run_retention
     from parley.gateway.storage.sessions import utcnow
     from parley.gateway.storage.stores import StateStores
 
@@ -43,21 +44,34 @@ async def maintenance_command(loaded: LoadedConfig, args: argparse.Namespace) ->
         print("nothing to do: no state yet")
         return EXIT_OK
     async with StateStores(loaded) as state:
-        index = None
-        if loaded.config.memory.enabled and (postgres or memory_db_path(loaded).exists()):
-            index = build_memory_index(loaded, db=state.pg)
+        # Every agent's index: each holds the rows of its own sessions' transcripts.
+        indexes = []
+        failed = False
+        for spec in agent_specs(loaded.config):
+            own = loaded_for(loaded, spec)
+            if not own.config.memory.enabled:
+                continue
+            if not postgres and not memory_db_path(own).exists():
+                continue
+            index = build_memory_index(own, db=state.pg)
             try:
                 await index.open()
             except (CoreError, OSError) as exc:
                 print(f"parley: the memory index cannot be opened: {exc}", file=sys.stderr)
                 await index.close()
-                index = None
+                failed = True  # its chunks cannot be kept: retention holds back
+                continue
+            indexes.append(index)
         try:
             report = await run_retention(
-                loaded, state, now=utcnow(), dry_run=args.dry_run, memory=index
+                loaded,
+                state,
+                now=utcnow(),
+                dry_run=args.dry_run,
+                memory=None if failed else every_index(indexes),
             )
         finally:
-            if index is not None:
+            for index in indexes:
                 await index.close()
     print("\n".join(report.lines()))
     return EXIT_PROBLEM if report.errors else EXIT_OK

@@ -12,6 +12,7 @@ from parley.core.memory.audience import AGENT, Audience, AudienceError, Viewer, 
 from parley.core.memory.forgetting import format_forgetting_report, format_tombstones
 from parley.core.memory.index import MemoryIndex
 from parley.core.memory.tasks import format_task_stats
+from parley.gateway.agents import agent_specs, loaded_for
 from parley.gateway.audiences import PersonLinks, scope_for_key, viewer_for
 from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM
 from parley.gateway.config import LoadedConfig
@@ -24,11 +25,18 @@ BAR_WIDTH = 30
 def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     memory = sub.add_parser("memory", parents=[common], help="the long-term memory index")
     actions = memory.add_subparsers(dest="memory_command", required=True, metavar="ACTION")
-    status = actions.add_parser("status", parents=[common], help="provider, counts, dirty files")
+    # Each agent's memory is its own: which one (default: the default agent's).
+    agent = argparse.ArgumentParser(add_help=False)
+    agent.add_argument("--agent", help="this agent's memory (its id; default: the default agent)")
+    status = actions.add_parser(
+        "status", parents=[common, agent], help="provider, counts, dirty files"
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
-    index = actions.add_parser("index", parents=[common], help="bring the index up to date")
+    index = actions.add_parser("index", parents=[common, agent], help="bring the index up to date")
     index.add_argument("--force", action="store_true", help="rebuild everything from scratch")
-    search = actions.add_parser("search", parents=[common], help="search as memory_search does")
+    search = actions.add_parser(
+        "search", parents=[common, agent], help="search as memory_search does"
+    )
     search.add_argument("query")
     search.add_argument("--json", action="store_true", help="print one JSON object")
     search.add_argument("--max-results", type=int, default=None)
@@ -43,13 +51,19 @@ def add_memory_commands(sub: argparse._SubParsersAction, common: argparse.Argume
         "--all", "--all-scopes", dest="all_scopes", action="store_true",
         help="every audience (the operator's view)",
     )  # fmt: skip
-    prune = actions.add_parser("prune", parents=[common], help="apply the forgetting policies now")
+    prune = actions.add_parser(
+        "prune", parents=[common, agent], help="apply the forgetting policies now"
+    )
     prune.add_argument("--dry-run", action="store_true", help="only say what would be evicted")
     prune.add_argument("--json", action="store_true", help="print one JSON object")
-    pruned = actions.add_parser("pruned", parents=[common], help="list evictions, newest first")
+    pruned = actions.add_parser(
+        "pruned", parents=[common, agent], help="list evictions, newest first"
+    )
     pruned.add_argument("--limit", type=int, default=20, help="at most N (default 20)")
     pruned.add_argument("--json", action="store_true", help="print one JSON array")
-    stats = actions.add_parser("stats", parents=[common], help="task records: outcomes, errors")
+    stats = actions.add_parser(
+        "stats", parents=[common, agent], help="task records: outcomes, errors"
+    )
     stats.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -84,6 +98,14 @@ class ProgressBar:
 
 
 async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    if getattr(args, "agent", None):
+        specs = {spec.id: spec for spec in agent_specs(loaded.config)}
+        if args.agent not in specs:
+            print(
+                f"parley: no agent {args.agent!r} (there are {', '.join(specs)})", file=sys.stderr
+            )
+            return EXIT_PROBLEM
+        loaded = loaded_for(loaded, specs[args.agent])
     if not loaded.config.memory.enabled:
         print("long-term memory is turned off ([memory] enabled = false)", file=sys.stderr)
         return EXIT_PROBLEM

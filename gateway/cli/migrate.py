@@ -15,6 +15,7 @@ import sys
 from typing import TextIO
 
 from parley.core.errors import CoreError
+from parley.gateway.agents import agent_specs, loaded_for
 from parley.gateway.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import StateError
@@ -98,6 +99,10 @@ async def migrate_command(loaded: LoadedConfig, args: argparse.Namespace) -> int
                 loaded,
                 pg,
                 memory_db=memory_db_path(loaded),
+                other_memory=[
+                    (spec.id, memory_db_path(loaded_for(loaded, spec)))
+                    for spec in agent_specs(loaded.config)[1:]
+                ],
                 dry_run=dry_run,
                 vector_index=args.vector_index or loaded.config.storage.vector_index,
                 out=out,

@@ -28,6 +28,7 @@ def add_sessions_commands(sub: argparse._SubParsersAction, common: argparse.Argu
     listing = sessions_sub.add_parser("list", parents=[common], help="a table of sessions")
     listing.add_argument("--status", choices=["active", "archived"])
     listing.add_argument("--channel")
+    listing.add_argument("--agent", help="only this agent's sessions (its id)")
     listing.add_argument("--query", help="text in the key or display name")
     listing.add_argument("--limit", type=int, default=50)
     show = sessions_sub.add_parser(
@@ -61,7 +62,11 @@ async def sessions_command(loaded: LoadedConfig, args: argparse.Namespace) -> in
         registry = state.registry
         if action == "list":
             page = await registry.list(
-                status=args.status, channel=args.channel, query=args.query, limit=args.limit
+                status=args.status,
+                channel=args.channel,
+                agent_id=args.agent,
+                query=args.query,
+                limit=args.limit,
             )
             print(_sessions_table(page.sessions))
             return EXIT_OK
@@ -138,7 +143,7 @@ async def _export(store: TranscriptStore, session_id: str, output: Path | None) 
 
 
 def _sessions_table(records: Sequence[SessionRecord]) -> str:
-    rows = [("KEY", "CHANNEL", "UPDATED", "TOKENS", "STATUS", "ID")]
+    rows = [("KEY", "AGENT", "CHANNEL", "UPDATED", "TOKENS", "STATUS", "ID")]
     for r in records:
         status = r.status if r.status == "active" else f"archived ({r.archived_reason})"
         if removed_at(r) is not None:
@@ -146,6 +151,7 @@ def _sessions_table(records: Sequence[SessionRecord]) -> str:
         rows.append(
             (
                 r.key,
+                r.agent_id,
                 r.channel,
                 r.updated_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
                 f"{r.context_tokens:,}",
@@ -167,6 +173,7 @@ def _describe_session(store: TranscriptStore, record: SessionRecord, entries: in
             if record.archived_at
             else ""
         ),
+        f"agent:        {record.agent_id}",
         f"channel:      {record.channel} / {record.account} / {record.chat_type} / {record.peer}",
         f"display name: {record.display_name or '-'}",
         f"created:      {record.created_at:%Y-%m-%d %H:%M:%S} UTC",

@@ -189,17 +189,26 @@ async def erase_person(
             report.tombstones = len(tombstones)
         else:
             tombstones = []
+        # The other agents' notes, task records and memory index: each their own.
+        others = await _other_agents(loaded, state, target, theirs, report)
         if not dry_run:
             # Files first, the rows that lead to them last: a rerun after a kill still
             # finds what is left (a session without its transcript by its registry row).
             await asyncio.to_thread(_erase_files, loaded, target, files)
+            for other in others:
+                await asyncio.to_thread(_erase_files, other.loaded, target, other.files)
             if report.terminal_history:
                 await asyncio.to_thread(history.unlink, missing_ok=True)
             await _erase_state(state, theirs, inbox_ids, pairing, report)
             if _has_index(loaded):
                 await _resync(loaded, state, target, tombstones, report)
+            for other in others:
+                if _has_index(other.loaded):
+                    await _resync(other.loaded, state, target, other.tombstones, report)
             if not state.postgres:
                 await asyncio.to_thread(_vacuum, loaded, report)
+                for other in others:
+                    await asyncio.to_thread(_vacuum, other.loaded, report, state_db=False)
     report.notes_out += _leftovers(loaded, target, postgres=postgres)
     return report
 
@@ -260,6 +269,44 @@ def _local_files(loaded: LoadedConfig, target: Person, session_ids: set[str]) ->
     ]
     ids |= {b.audience.id for b in blocks if b.audience is not None}
     return _LocalFiles(ids, folders, checkpoint_files, audiences, note_paths, task_files, blocks)
+
+
+@dataclass
+class _OtherAgent:
+    loaded: LoadedConfig  # as the agent reads it (gateway.agents.loaded_for)
+    files: _LocalFiles
+    tombstones: list[Any]
+
+
+async def _other_agents(
+    loaded: LoadedConfig,
+    state: State,
+    target: Person,
+    theirs: list[SessionInfo],
+    report: ErasureReport,
+) -> list[_OtherAgent]:
+    """What each agent but the default holds of the person (its notes, task records,
+    legacy flush blocks and index rows), added to ``report``. The sessions, transcripts
+    and checkpoints are every agent's alike: counted once, by the caller."""
+    from parley.gateway.agents import agent_specs, loaded_for
+
+    found: list[_OtherAgent] = []
+    ids = {s.session_id for s in theirs}
+    for spec in agent_specs(loaded.config)[1:]:
+        own = loaded_for(loaded, spec)
+        files = await asyncio.to_thread(_local_files, own, target, ids)
+        files.checkpoint_dirs, files.checkpoint_files = [], []
+        report.notes += [f"{spec.id}: {p}" for p in files.note_paths]
+        report.task_logs += [f"{spec.id}: {t.display}" for t in files.task_files]
+        report.flush_blocks += [f"{spec.id}: {b.where}" for b in files.blocks]
+        tombstones: list[Any] = []
+        if _has_index(own):
+            paths, chunks, tombstones = await _index_rows(own, state, target, theirs, files)
+            report.index_files += [p for p in paths if p not in report.index_files]
+            report.index_chunks += chunks
+            report.tombstones += len(tombstones)
+        found.append(_OtherAgent(own, files, tombstones))
+    return found
 
 
 async def _state_rows(
@@ -469,10 +516,11 @@ def _sqlite_drop_tombstones(path: Path, tombstones: list[Any]) -> None:
 _FTS_TABLES = ("chunks_fts", "chunks_cjk")
 
 
-def _vacuum(loaded: LoadedConfig, report: ErasureReport) -> None:
+def _vacuum(loaded: LoadedConfig, report: ErasureReport, *, state_db: bool = True) -> None:
     """Rewrite the SQLite files so the deleted rows' bytes do not stay in free pages
     (nor their words in the full-text indexes' segments)."""
-    for path in (loaded.state_db, memory_db_path(loaded)):
+    paths = (loaded.state_db, memory_db_path(loaded)) if state_db else (memory_db_path(loaded),)
+    for path in paths:
         if not path.exists():
             continue
         conn = sqlite3.connect(path, isolation_level=None, timeout=30)

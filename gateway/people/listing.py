@@ -8,6 +8,7 @@ from typing import Any
 
 from parley.core.memory.audience import MAIN_PERSON, parse_scope
 from parley.core.memory.notes import NoteStore
+from parley.gateway.agents import agent_specs, loaded_for
 from parley.gateway.audiences import PersonLinks
 from parley.gateway.config import LoadedConfig
 from parley.gateway.memory import notes_dir
@@ -68,18 +69,20 @@ async def list_people(loaded: LoadedConfig) -> list[KnownPerson]:
         found.pairing.append(f"{request.channel} {request.sender_id} ({request.status})")
 
     def local() -> None:
-        for note in NoteStore(notes_dir(loaded)).files():
-            if note.audience.kind == "person":
-                found = entry(note.audience.id)
-                found.ids.add(note.audience.id)
-                found.notes += 1
-        for task in inventory.task_files(loaded):
-            for scope in {agent.current_scope(s) for s in task.scopes}:
-                audience = parse_scope(scope)
-                if audience is not None and audience.kind == "person":
-                    found = entry(audience.id)
-                    found.ids.add(audience.id)
-                    found.task_logs += 1
+        # Every agent's notes and task records (each agent's are its own).
+        for own in (loaded_for(loaded, spec) for spec in agent_specs(loaded.config)):
+            for note in NoteStore(notes_dir(own)).files():
+                if note.audience.kind == "person":
+                    found = entry(note.audience.id)
+                    found.ids.add(note.audience.id)
+                    found.notes += 1
+            for task in inventory.task_files(own):
+                for scope in {agent.current_scope(s) for s in task.scopes}:
+                    audience = parse_scope(scope)
+                    if audience is not None and audience.kind == "person":
+                        found = entry(audience.id)
+                        found.ids.add(audience.id)
+                        found.task_logs += 1
 
         if inventory.terminal_history(loaded).exists():
             typist = (

@@ -23,11 +23,11 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from parley.core.files import atomic_file
 from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
@@ -39,10 +39,39 @@ from parley.gateway.retention_config import INBOX_DEDUPE_DAYS, RetentionConfig, 
 from parley.gateway.storage.inbox import Inbox, PruneResult
 from parley.gateway.storage.sessions import REMOVED_SETTING, SessionRecord, SessionRegistry
 
-if TYPE_CHECKING:
-    from parley.core.memory.index import MemoryIndex
-
 log = logging.getLogger("parley.gateway.retention")
+
+
+class RemovedRows(Protocol):
+    """What retention asks of memory (``MemoryIndex``): keep or drop the rows of the
+    transcripts it removes."""
+
+    async def keep_removed(self, paths: Sequence[str]) -> None: ...
+
+    async def drop_removed(self, paths: Sequence[str]) -> int: ...
+
+
+class EveryIndex:
+    """Several agents' memory indexes as one: each keeps or drops the rows it holds
+    (an agent indexes only its own sessions' transcripts)."""
+
+    def __init__(self, indexes: Sequence[RemovedRows]) -> None:
+        self.indexes = tuple(indexes)
+
+    async def keep_removed(self, paths: Sequence[str]) -> None:
+        for index in self.indexes:
+            await index.keep_removed(paths)
+
+    async def drop_removed(self, paths: Sequence[str]) -> int:
+        return sum([await index.drop_removed(paths) for index in self.indexes])
+
+
+def every_index(indexes: Sequence[RemovedRows]) -> RemovedRows | None:
+    """None for no index, the index itself for one, else ``EveryIndex``."""
+    if len(indexes) <= 1:
+        return indexes[0] if indexes else None
+    return EveryIndex(indexes)
+
 
 LAST_RUN_FILE = "retention.json"
 LOCK_FILE = "retention.lock"
@@ -250,7 +279,7 @@ async def run_retention(
     *,
     now: datetime,
     dry_run: bool = False,
-    memory: MemoryIndex | None = None,
+    memory: RemovedRows | None = None,
     forget_cached: Callable[[str], None] | None = None,
 ) -> RunReport:
     """Plan, and unless ``dry_run`` remove, under the home's retention lock (raises
@@ -303,7 +332,7 @@ async def run_retention(
     return report
 
 
-def keep_blocked(loaded: LoadedConfig, memory: MemoryIndex | None) -> bool:
+def keep_blocked(loaded: LoadedConfig, memory: RemovedRows | None) -> bool:
     """Chunks are to be kept, but there is no index to tell: no transcript may go."""
     return (
         loaded.config.memory.enabled
@@ -313,7 +342,7 @@ def keep_blocked(loaded: LoadedConfig, memory: MemoryIndex | None) -> bool:
 
 
 def _memory_outcome(
-    loaded: LoadedConfig, settings: RetentionConfig, memory: MemoryIndex | None, dry_run: bool
+    loaded: LoadedConfig, settings: RetentionConfig, memory: RemovedRows | None, dry_run: bool
 ) -> str:
     if not loaded.config.memory.enabled:
         return "memory is off: the index is not touched"

@@ -17,13 +17,15 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from parley.gateway.config import LoadedConfig
-from parley.gateway.retention.run import RetentionState, RunReport, read_last_run, run_retention
-
-if TYPE_CHECKING:
-    from parley.core.memory.index import MemoryIndex
+from parley.gateway.retention.run import (
+    RemovedRows,
+    RetentionState,
+    RunReport,
+    read_last_run,
+    run_retention,
+)
 
 log = logging.getLogger("parley.gateway.retention")
 
@@ -47,7 +49,7 @@ class RetentionService:
         state: RetentionState,
         *,
         clock: Callable[[], datetime],
-        memory: Callable[[], MemoryIndex | None],
+        memory: Callable[[], RemovedRows | None],
         forget_cached: Callable[[str], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:

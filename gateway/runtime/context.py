@@ -30,15 +30,17 @@ from parley.gateway.admin.gateway_view import ProviderHealth
 from parley.gateway.admin.metrics import GatewayMetrics
 from parley.gateway.admin.session_figures import SessionFiguresCache
 from parley.gateway.admin.session_figures import figures as session_figures
+from parley.gateway.agents import AgentSpec, Bindings, agent_specs
 from parley.gateway.audiences import PersonLinks, audience_for, viewer_for
 from parley.gateway.config import LoadedConfig
 from parley.gateway.errors import NotStarted
-from parley.gateway.routing import SessionRoute, resolve_session_key
+from parley.gateway.routing import SessionRoute, key_agent_id, resolve_session_key
 from parley.gateway.storage.errors import storage_failure
 from parley.gateway.storage.sessions import SessionRecord
 from parley.gateway.storage.stores import StateStores
 
 if TYPE_CHECKING:
+    from parley.gateway.runtime.agents import AgentParts
     from parley.gateway.storage.inbox import Inbox
     from parley.gateway.storage.pairing import PairingStore
     from parley.gateway.storage.sessions import SessionRegistry
@@ -77,6 +79,14 @@ class Runtime:
         self.memory: MemoryIndex | None = None
         # How the model is driven (core/model_profile.py), chosen at start.
         self.profile: ModelProfile = STANDARD
+        # The agents (the default first), which one answers a message, and each
+        # one's parts once started (gateway/runtime/agents.py). The properties above
+        # are the default agent's.
+        self.agent_specs: tuple[AgentSpec, ...] = agent_specs(loaded.config)
+        self.default_agent_id = self.agent_specs[0].id
+        self.bindings = Bindings(loaded.config.bindings, self.default_agent_id)
+        self.agents: dict[str, AgentParts] = {}
+        self._default_parts: AgentParts | None = None
 
     # -- the state stores (read through: an operator's tool may swap one) --------------------
 
@@ -150,12 +160,30 @@ class Runtime:
     def prompt_or_none(self) -> SystemPromptBuilder | None:
         return self._prompt
 
+    def add_agent(self, parts: AgentParts) -> None:
+        """One agent started; the default agent's parts are also the properties above."""
+        self.agents[parts.id] = parts
+        if parts.spec.is_default:
+            self._default_parts = parts
+            self.runner, self.engine, self.prompt = parts.runner, parts.engine, parts.prompt
+            self.memory, self.profile = parts.memory, parts.profile
+
+    def agent(self, key: str | None) -> AgentParts:
+        """The parts of the agent a session key names (``agent:<id>:...``); the default
+        agent's for None or an agent no longer configured. Raises NotStarted before start."""
+        parts = self._default_parts
+        if parts is None:
+            raise NotStarted("the gateway is not started")
+        if key is None or len(self.agents) == 1:
+            return parts
+        return self.agents.get(key_agent_id(key), parts)
+
     # -- rules every stage applies --------------------------------------------------------
 
     def route(self, message: InboundMessage) -> SessionRoute:
-        """The session a message belongs to."""
+        """The session a message belongs to; the binding decides its agent."""
         return resolve_session_key(
-            agent_id=self.config.agent.id,
+            agent_id=self.bindings.agent_for(message),
             channel=message.channel,
             account=message.account,
             chat_type=message.chat_type,
@@ -182,8 +210,10 @@ class Runtime:
     def window_for(self, record: SessionRecord | None) -> int:
         """The session's context window in tokens: its model's, or the smaller one a
         provider's refusal taught the session (``ContextEngine.session_window``)."""
-        model = (record.settings.get("model") if record else None) or self.provider.model
-        return self.engine.session_window(record.key if record else None, model)
+        key = record.key if record else None
+        parts = self.agent(key)
+        model = (record.settings.get("model") if record else None) or parts.model
+        return parts.engine.session_window(key, model)
 
     async def note_figures(
         self,

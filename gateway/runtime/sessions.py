@@ -16,6 +16,7 @@ from parley.core.errors import ContextError
 from parley.core.memory.audience import Audience
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.audiences import scope_for_key
+from parley.gateway.routing import key_agent_id
 from parley.gateway.runtime.context import Runtime, last_entry_id
 from parley.gateway.runtime.lane_items import LaneItem
 from parley.gateway.runtime.resets import resolve_reset_policy, should_reset
@@ -75,7 +76,7 @@ class Sessions:
             await rt.registry.archive(previous.session_id, reason, rt.clock())
             self.transcripts.forget(previous.session_id)
             if rt.engine_or_none is not None:
-                rt.engine.forget(key)
+                rt.agent(key).engine.forget(key)
             log.info("session %s archived (%s): %s", key, reason, previous.session_id)
         return await self.create(item, carried)
 
@@ -84,7 +85,7 @@ class Sessions:
         route, message = item.route, item.message
         origin = SessionOrigin(
             key=route.key,
-            agent_id=rt.config.agent.id,
+            agent_id=key_agent_id(route.key),
             channel=message.channel,
             account=message.account,
             chat_type=route.chat_type,
@@ -117,7 +118,7 @@ class Sessions:
             record.key,
             {
                 "agent": record.agent_id,
-                "agent_name": rt.config.agent.name,
+                "agent_name": rt.agent(record.key).name,
                 "memory_scope": scope,
             },
         )
@@ -134,7 +135,7 @@ class Sessions:
         await rt.registry.archive(record.session_id, reason, rt.clock())
         self.transcripts.forget(record.session_id)
         if rt.engine_or_none is not None:
-            rt.engine.forget(record.key)
+            rt.agent(record.key).engine.forget(record.key)
         log.info("session %s archived (%s): %s", record.key, reason, record.session_id)
 
     async def compact_command(self, key: str, item: LaneItem) -> tuple[SessionRecord | None, str]:
@@ -152,8 +153,11 @@ class Sessions:
         """Compact now; the caller runs this in the session's lane. Raises ContextError."""
         rt = self.rt
         transcript = await self.transcripts.get(record)
-        request = await rt.runner.view_request(record.key, record.settings.get("model"), chat_type)
-        outcome, events = await rt.engine.compact_now(transcript, request, focus=focus)
+        agent = rt.agent(record.key)
+        request = await agent.runner.view_request(
+            record.key, record.settings.get("model"), chat_type
+        )
+        outcome, events = await agent.engine.compact_now(transcript, request, focus=focus)
         await rt.registry.record_compaction(
             record.session_id,
             compactions=1 if outcome.compacted else 0,
@@ -165,6 +169,6 @@ class Sessions:
         if outcome.compacted:
             rt.metrics.compaction(outcome.trigger, outcome.strategy)
             await rt.note_figures(record, transcript, outcome.tokens_after, compacted=True)
-            if rt.memory is not None:
-                rt.memory.notify_compaction()
+            if agent.memory is not None:
+                agent.memory.notify_compaction()
         return outcome

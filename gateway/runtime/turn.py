@@ -36,8 +36,9 @@ from parley.core.errors import (
 )
 from parley.core.group_context import GroupLine, render_group_context
 from parley.core.memory.audience import Viewer, visible_scopes
+from parley.core.memory.index import MemoryIndex
 from parley.core.prompt import SILENT_REPLY, render_turn_context
-from parley.core.runner import TurnRequest, TurnResult
+from parley.core.runner import Runner, TurnRequest, TurnResult
 from parley.core.transcript import ENTRY_COMPACTION
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.gateway_view import ProviderHealth
@@ -92,7 +93,8 @@ class Turns:
         (on a failure the indicator's stop raised after it), so it must be idempotent.
         ``held``: the draft messages a kill left of this reply, taken over by its drafts."""
         rt = self.rt
-        runner = rt.runner
+        agent = rt.agent(record.key)
+        runner = agent.runner
         transcript = await self.transcripts.get(record)
         first, last = items[0], items[-1]
         message = last.message
@@ -124,14 +126,14 @@ class Turns:
                 chat_type=first.route.chat_type,
                 sender_name=message.sender_name,
                 sender_id=message.sender_id,
-                compact=rt.profile.compact_turn_context,
+                compact=agent.profile.compact_turn_context,
             ),
             group_context_text=render_group_context(group_lines(items), now=now),
             meta={"inbox_ids": ids, "message_ids": [i.message.message_id for i in items]},
             resume=resume,
             model=record.settings.get("model"),
             chat_type=first.route.chat_type,
-            memory_scopes=await self._memory_scopes(viewer),
+            memory_scopes=await self._memory_scopes(agent.memory, viewer),
             memory_viewer=viewer,
             media=self.media.store.loader(viewer),
         )
@@ -149,7 +151,7 @@ class Turns:
                 if drafts is None:
                     result = await runner.run_turn(transcript, turn, on_retry=on_retry)
                 else:
-                    result = await self._run_drafted(transcript, turn, on_retry, drafts)
+                    result = await self._run_drafted(runner, transcript, turn, on_retry, drafts)
                 # Before the typing indicator stops: that may wait on the platform.
                 if model_done is not None:
                     model_done()
@@ -180,13 +182,14 @@ class Turns:
         await rt.note_figures(
             record, transcript, result.context_tokens, compacted=bool(result.compactions)
         )
-        if rt.memory is not None:
-            rt.memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
+        memory = agent.memory
+        if memory is not None:
+            memory.notify_transcript(appended_messages=transcript.entry_count - entries_before)
             if result.compactions:
-                rt.memory.notify_compaction()
+                memory.notify_compaction()
             if result.tool_calls:
                 await record_turn_task(
-                    rt.memory,
+                    memory,
                     user_text=text,
                     entries=result.entries,
                     started_at=started_at,
@@ -204,7 +207,7 @@ class Turns:
                 context_tokens=result.context_tokens,
                 entry_count=transcript.entry_count,
                 last_entry_id=last_entry_id(transcript),
-                model=rt.provider.model if not record.settings.get("model") else None,
+                model=agent.model if not record.settings.get("model") else None,
                 now=rt.clock(),
             ),
         )
@@ -257,6 +260,7 @@ class Turns:
 
     async def _run_drafted(
         self,
+        runner: Runner,
         transcript: SessionTranscript,
         turn: TurnRequest,
         on_retry: Callable[[int, ProviderError, float], None],
@@ -264,7 +268,7 @@ class Turns:
     ) -> TurnResult:
         silent = False
         try:
-            result = await self.rt.runner.run_turn(
+            result = await runner.run_turn(
                 transcript, turn, on_text=drafts.on_text, on_retry=on_retry, on_status=drafts.status
             )
             silent = result.reply.strip() == SILENT_REPLY
@@ -273,10 +277,10 @@ class Turns:
             await drafts.close(withdraw=silent)
         return result
 
-    async def _memory_scopes(self, viewer: Viewer) -> tuple[str, ...]:
-        """What this turn's recall and memory_search may see. An index that cannot list
-        its scopes costs a linked person the other ids' memory for this turn, nothing more."""
-        memory = self.rt.memory
+    async def _memory_scopes(self, memory: MemoryIndex | None, viewer: Viewer) -> tuple[str, ...]:
+        """What this turn's recall and memory_search may see in the agent's memory. An
+        index that cannot list its scopes costs a linked person the other ids' memory for
+        this turn, nothing more."""
         if memory is None:
             return ()
         try:

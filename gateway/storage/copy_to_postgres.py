@@ -89,13 +89,17 @@ class Migration:
         pg: PgDatabase,
         *,
         memory_db: Path,
+        other_memory: Sequence[tuple[str, Path]] = (),
         dry_run: bool = False,
         vector_index: VectorIndex = "hnsw",
         out: TextIO = sys.stdout,
     ) -> None:
+        """``other_memory``: each other agent's id and memory.db (``[[agents]]``); each
+        is copied to that agent's index."""
         self.loaded = loaded
         self.pg = pg
         self.memory_db = memory_db
+        self.other_memory = tuple(other_memory)
         self.dry_run = dry_run
         self.vector_index: VectorIndex = vector_index
         self.out = out
@@ -298,27 +302,30 @@ class Migration:
     # -- memory --------------------------------------------------------------------------
 
     def _memory(self) -> None:
+        self._agent_memory(self.loaded.config.agent.id, self.memory_db, "memory")
+        for agent, path in self.other_memory:
+            self._agent_memory(agent, path, f"memory ({agent})")
+
+    def _agent_memory(self, agent: str, path: Path, label: str) -> None:
         from parley.core.memory.store import MemoryStore
 
-        path = self.memory_db
         if not path.is_file():
-            self._say(f"memory: {path} does not exist; nothing to copy")
+            self._say(f"{label}: {path} does not exist; nothing to copy")
             return
         source = MemoryStore.open(path, driver=self.loaded.config.memory.driver, vector=True)
         try:
-            target = self._memory_target()
+            target = self._memory_target(agent)
             if target is not None and not self.dry_run:
                 self._copy_memory(source, target)
             # A dry run against a database without the index counts zeros there.
-            self._memory_counts(source, target)
+            self._memory_counts(source, target, label)
         finally:
             source.close()
 
-    def _memory_target(self) -> PgMemoryStore | None:
+    def _memory_target(self, name: str) -> PgMemoryStore | None:
         from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
         from parley.gateway.storage.postgres.memory.base import LIVE
 
-        name = self.loaded.config.agent.id
         if self.dry_run:
             exists = self.pg.call(_live_index_exists, name, LIVE)
             if not exists:
@@ -364,14 +371,16 @@ class Migration:
             f"{len(tombstones)} eviction(s) carried over"
         )
 
-    def _memory_counts(self, source: MemoryStore, target: PgMemoryStore | None) -> None:
+    def _memory_counts(
+        self, source: MemoryStore, target: PgMemoryStore | None, label: str = "memory"
+    ) -> None:
         src = source.counts()
         tgt = target.counts() if target is not None else None
         for what, attr in (
-            ("memory files", "files"),
-            ("memory chunks", "chunks"),
-            ("memory vectors", "vectors"),
-            ("memory cache", "cache_entries"),
+            (f"{label} files", "files"),
+            (f"{label} chunks", "chunks"),
+            (f"{label} vectors", "vectors"),
+            (f"{label} cache", "cache_entries"),
         ):
             self.report.counts.append(
                 Count(what, getattr(src, attr), getattr(tgt, attr) if tgt else 0)

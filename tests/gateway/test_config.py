@@ -224,3 +224,12 @@ def test_warm_windows_set_by_hand_or_off_whatever_the_memory(tmp_path: Path) -> 
         # One problem, that says what would do.
         assert [p[0] for p in info.value.problems] == ["storage.warm_transcripts_mib"]
         assert '"auto" or a whole number of MiB' in info.value.problems[0][1]
+
+
+def test_example_file_documents_every_agents_and_bindings_key() -> None:
+    from parley.gateway.agents_config import AgentEntry, BindingConfig
+
+    text = EXAMPLE.read_text(encoding="utf-8")
+    keys = set(AgentEntry.model_fields) | set(BindingConfig.model_fields)
+    assert [k for k in sorted(keys) if f"{k} " not in text and f"{k}," not in text] == []
+    assert "[[agents]]" in text and "[[bindings]]" in text

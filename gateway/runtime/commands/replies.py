@@ -70,41 +70,49 @@ class CommandReplies:
         # What the session's last turn or compaction in this process left: the whole
         # transcript is not re-read outside the lane for compaction counts.
         stats = rt.figures.peek(record.session_id) if record is not None else None
-        report = await self._current_report(record, chat_type)
+        report = await self._current_report(record, chat_type, key)
+        agent = rt.agent(key)
         return format_status(
             record,
             key=key,
-            model=rt.provider.model,
+            model=agent.model,
             figures=figure_lines(report),
             now=rt.clock(),
             compactions=stats,
-            tools=self.tools_text(record),
-            profile=describe_profile(rt.profile),
+            tools=self.tools_text(record, key),
+            profile=describe_profile(agent.profile),
+            agent=f"{agent.name} ({agent.id})",
         )
 
-    def tools_text(self, record: SessionRecord | None) -> str:
+    def tools_text(self, record: SessionRecord | None, key: str | None = None) -> str:
         """Whether the session's model is offered tools, and who decided."""
         rt = self.rt
-        runner, model = rt.runner, self.model_for(record)
+        key = record.key if record is not None else key
+        agent = rt.agent(key)
+        runner, model = agent.runner, self.model_for(record, key)
         override = rt.config.context.models.get(model.strip().lower())
         return describe_tools(
             bool(runner.offer_tools),
             count=len(runner.tools.specs()),
             model=model,
             configured=override.tools if override is not None else None,
-            provider=rt.provider,
+            provider=agent.provider,
         )
 
-    def model_for(self, record: SessionRecord | None) -> str:
-        """The session's model: its own setting, else the provider's (as ``window_for``)."""
+    def model_for(self, record: SessionRecord | None, key: str | None = None) -> str:
+        """The session's model: its own setting, else its agent's (as ``window_for``)."""
         model = record.settings.get("model") if record is not None else None
-        return model if isinstance(model, str) and model else self.rt.provider.model
+        if isinstance(model, str) and model:
+            return model
+        return self.rt.agent(record.key if record is not None else key).model
 
-    def window_note(self, record: SessionRecord | None) -> str:
+    def window_note(self, record: SessionRecord | None, key: str | None = None) -> str:
         """The session's window and where it came from, in plain words."""
-        rt, model = self.rt, self.model_for(record)
-        facts = getattr(rt.provider, "facts", None) if model == rt.provider.model else None
-        info = rt.engine.window(model)
+        rt, model = self.rt, self.model_for(record, key)
+        agent = rt.agent(record.key if record is not None else key)
+        provider = agent.provider
+        facts = getattr(provider, "facts", None) if model == provider.model else None
+        info = agent.engine.window(model)
         note = describe_window(info, model=model, facts=facts)
         window = rt.window_for(record)
         if window < info.tokens:
@@ -115,10 +123,12 @@ class CommandReplies:
     async def context_text(self, route: SessionRoute, mode: str) -> str:
         """``/context [list|detail|json]``: what the next request would hold, by part."""
         record = await self.rt.registry.get_active(route.key)
-        report = await self._current_report(record, route.chat_type)
+        report = await self._current_report(record, route.chat_type, route.key)
         return render_context(report, mode or "list")
 
-    async def _current_report(self, record: SessionRecord | None, chat_type: str) -> ContextReport:
+    async def _current_report(
+        self, record: SessionRecord | None, chat_type: str, key: str | None = None
+    ) -> ContextReport:
         """The report on the session's live transcript, read outside the lane."""
         transcript = opened = None
         if record is not None:
@@ -131,29 +141,36 @@ class CommandReplies:
                         self.rt.state.transcripts.open, record.session_id, read_only=True
                     )
         try:
-            report, _ = await self.context_report(record, transcript, chat_type)
+            report, _ = await self.context_report(record, transcript, chat_type, key)
         finally:
             if opened is not None:
                 opened.close()
         return report
 
     async def context_report(
-        self, record: SessionRecord | None, transcript: SessionTranscript | None, chat_type: str
+        self,
+        record: SessionRecord | None,
+        transcript: SessionTranscript | None,
+        chat_type: str,
+        key: str | None = None,
     ) -> tuple[ContextReport, ContextView | None]:
-        """What the next request would hold, by part, and how the history was cut."""
+        """What the next request would hold, by part, and how the history was cut.
+        ``key``: the session's when there is no record yet (its agent's parts)."""
         rt = self.rt
-        engine, runner = rt.engine, rt.runner
+        key = record.key if record is not None else key
+        agent = rt.agent(key)
+        engine, runner, profile = agent.engine, agent.runner, agent.profile
         tools = runner.tools.specs() if runner.offer_tools else ()
         window = rt.window_for(record)
         file_cap, total_cap = rt.config.context.file_max_chars, rt.config.context.total_max_chars
-        if rt.profile.short_prompt:
-            file_cap = total_cap = rt.profile.workspace_max_chars
-        window_note = self.window_note(record)
+        if profile.short_prompt:
+            file_cap = total_cap = profile.workspace_max_chars
+        window_note = self.window_note(record, key)
 
         def build() -> tuple[ContextReport, ContextView | None]:
             # In a worker thread, all of it: reading the transcript and cutting the view
             # of a long session would hold up the event loop. One hop: the prompt too.
-            prompt = rt.prompt.build()
+            prompt = agent.prompt.build()
             history: list[Any] = []
             view = None
             recall = called = None
@@ -171,7 +188,7 @@ class CommandReplies:
                 history=history,
                 counter=engine.counter,
                 window=window,
-                workspace=rt.loaded.workspace,
+                workspace=agent.workspace,
                 # The small profile's short prompt has its own, smaller cap on the files.
                 file_max_chars=file_cap,
                 total_max_chars=total_cap,
@@ -185,8 +202,8 @@ class CommandReplies:
 
     async def memory_text(self, route: SessionRoute, message: InboundMessage, argument: str) -> str:
         """``/memory status``, ``search <query>`` and ``stats``: this conversation's
-        audiences only, as its own searches see them."""
-        memory = self.rt.memory
+        audiences only, as its own searches see them, in its agent's memory."""
+        memory = self.rt.agent(route.key).memory
         if memory is None:
             return MEMORY_OFF_TEXT
         action, _, query = argument.partition(" ")
@@ -209,8 +226,9 @@ class CommandReplies:
         self, route: SessionRoute, message: InboundMessage, name: str, argument: str
     ) -> str:
         """``/remember <text>`` and ``/forget <text or citation>``: the notes of this
-        conversation's own audience (the person's, or the group's), nobody else's."""
-        memory = self.rt.memory
+        conversation's own audience (the person's, or the group's), nobody else's, in
+        its agent's memory."""
+        memory = self.rt.agent(route.key).memory
         if memory is None:
             return MEMORY_OFF_TEXT
         if not argument:

@@ -53,9 +53,12 @@ def format_status(
     compactions: CompactionStats | None = None,
     tools: str | None = None,
     profile: str | None = None,
+    agent: str | None = None,
 ) -> str:
     """``/status``. ``figures``: the context figures exactly as ``/context`` and the
-    inspector print them (``core.context.report.figure_lines``)."""
+    inspector print them (``core.context.report.figure_lines``). ``agent``: who answers
+    (its name and id)."""
+    who = [f"Agent: {agent}"] if agent is not None else []
     about_model = []
     if tools is not None:
         about_model.append(f"Tools: {tools}")
@@ -65,6 +68,7 @@ def format_status(
         return "\n".join(
             [
                 f"Session: {key}",
+                *who,
                 "No conversation yet: the next message starts one.",
                 f"Model: {model}",
                 *figures,
@@ -80,6 +84,7 @@ def format_status(
     )
     lines = [
         f"Session: {record.key}",
+        *who,
         f"Id: {record.session_id} (started {_ago(record.created_at, now)})",
         f"Model: {record.model or model}",
         *figures,
@@ -92,7 +97,7 @@ def format_status(
         f"Last update: {_ago(record.updated_at, now)}",
     ]
     if compactions is not None and compactions.count:
-        lines.insert(4 + len(figures), _compaction_line(compactions))
+        lines.insert(4 + len(who) + len(figures), _compaction_line(compactions))
     if record.delivery_error:
         lines.append(f"Last delivery error: {record.delivery_error}")
     return "\n".join(lines)
