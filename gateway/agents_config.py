@@ -20,6 +20,7 @@ Arrays of tables are set in the TOML file only: no environment variable reaches 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -51,8 +52,6 @@ class AgentEntry(AgentConfig):
     @field_validator("tools_allow", "tools_deny")
     @classmethod
     def _tool_names(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        import re
-
         for name in value or ():
             if not re.fullmatch(_TOOL_NAME, name):
                 raise ValueError(f"{name!r} is not a tool name")

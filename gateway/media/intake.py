@@ -122,6 +122,8 @@ class MediaIntake:
     ) -> list[Block]:
         config = self.config
         if attachment.kind == "image":
+            if audience.kind == "agent":  # nothing anyone sends is everyone's
+                raise MediaRejected("pictures are kept only for a person or a group")
             data = await self._fetch(message, attachment, config.max_image_bytes)
             image = await asyncio.to_thread(
                 functools.partial(
@@ -131,8 +133,6 @@ class MediaIntake:
                     max_pixels=config.max_image_pixels,
                 )
             )
-            if audience.kind == "agent":  # nothing anyone sends is everyone's
-                raise MediaRejected("pictures are kept only for a person or a group")
             ref = await asyncio.to_thread(self.store.put, audience, image.data, image.extension)
             name = attachment.name or f"photo.{image.extension}"
             return [ImageBlock(image.media_type, ref=ref, name=name, width=image.width,

@@ -25,9 +25,9 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 
+from parley.core.files import write_atomically
 from parley.core.memory.audience import Audience, Viewer, may_read, parse_folder
 from parley.gateway.file_modes import DIR_MODE, FILE_MODE
 
@@ -56,17 +56,7 @@ class MediaStore:
             os.utime(path)  # sent again: as young as the newest sending
             return ref
         self._make_dirs(path.parent)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".incoming-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                os.fchmod(out.fileno(), FILE_MODE)
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        write_atomically(path, data, FILE_MODE)
         return ref
 
     def read(self, ref: str, viewer: Viewer) -> bytes | None:

@@ -24,15 +24,15 @@ from parley.gateway.storage.sqlite.database import Database
 from parley.gateway.storage.sqlite.inbox import SqliteInbox
 from tests.channels.discord_support import ANN, BOT_ID, LIMIT, fake_discord
 from tests.channels.discord_support import TOKEN as DISCORD_TOKEN
-from tests.channels.telegram_helpers import FAST_BACKOFF, Sleeps, loopback_only
+from tests.channels.telegram_helpers import FAST_BACKOFF, TOKEN, Sleeps, loopback_only
 from tests.fakes.anthropic_api import FakeAnthropic
 from tests.fakes.discord_api import EDIT_MESSAGE
 from tests.fakes.llm_common import Hang, Reply
 from tests.fakes.telegram_api import FakeTelegram
 from tests.gateway.runtime.test_delivery_doubt import answer_lost
 from tests.gateway.test_discord_e2e import discord_settings
-from tests.gateway.test_send_recovery import Crash, CrashOnCreate, dm, sent_rows
-from tests.gateway.test_telegram_e2e import ALICE, telegram_settings
+from tests.gateway.test_send_recovery import BOB, Crash, CrashOnCreate, dm, sent_rows
+from tests.gateway.test_telegram_e2e import ALICE, said, telegram_settings
 
 # Over Telegram's 4,096 and Discord's 2,000: several parts, a code block among them.
 LONG = (
@@ -410,3 +410,43 @@ async def test_a_kill_after_the_final_edit_is_answered_not_modified_and_kept(
         assert fake.call_counts["sendMessage"] == 1
         assert fake.call_counts["editMessageText"] == edits + 1  # answered "not modified"
         assert [ref for ref, _ in await sent_rows(loaded)] == [f"{ALICE}:{fake.sent[0].message_id}"]
+
+
+async def test_drafts_written_at_once_for_two_people_never_cross(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The canary: Alice's and Bob's replies are drafted at the same time; no draft, edit
+    or reply in one chat holds a word of the other's."""
+    async with telegram(tmp_path, monkeypatch, "partial") as (fake, llm, loaded):
+        resume = asyncio.Event()
+        llm.responder = lambda body: Reply(
+            # The first delta holds the person's canary: the drafts shown before the
+            # pause carry it, in whichever chat they land.
+            text=f"echo: {said(body)} and some more words to stream",
+            chunk_chars=24,
+            pause=(1, resume),
+        )
+        async with telegram_gateway(loaded) as gateway:
+            dm(fake, "alice-canary-7f3a")
+            await fake.wait_until(lambda: bool(fake.sent), 10)  # Alice's draft shows
+            fake.push_message(TOKEN, chat_id=BOB, sender_id=BOB, text="bob-canary-91c2")
+            # Bob's first draft, while Alice's is still open.
+            await fake.wait_until(lambda: any(drafted("bob-canary", c) for c in fake.calls), 10)
+            resume.set()
+            await gateway.wait_idle()
+            assert await gateway.inbox.counts() == {"delivered": 2}
+        shown: dict[int, list[str]] = {ALICE: [], BOB: []}
+        for call in fake.calls:
+            if call.method in ("sendMessage", "editMessageText"):
+                shown[int(call.params["chat_id"])].append(str(call.params["text"]))
+        assert any("alice-canary-7f3a" in t for t in shown[ALICE])
+        assert any("bob-canary-91c2" in t for t in shown[BOB])
+        assert not any("bob-canary" in t for t in shown[ALICE])
+        assert not any("alice-canary" in t for t in shown[BOB])
+        assert len(shown[ALICE]) > 1 and len(shown[BOB]) > 1  # drafted, then edited
+
+
+def drafted(words: str, call: Any) -> bool:
+    """Is ``call`` a send or an edit whose text holds ``words``?"""
+    text = str(call.params.get("text", ""))
+    return call.method in ("sendMessage", "editMessageText") and words in text
