@@ -72,9 +72,6 @@ class Runtime:
         self.person_links = PersonLinks(loaded.config.session)
         self.provider_health = ProviderHealth()
         self._provider: Provider | None = None
-        self._engine: ContextEngine | None = None
-        self._runner: Runner | None = None
-        self._prompt: SystemPromptBuilder | None = None
         # None until start, and for good when [memory] enabled = false.
         self.memory: MemoryIndex | None = None
         # How the model is driven (core/model_profile.py), chosen at start.
@@ -118,54 +115,42 @@ class Runtime:
     def has_provider(self) -> bool:
         return self._provider is not None
 
+    # The default agent's parts (``add_agent``): what callers that know no session ask.
+
+    def _default(self) -> AgentParts:
+        if self._default_parts is None:
+            raise NotStarted("the gateway is not started")
+        return self._default_parts
+
     @property
     def engine(self) -> ContextEngine:
-        if self._engine is None:
-            raise NotStarted("the gateway is not started")
-        return self._engine
-
-    @engine.setter
-    def engine(self, engine: ContextEngine) -> None:
-        self._engine = engine
+        return self._default().engine
 
     @property
     def engine_or_none(self) -> ContextEngine | None:
-        return self._engine
+        return self._default_parts.engine if self._default_parts else None
 
     @property
     def runner(self) -> Runner:
-        if self._runner is None:
-            raise NotStarted("the gateway is not started")
-        return self._runner
-
-    @runner.setter
-    def runner(self, runner: Runner) -> None:
-        self._runner = runner
+        return self._default().runner
 
     @property
     def runner_or_none(self) -> Runner | None:
-        return self._runner
+        return self._default_parts.runner if self._default_parts else None
 
     @property
     def prompt(self) -> SystemPromptBuilder:
-        if self._prompt is None:
-            raise NotStarted("the gateway is not started")
-        return self._prompt
-
-    @prompt.setter
-    def prompt(self, prompt: SystemPromptBuilder) -> None:
-        self._prompt = prompt
+        return self._default().prompt
 
     @property
     def prompt_or_none(self) -> SystemPromptBuilder | None:
-        return self._prompt
+        return self._default_parts.prompt if self._default_parts else None
 
     def add_agent(self, parts: AgentParts) -> None:
         """One agent started; the default agent's parts are also the properties above."""
         self.agents[parts.id] = parts
         if parts.spec.is_default:
             self._default_parts = parts
-            self.runner, self.engine, self.prompt = parts.runner, parts.engine, parts.prompt
             self.memory, self.profile = parts.memory, parts.profile
 
     def agent(self, key: str | None) -> AgentParts:
