@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parley.core.context.compaction.stats import compaction_stats
 from parley.core.messages import Message
 from parley.core.transcript import Entry, Transcript
+from parley.core.transcript import base as transcript_base
+from parley.core.transcript.entries import iso_timestamp
 from parley.gateway.admin.session_figures import SessionFiguresCache
 
 
@@ -107,7 +111,9 @@ async def test_a_reopened_transcript_folds_from_the_cached_count(tmp_path: Path)
         assert dict(stats.by_strategy) == {"summary": 1, "selective": 1}
 
 
-async def test_a_stale_copy_and_a_new_transcript_are_read_whole(tmp_path: Path) -> None:
+async def test_a_stale_copy_and_a_new_transcript_are_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "s.jsonl"
     cache = SessionFiguresCache()
     with Transcript.create(path, "s", "k") as t:
@@ -122,7 +128,12 @@ async def test_a_stale_copy_and_a_new_transcript_are_read_whole(tmp_path: Path) 
             assert old.count == 1 and reads.offsets == [0]
             assert cache.peek("s") == newest  # the figures that cover more stay cached
     path.unlink()  # the session's transcript made anew (another header)
+    # Made later, as a new transcript always is: on a fast machine the whole test can
+    # run inside one millisecond of the header's clock, and the headers would be equal.
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    monkeypatch.setattr(transcript_base, "_now_iso", lambda: iso_timestamp(later))
     with Transcript.create(path, "s", "k") as fresh:
+        assert fresh.header.created != t.header.created
         _chat(fresh, 40)
         reads = Reads(fresh)
         stats = await cache.stats("s", reads)
