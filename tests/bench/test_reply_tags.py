@@ -149,7 +149,10 @@ def test_channel_throughput_scores_a_streamed_reply_by_the_text_it_ends_with() -
     sends: list[tuple[str, float, str]] = [("a", 1.0, "reply-to: c1 m1")]  # half of "m12"
     edits: list[tuple[str, float, str]] = []
     deletions: list[str] = []
-    finals = throughput.FinalTexts(lambda: sends, lambda: edits, lambda: deletions)
+    same = lambda item: item  # noqa: E731 (each item is already (key, at, text))
+    finals = throughput.FinalTexts(
+        (lambda: sends, same), (lambda: edits, same), (lambda: deletions, same)
+    )
     assert set(finals()) == {(1, 1)}  # a draft's half-written tag names the wrong one
     edits.append(("a", 3.0, "reply-to: c1 m12\n\nc1 m12"))
     sends.append(("b", 2.0, "reply-to: c1 m1"))  # a leftover draft, deleted at the end
