@@ -112,6 +112,7 @@ class EarlierMessage(NamedTuple):
     sender_name: str
     text: str
     timestamp: str  # ISO 8601, with its offset
+    attachments: tuple[Attachment, ...] = ()  # its files, described (fetched if taken)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,9 @@ class InboundMessage:
     group_context: tuple[EarlierMessage, ...] = ()
     # Pictures, documents and voice notes that came with it (described, not fetched).
     attachments: tuple[Attachment, ...] = ()
+    # Those of the message it replies to, in the same chat: "what is on this?" sent
+    # as a reply to a photo is about that photo.
+    reply_attachments: tuple[Attachment, ...] = ()
 
 
 @runtime_checkable

@@ -176,14 +176,32 @@ def render_text(message: discord.Message, me: discord.abc.User, lookup: ChannelL
     return "\n".join(p for p in (text, *placeholders(message)) if p)
 
 
+def _replied(message: discord.Message) -> discord.Message | None:
+    """The message ``message`` replies to, when Discord sent it along and it is in the
+    same channel (a thread's reply to its starter counts: discord.py gives it the
+    thread). None: not a reply, the original was deleted, or it lies elsewhere (a
+    reference can point at another channel), whose words and files are another
+    conversation's."""
+    reference = message.reference
+    replied = reference.resolved if reference is not None else None
+    if not isinstance(replied, discord.Message) or replied.channel.id != message.channel.id:
+        return None
+    return replied
+
+
+def reply_attachments_of(message: discord.Message) -> tuple[Attachment, ...]:
+    """The files of the message ``message`` replies to (see ``_replied``)."""
+    replied = _replied(message)
+    return attachments_of(replied) if replied is not None else ()
+
+
 def _reply_context(
     message: discord.Message, me: discord.abc.User, lookup: ChannelLookup
 ) -> tuple[str | None, bool]:
     """(the replied-to message as "Name: text", whether it is one of the bot's)."""
-    reference = message.reference
-    replied = reference.resolved if reference is not None else None
-    if not isinstance(replied, discord.Message):
-        return None, False  # not a reply, or the original was deleted
+    replied = _replied(message)
+    if replied is None:
+        return None, False
     context = f"{display_name(replied.author)}: {render_text(replied, me, lookup)}"
     if len(context) > REPLY_CONTEXT_CHARS:
         context = context[: REPLY_CONTEXT_CHARS - 1] + "…"
@@ -252,6 +270,7 @@ def normalise_message(
         guild_id=guild_id,
         edited=edited,
         attachments=() if edited else attachments_of(message),  # an edit's files came before
+        reply_attachments=() if edited else reply_attachments_of(message),
     )
 
 

@@ -228,11 +228,15 @@ def _is_topic_header(message: Message, reply: Message) -> bool:
     )
 
 
+def _replied(message: Message) -> Message | None:
+    """The message ``message`` replies to, in its chat (a forum topic's header is not)."""
+    reply = message.reply_to_message
+    return None if reply is None or _is_topic_header(message, reply) else reply
+
+
 def _reply_context(message: Message, bot: User) -> tuple[str | None, bool]:
     """(the replied-to or quoted text with its author, whether it replies to the bot)."""
-    reply = message.reply_to_message
-    if reply is not None and _is_topic_header(message, reply):
-        reply = None
+    reply = _replied(message)
     quote = message.quote.text if message.quote else None
     if reply is None and quote is None:
         return None, False
@@ -290,6 +294,10 @@ def normalise_update(
         logger.debug("telegram %s: message %s has nothing usable", account, message.message_id)
         return None
     reply_to_text, replies_to_bot = _reply_context(message, bot)
+    # reply_to_message is always of the same chat (a reply to another chat's message
+    # comes as external_reply, never read here): its files are this chat's.
+    replied = _replied(message)
+    reply_attachments = attachments_of(replied) if replied is not None else ()
     chat_id = str(message.chat.id)
     message_id = f"{chat_id}:{message.message_id}"
     timestamp = message.date
@@ -312,4 +320,5 @@ def normalise_update(
         reply_to_text=reply_to_text,
         edited=edited,
         attachments=() if edited else attachments,  # an edit's file was sent before
+        reply_attachments=() if edited else reply_attachments,
     )

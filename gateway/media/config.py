@@ -45,4 +45,9 @@ class MediaConfig(_Strict):
     # like a tool result (head and tail kept: core.tools.truncation) to fit the window.
     max_document_bytes: int = Field(10 * MIB, ge=1024, le=512 * MIB)
     max_pdf_pages: int = Field(200, ge=1, le=10_000)
+    # A turn that addresses the agent in a group also takes the files of the messages
+    # said there before it (the group context): the newest this many. Each costs what
+    # it does when sent directly (a picture ~1,300 tokens), so few; 0: none (their
+    # lines still say "[photo]").
+    earlier_files: int = Field(2, ge=0, le=10)
     transcription: TranscriptionConfig = TranscriptionConfig()

@@ -34,6 +34,7 @@ from parley.channels.base import (
     Channel,
     InboundMessage,
 )
+from parley.core.fences import neutralise_line
 from parley.core.memory.audience import Audience
 from parley.core.messages import Block, ImageBlock, TextBlock
 from parley.core.tools.truncation import tool_result_cap, truncate_tool_result
@@ -80,6 +81,60 @@ def with_notices(reply: str, notices: Sequence[str]) -> str:
     return "\n".join(notices) + ("\n\n" + reply if reply else "")
 
 
+@dataclass(frozen=True, slots=True)
+class TakenFile:
+    message: InboundMessage  # the message of the turn it is fetched for (same chat)
+    attachment: Attachment
+    origin: str = ""  # where it came from, when not with the message itself
+
+
+def has_files(message: InboundMessage) -> bool:
+    """Does ``message`` bring files a turn may take (its own, its reply's, its group
+    context's)?"""
+    return bool(
+        message.attachments
+        or message.reply_attachments
+        or any(line.attachments for line in message.group_context)
+    )
+
+
+def files_of(messages: Sequence[InboundMessage], earlier_files: int) -> list[TakenFile]:
+    """The files a turn over ``messages`` takes, in the order the model reads them.
+
+    Of the group context (what others said before the agent was addressed), only the
+    newest ``earlier_files``: those are what "what do you make of this?" is about, and
+    each costs what it does when sent directly. Every message's own files and those of
+    the message it replies to are taken, a file that two of them bring only once (a
+    reply to a photo that is also in the group context). All of them come from the
+    turn's own chat: the adapters keep a reply's files only when the replied-to
+    message is in that chat, and the group context is the conversation's own.
+    """
+    earlier = [
+        TakenFile(message, attachment, f"sent earlier in this chat by {_who(line.sender_name)}")
+        for message in messages
+        for line in message.group_context
+        for attachment in line.attachments
+    ]
+    taken = earlier[-earlier_files:] if earlier_files else []
+    for message in messages:
+        replied = "in the message replied to"
+        taken += [TakenFile(message, a, replied) for a in message.reply_attachments]
+        taken += [TakenFile(message, a) for a in message.attachments]
+    seen: set[str] = set()
+    unique = []
+    for file in taken:
+        if file.attachment.ref not in seen:
+            seen.add(file.attachment.ref)
+            unique.append(file)
+    return unique
+
+
+def _who(name: str) -> str:
+    # A display name is the sender's own words: one line, and short.
+    line = neutralise_line(name).strip() or "someone"
+    return line if len(line) <= 64 else line[:63] + "…"
+
+
 class MediaIntake:
     def __init__(
         self,
@@ -96,21 +151,25 @@ class MediaIntake:
     async def take(
         self, messages: Sequence[InboundMessage], audience: Audience, window_tokens: int
     ) -> Intake:
-        """The blocks and notices for the attachments of ``messages``, in order."""
+        """The blocks and notices for the files of ``messages``, in order: the newest
+        of the group context's, then per message those of the message it replies to
+        and its own."""
         if not self.config.enabled:
             return Intake()
         blocks: list[Block] = []
         notices: list[str] = []
-        for message in messages:
-            for attachment in message.attachments:
-                try:
-                    blocks.extend(await self._one(message, attachment, audience, window_tokens))
-                except MediaRejected as exc:
-                    noun, name = _NOUNS[attachment.kind], _name(attachment)
-                    log.info("%s %s from %s not used: %s", noun, name, message.message_id, exc)
-                    label = noun if name.startswith("the ") else f"{noun} {name}"
-                    blocks.append(TextBlock(f"[{label}: not read: {exc}]"))
-                    notices.append(f"(I could not read {name}: {exc}.)")
+        for taken in files_of(messages, self.config.earlier_files):
+            message, attachment = taken.message, taken.attachment
+            if taken.origin:
+                blocks.append(TextBlock(f"[{taken.origin}:]"))
+            try:
+                blocks.extend(await self._one(message, attachment, audience, window_tokens))
+            except MediaRejected as exc:
+                noun, name = _NOUNS[attachment.kind], _name(attachment)
+                log.info("%s %s from %s not used: %s", noun, name, message.message_id, exc)
+                label = noun if name.startswith("the ") else f"{noun} {name}"
+                blocks.append(TextBlock(f"[{label}: not read: {exc}]"))
+                notices.append(f"(I could not read {name}: {exc}.)")
         return Intake(tuple(blocks), tuple(notices))
 
     async def _one(

@@ -7,7 +7,8 @@ keeps its own), at most that many per conversation, newest kept. When someone
 addresses the agent there, ``Inbound`` takes what is kept into that message
 (``InboundMessage.group_context``, recorded with it in the inbox) and the buffer
 forgets it; the turn shows it to the model as one fenced block
-(``core.group_context``).
+(``core.group_context``), and the newest of the files sent with those lines
+(``[media] earlier_files``) as pictures, documents or voice notes.
 
 Privacy: a conversation's lines are only ever handed to a message of the same
 conversation (the same key: the same group, the same audience), never to another
@@ -60,10 +61,16 @@ class GroupContextBuffer:
         text = message.text
         if len(text) > self._max_line:
             text = text[: self._max_line - len(ELLIPSIS)] + ELLIPSIS
-        if not text.strip():
-            return  # a sticker, a picture without a caption: nothing to read
+        if not text.strip() and not message.attachments:
+            return  # a sticker: nothing to read
+        # Its files are kept described (the platform's references, a few hundred bytes):
+        # the turn that addresses the agent may fetch the newest (``MediaIntake``).
         line = EarlierMessage(
-            message.sender_id, message.sender_name, text, message.timestamp.isoformat()
+            message.sender_id,
+            message.sender_name,
+            text,
+            message.timestamp.isoformat(),
+            message.attachments,
         )
         lines = self._chats.get(key)
         if lines is None:
@@ -102,4 +109,5 @@ class GroupContextBuffer:
 
 
 def _size(line: EarlierMessage) -> int:
-    return len(line.text) + len(line.sender_name) + len(line.sender_id)
+    files = sum(len(a.ref) + len(a.name) + len(a.mime_type) for a in line.attachments)
+    return len(line.text) + len(line.sender_name) + len(line.sender_id) + files

@@ -42,7 +42,7 @@ from parley.core.runner import Runner, TurnRequest, TurnResult
 from parley.core.transcript import ENTRY_COMPACTION
 from parley.core.transcript_store import SessionTranscript
 from parley.gateway.admin.gateway_view import ProviderHealth
-from parley.gateway.media.intake import Intake, MediaIntake, with_notices
+from parley.gateway.media.intake import Intake, MediaIntake, has_files, with_notices
 from parley.gateway.media.store import MediaStore
 from parley.gateway.memory import record_turn_task
 from parley.gateway.runtime.context import Runtime, last_entry_id
@@ -143,7 +143,7 @@ class Turns:
         started_at = rt.clock()  # the task record's start (wall clock)
         try:
             async with self.working(message):
-                if not resume and any(i.message.attachments for i in items):
+                if not resume and any(has_files(i.message) for i in items):
                     intake = await self.media.take(
                         [i.message for i in items], viewer.audience, rt.window_for(record)
                     )

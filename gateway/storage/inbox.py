@@ -107,13 +107,15 @@ def well_formed(message: InboundMessage) -> InboundMessage:
         for name in InboundMessage.__dataclass_fields__
         if isinstance(value := getattr(message, name), str) and _has_unstorable(value)
     }
-    if any(_has_unstorable(a.name + a.ref + a.mime_type) for a in message.attachments):
-        changes["attachments"] = tuple(
-            dataclasses.replace(
-                a, name=_scrub(a.name), ref=_scrub(a.ref), mime_type=_scrub(a.mime_type)
+    for name in ("attachments", "reply_attachments"):
+        files: tuple[Attachment, ...] = getattr(message, name)
+        if any(_has_unstorable(a.name + a.ref + a.mime_type) for a in files):
+            changes[name] = tuple(
+                dataclasses.replace(
+                    a, name=_scrub(a.name), ref=_scrub(a.ref), mime_type=_scrub(a.mime_type)
+                )
+                for a in files
             )
-            for a in message.attachments
-        )
     return dataclasses.replace(message, **changes) if changes else message
 
 
@@ -130,10 +132,16 @@ def message_to_json(message: InboundMessage) -> str:
         name: getattr(message, name) for name in InboundMessage.__dataclass_fields__
     }
     data["timestamp"] = message.timestamp.isoformat()
-    if message.attachments:
-        data["attachments"] = [a.to_dict() for a in message.attachments]
-    else:
-        del data["attachments"]  # the rows of messages without any stay as they were
+    # The rows of messages without files stay as they were.
+    for name in ("attachments", "reply_attachments"):
+        files: tuple[Attachment, ...] = data.pop(name)
+        if files:
+            data[name] = [a.to_dict() for a in files]
+    # A line is [sender id, name, text, timestamp], and its files' dicts when it has any.
+    data["group_context"] = [
+        [*line[:4], [a.to_dict() for a in line.attachments]] if line.attachments else line[:4]
+        for line in message.group_context
+    ]
     return json.dumps(data, ensure_ascii=False)
 
 
@@ -141,9 +149,20 @@ def message_from_json(raw: str) -> InboundMessage:
     data = json.loads(raw)
     data["timestamp"] = datetime.fromisoformat(data["timestamp"])
     # Rows written before group context have none; JSON gives the lines back as lists.
-    data["group_context"] = tuple(EarlierMessage(*line) for line in data.get("group_context", ()))
-    data["attachments"] = tuple(Attachment.from_dict(a) for a in data.get("attachments", ()))
+    data["group_context"] = tuple(_earlier(line) for line in data.get("group_context", ()))
+    for name in ("attachments", "reply_attachments"):
+        data[name] = _files(data.get(name, ()))
     return InboundMessage(**data)
+
+
+def _earlier(line: list[Any]) -> EarlierMessage:
+    sender_id, sender_name, text, timestamp, *files = line
+    attachments = _files(files[0]) if files else ()
+    return EarlierMessage(sender_id, sender_name, text, timestamp, attachments)
+
+
+def _files(raw: Sequence[dict[str, object]]) -> tuple[Attachment, ...]:
+    return tuple(Attachment.from_dict(a) for a in raw)
 
 
 # Ids per DELETE statement (SQLite's default limit on parameters is far above it).

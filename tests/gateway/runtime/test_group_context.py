@@ -3,9 +3,10 @@ agent, per conversation."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
-from parley.channels.base import InboundMessage
+from parley.channels.base import Attachment, InboundMessage
 from parley.gateway.runtime.group_context import ELLIPSIS, GroupContextBuffer
 
 
@@ -75,3 +76,16 @@ def test_over_the_total_the_least_recently_active_conversation_goes() -> None:
     buffer.keep("old", said("p" * 12, sender="b"), 5)  # "old" is the most recent now
     assert buffer.total_chars == 42 - 14 and texts(buffer, "new") == []
     assert texts(buffer, "old") == ["o" * 12, "p" * 12]
+
+
+def test_a_file_without_words_is_kept_with_its_file_described() -> None:
+    buffer = GroupContextBuffer()
+    photo = Attachment("image", "file-id-1", name="photo.jpg", mime_type="image/jpeg")
+    buffer.keep("a", dataclasses.replace(said(""), attachments=(photo,)), 5)
+    buffer.keep("a", said(""), 5)  # neither words nor a file: nothing
+    [line] = buffer.peek("a")
+    assert (line.text, line.attachments) == ("", (photo,))
+    # What the file's description holds counts towards the bound.
+    assert buffer.total_chars == len("Bob") + len("bob") + len("file-id-1photo.jpgimage/jpeg")
+    buffer.drop("a", buffer.peek("a"))
+    assert buffer.total_chars == 0

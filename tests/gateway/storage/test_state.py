@@ -14,7 +14,13 @@ import pytest
 from parley.channels.base import Attachment, EarlierMessage, InboundMessage, SeenMark
 from parley.core.messages import Usage
 from parley.gateway.errors import PairingError, SchemaTooNewError
-from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, SentMessages, well_formed
+from parley.gateway.storage.inbox import (
+    UNKNOWN_SEND_MARK,
+    SentMessages,
+    message_from_json,
+    message_to_json,
+    well_formed,
+)
 from parley.gateway.storage.pairing import (
     CODE_TTL,
     MAX_PENDING_PER_CHANNEL,
@@ -496,6 +502,35 @@ async def test_pairing_caps_open_codes_per_channel(state: StateBackend) -> None:
     # Expired codes do not count against the cap.
     clock.now += CODE_TTL
     assert (await store.check("test", "default", "late", None)).reason == "new code"
+
+
+async def test_inbox_keeps_the_files_of_a_reply_and_of_the_group_context(
+    state: StateBackend,
+) -> None:
+    # A reply's files and the group context's (the turn may fetch them after a restart)
+    # survive with the message, on either backend; a line stored before lines had
+    # files (four fields) reads back with none.
+    inbox = state.inbox
+    photo = Attachment("image", "AgAC-earlier", name="photo.jpg", width=800, height=600)
+    replied = Attachment("document", "https://cdn.example/notes.txt", name="notes.txt")
+    earlier = (
+        EarlierMessage("bob", "Bob", "[photo]", "2026-11-27T11:58:00+00:00", (photo,)),
+        EarlierMessage("carol", "Carol", "nice", "2026-11-27T11:59:00+00:00"),
+    )
+    sent = dataclasses.replace(
+        message("81", "what is this?"), group_context=earlier, reply_attachments=(replied,)
+    )
+    item = (await inbox.record(well_formed(sent))).item
+    stored = await inbox.get(item.id)
+    assert stored is not None and stored.message == sent
+    assert message_from_json(message_to_json(sent)) == sent
+    old_row = message_to_json(message("82")).replace(
+        '"group_context": []', '"group_context": [["bob", "Bob", "hi", "2026-11-27T12:00:00Z"]]'
+    )
+    [line] = message_from_json(old_row).group_context
+    assert (line.text, line.attachments) == ("hi", ())
+    lone = dataclasses.replace(sent, reply_attachments=(Attachment("image", "r\ud800"),))
+    assert well_formed(lone).reply_attachments[0].ref == "r\ufffd"
 
 
 def test_well_formed_replaces_what_no_store_can_hold() -> None:
