@@ -480,6 +480,8 @@ async def test_a_file_carried_as_stored_keeps_its_rows_scope_and_vectors(
         file = (await call(live.files))[path]
         stored = await call(live.stored_chunks, path)
         assert [c.text for c in stored] == ["walrus east", "小白 north"]
+        # A chunk updated after it was made (as ``parley migrate`` copies them): both kept.
+        stored[1] = replace(stored[1], updated_at=stored[1].created_at + 5.0)
         assert stored[1].cjk_text == cjk_index_text("小白 north")
         await call(shadow.ensure_vectors, DIMS)
         await call(shadow.carry_file, file, stored)
