@@ -286,11 +286,12 @@ class MemoryStore(ChunkWrites):
 
     # -- export (read-only) -------------------------------------------------------------
 
-    def stored_chunks(self, path: str) -> list[StoredChunk]:
-        """A file's chunks in id order, with their CJK text and vectors. Raises
-        MemoryIndexError when the file has vectors this connection cannot read (no
-        sqlite-vec): a copy without them would silently lose the vector side."""
-        if self.vector_dims is None and self._existing_vec_dims() is not None:
+    def stored_chunks(self, path: str, *, vectors: bool = True) -> list[StoredChunk]:
+        """A file's chunks in id order, with their CJK text and vectors (``vectors=False``:
+        without, for a copy that embeds them anew). Raises MemoryIndexError when vectors
+        are asked for and the file has some this connection cannot read (no sqlite-vec):
+        a copy without them would silently lose the vector side."""
+        if vectors and self.vector_dims is None and self._existing_vec_dims() is not None:
             raise MemoryIndexError(
                 f"{self.path} holds vectors, but they cannot be read here: {self.info.vector_error}"
             )
@@ -309,7 +310,7 @@ class MemoryStore(ChunkWrites):
                     f"SELECT rowid, text FROM chunks_cjk WHERE rowid IN ({marks})", batch
                 )
             )
-        vectors = self.vectors_for(ids)
+        found = self.vectors_for(ids) if vectors else {}
         return [
             StoredChunk(
                 id=int(r[0]),
@@ -322,7 +323,7 @@ class MemoryStore(ChunkWrites):
                 created_at=float(r[7]),
                 updated_at=float(r[8]),
                 cjk_text=cjk.get(int(r[0]), ""),
-                vector=vectors.get(int(r[0])),
+                vector=found.get(int(r[0])),
             )
             for r in rows
         ]
@@ -348,6 +349,14 @@ class MemoryStore(ChunkWrites):
             raise ValueError(f"{key!r} is the index meta")
         row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
+
+    def states(self, prefix: str) -> dict[str, str]:
+        """Every state value whose key starts with ``prefix`` (e.g. the kept sources)."""
+        rows = self._conn.execute(
+            "SELECT key, value FROM meta WHERE substr(key, 1, ?) = ? AND key != ?",
+            (len(prefix), prefix, META_KEY),
+        )
+        return {str(k): str(v) for k, v in rows}
 
     def set_state(self, key: str, value: str) -> None:
         if key == META_KEY:

@@ -5,8 +5,9 @@ A sync writes a file's chunks with their text and keyword rows at once, so they 
 findable by keyword straight away; a chunk whose vector is still to be computed is
 listed in ``chunks_pending`` (file layout 3) and the vector pass (``core.memory.index.
 vectors``) embeds the pending chunks of every file in batches and adds their vectors
-(``set_vectors``). Each method is one transaction, so a kill leaves each file either old
-or new, its resume point (the file row) with it.
+(``set_vectors``). A rebuild writes a kept source (its file removed by retention) as the
+live index stored it (``carry_file``). Each method is one transaction, so a kill leaves
+each file either old or new, its resume point (the file row) with it.
 
 ``MemoryStore`` (``core.memory.store``) inherits these methods; they use its connection.
 """
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from parley.core.errors import MemoryIndexError
-from parley.core.memory.rows import FileRow, NewChunk, PendingChunk, vector_blob
+from parley.core.memory.rows import FileRow, NewChunk, PendingChunk, StoredChunk, vector_blob
 
 # SQLite's default limit on host parameters is 32766 in new builds, 999 in old ones.
 IN_BATCH = 500
@@ -81,40 +82,58 @@ class ChunkWrites:
         self._delete_chunks(file.path, from_line)
         pending = vectors is None and file.vectors_pending
         for index, chunk in enumerate(chunks):
-            cursor = conn.execute(
-                "INSERT INTO chunks(path, source, scope, start_line, end_line, hash, text,"
-                " ts, entry_ids, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    file.path, file.source, file.scope, chunk.start_line, chunk.end_line,
-                    chunk.hash, chunk.text, chunk.ts, json.dumps(list(chunk.entry_ids)),
-                    now, now,
-                ),
-            )  # fmt: skip
-            chunk_id = cursor.lastrowid
-            conn.execute(
-                "INSERT INTO chunks_fts(rowid, text) VALUES (?, ?)", (chunk_id, chunk.text)
-            )
-            if chunk.cjk_text:
-                conn.execute(
-                    "INSERT INTO chunks_cjk(rowid, text) VALUES (?, ?)", (chunk_id, chunk.cjk_text)
-                )
-            if vectors is not None:
-                conn.execute(
-                    "INSERT INTO chunks_vec(rowid, scope, embedding) VALUES (?, ?, ?)",
-                    (chunk_id, file.scope, vector_blob(vectors[index])),
-                )
-            elif pending:
-                conn.execute("INSERT INTO chunks_pending(id) VALUES (?)", (chunk_id,))
+            vector = None if vectors is None else vectors[index]
+            self._insert_chunk(file, chunk, (now, now), vector, pending)
         count = len(chunks)
         if from_line is not None:
             count += conn.execute(
                 "SELECT COUNT(*) FROM chunks WHERE path = ? AND start_line < ?",
                 (file.path, from_line),
             ).fetchone()[0]
+        self._upsert_file(file, count, now)
+
+    def _insert_chunk(
+        self,
+        file: FileRow,
+        chunk: NewChunk | StoredChunk,
+        stamps: tuple[float, float],
+        vector: np.ndarray | None,
+        pending: bool,
+    ) -> None:
+        """One chunk of ``file`` with its keyword rows, and its vector or (``pending``)
+        its place in the vector pass's queue. Every chunk takes its file's scope and
+        source: a file is one audience's (a sync writes it whole, or resumes a
+        transcript only under the same scope)."""
+        conn = self._conn
+        created, updated = stamps
+        cursor = conn.execute(
+            "INSERT INTO chunks(path, source, scope, start_line, end_line, hash, text,"
+            " ts, entry_ids, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                file.path, file.source, file.scope, chunk.start_line, chunk.end_line,
+                chunk.hash, chunk.text, chunk.ts, json.dumps(list(chunk.entry_ids)),
+                created, updated,
+            ),
+        )  # fmt: skip
+        chunk_id = cursor.lastrowid
+        conn.execute("INSERT INTO chunks_fts(rowid, text) VALUES (?, ?)", (chunk_id, chunk.text))
+        if chunk.cjk_text:
+            conn.execute(
+                "INSERT INTO chunks_cjk(rowid, text) VALUES (?, ?)", (chunk_id, chunk.cjk_text)
+            )
+        if vector is not None:
+            conn.execute(
+                "INSERT INTO chunks_vec(rowid, scope, embedding) VALUES (?, ?, ?)",
+                (chunk_id, file.scope, vector_blob(vector)),
+            )
+        elif pending:
+            conn.execute("INSERT INTO chunks_pending(id) VALUES (?)", (chunk_id,))
+
+    def _upsert_file(self, file: FileRow, count: int, indexed_at: float) -> None:
         # Still waiting for vectors: this file's pending chunks, old or new.
         waiting = file.vectors_pending and self._has_pending(file.path)
-        conn.execute(
+        self._conn.execute(
             "INSERT INTO files(path, source, scope, hash, mtime, size, chunks,"
             " vectors_pending, indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(path) DO UPDATE SET source = excluded.source,"
@@ -123,9 +142,28 @@ class ChunkWrites:
             " vectors_pending = excluded.vectors_pending, indexed_at = excluded.indexed_at",
             (
                 file.path, file.source, file.scope, file.hash, file.mtime, file.size,
-                count, int(waiting), now,
+                count, int(waiting), indexed_at,
             ),
         )  # fmt: skip
+
+    def carry_file(self, file: FileRow, chunks: Sequence[StoredChunk]) -> None:
+        """Write ``file`` and its chunks as another index stored them (a rebuild carrying
+        a kept source over): their lines, times, CJK text, and vector where a chunk has
+        one (the table must hold that width: ``ensure_vectors``); a chunk without one is
+        pending when ``file.vectors_pending``. Whatever the file had is replaced, in one
+        transaction: carrying twice (a resumed rebuild) leaves one copy."""
+        dims = self.vector_dims
+        if any(c.vector is not None and len(c.vector) != dims for c in chunks):
+            raise MemoryIndexError(f"chunks_vec holds {dims}-dim vectors, not these: reindex")
+
+        def write() -> None:
+            self._delete_chunks(file.path, None)
+            for chunk in chunks:
+                stamps = (chunk.created_at, chunk.updated_at)
+                self._insert_chunk(file, chunk, stamps, chunk.vector, file.vectors_pending)
+            self._upsert_file(file, len(chunks), file.indexed_at)
+
+        self._transaction(write)
 
     def _has_pending(self, path: str) -> bool:
         row = self._conn.execute(

@@ -125,10 +125,12 @@ async def memory_command(loaded: LoadedConfig, args: argparse.Namespace) -> int:
             report = await index.sync(
                 reason="cli", force=args.force, progress=ProgressBar(sys.stderr, "indexing")
             )
+            # Sources retention removed but kept: carried over from the old index.
+            kept = f", {report.files_kept} kept" if report.files_kept else ""
             print(
                 f"{'rebuilt' if report.reindexed else 'synced'}: {report.files_seen} files seen, "
                 f"{report.files_indexed} indexed, {report.files_unchanged} unchanged, "
-                f"{report.files_deleted} removed; {report.chunks_written} chunks written, "
+                f"{report.files_deleted} removed{kept}; {report.chunks_written} chunks written, "
                 f"{report.embedded} embedded, {report.cache_hits} from cache "
                 f"({report.seconds:.1f} s)"
             )

@@ -569,28 +569,9 @@ def _write_memory_file(
 ) -> None:
     """A file and its chunks as they are in the source (times and all), in one
     transaction: a kill leaves the file either absent, as it was, or complete."""
-    from parley.gateway.storage.postgres.memory.chunks import (
-        chunk_params,
-        insert_chunks,
-        upsert_file_row,
-    )
+    from parley.gateway.storage.postgres.memory.chunks import write_stored_file
 
-    ix = _index_id(conn, target)
-    # The store's own per-file lock: a replica syncing the same file waits for us.
-    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (ix, file.path))
-    conn.execute("DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (ix, file.path))
-    # The insert stamps both times with created_at...
-    rows = [chunk_params(ix, file, chunk, chunk.vector, chunk.created_at) for chunk in chunks]
-    ids = insert_chunks(conn, rows)
-    later = [  # ...so put back the update times that differ
-        (chunk.updated_at, chunk_id)
-        for chunk, chunk_id in zip(chunks, ids, strict=True)
-        if chunk.updated_at != chunk.created_at
-    ]
-    if later:
-        with conn.cursor() as cur:
-            cur.executemany("UPDATE memory_chunks SET updated_at = %s WHERE id = %s", later)
-    upsert_file_row(conn, ix, file, file.chunks, file.indexed_at)
+    write_stored_file(conn, _index_id(conn, target), file, chunks)
 
 
 def _insert_cache(conn: Connection, target: PgMemoryStore, batch: Sequence[CacheEntry]) -> int:

@@ -14,6 +14,8 @@ When what the rows depend on changes (embedder, model, dimensions, chunking,
 tokenizer: ``IndexMeta``), the index is rebuilt into ``memory.db.reindex`` while the old
 one keeps answering (keyword-only, since its vectors belong to another model), then
 swapped in with one rename. A kill during the rebuild resumes it at the next start.
+Sources retention removed but kept (``keep_removed``) are carried over from the old
+index, so they stay searchable (``kept``).
 Another ``StoreBackend`` (PostgreSQL) keeps its rows elsewhere and swaps its own way;
 transcripts come through a ``TranscriptSource`` (files, or a transcript store's rows).
 
@@ -35,6 +37,7 @@ Where each job lives:
 - ``file_sync``: syncing files into a store (chunking, embedding), ``SyncReport``;
 - ``sync``: one sync at a time, incremental or a rebuild, then forgetting if due;
 - ``rebuild``: the shadow index built and swapped in;
+- ``kept``: the kept sources (their files removed by retention) carried into the shadow;
 - ``forgetting_schedule``: when and how forgetting's plan is applied;
 - ``triggers``: transcript, compaction, note and task-record syncs (debounced);
 - ``watch``: the watcher on the memory files (inotify through watchfiles, polling as the fallback);

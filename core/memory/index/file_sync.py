@@ -70,6 +70,7 @@ class SyncReport:
     files_resumed: int = 0  # of those, transcripts chunked from where they had stopped
     files_unchanged: int = 0
     files_deleted: int = 0
+    files_kept: int = 0  # kept sources whose files are gone, carried over by a rebuild
     chunks_written: int = 0
     embedded: int = 0
     cache_hits: int = 0

@@ -348,10 +348,14 @@ class MemoryIndex:
 
     async def keep_removed(self, paths: Sequence[str]) -> None:
         """Keep these sources' rows (still searchable) once their files are gone: call
-        it before removing them (retention removes old archived transcripts)."""
-        store = self._store()
-        for path in paths:
-            await self._w(store.set_state, kept_key(path), "1")
+        it before removing them (retention removes old archived transcripts). A rebuild
+        carries them over (``index.kept``)."""
+        # Under the sync lock: a rebuild copies the kept marks into the index it swaps
+        # in, so a mark written into the old one meanwhile would be lost with it.
+        async with self._sync.lock:
+            store = self._store()
+            for path in paths:
+                await self._w(store.set_state, kept_key(path), "1")
 
     async def drop_removed(self, paths: Sequence[str]) -> int:
         """Remove these sources' rows now (their files are gone or going); how many

@@ -6,13 +6,15 @@ an ordinary sync while the live index keeps answering (keyword-only: its vectors
 to another model), then promoted in one step, vectors included. A shadow already built
 for the same meta is a killed rebuild: it is resumed, not started over. Tombstones and
 the forgetting schedule's last run are carried over, so what was forgotten stays
-forgotten.
+forgotten; so are the sources retention removed but kept (``kept``: their files are
+gone, their rows come from the live index), so what was kept stays searchable.
 """
 
 from __future__ import annotations
 
 from parley.core.memory.forgetting import LAST_RUN_KEY
 from parley.core.memory.index.file_sync import FileSync, ProgressCallback, SyncReport
+from parley.core.memory.index.kept import carry_kept
 from parley.core.memory.index.state import IndexState
 from parley.core.memory.index.vectors import VectorPass
 from parley.core.memory.index.workers import StoreThreads
@@ -58,9 +60,12 @@ class Rebuild:
                 if last_run is not None:  # and the schedule keeps its rhythm
                     await w(shadow.set_state, LAST_RUN_KEY, last_run)
                 await self._files.sync_into(shadow, wanted, report, progress)
+                live = threads.writer_store()
+                # What retention removed but kept stays searchable: those sources are
+                # gone, so their rows come from the live index (``kept``).
+                report.files_kept = await carry_kept(live, shadow, wanted, threads)
                 # The new index is swapped in with its vectors (the live index's cache
                 # spares re-embedding what the same model embedded before).
-                live = threads.writer_store()
                 await self._vectors.fill(shadow, wanted, report, live=live)
                 await w(shadow.checkpoint)
             finally:

@@ -19,6 +19,7 @@ from parley.core.memory.driver import open_connection
 from parley.core.memory.embedders import Embedder, ResilientEmbedder
 from parley.core.memory.index import MemoryIndex
 from parley.core.memory.memory_config import MemorySettings, SyncSettings
+from parley.core.memory.store_protocol import StoreBackend
 from parley.core.messages import Message
 from parley.core.transcript import Transcript
 
@@ -88,8 +89,12 @@ async def open_index(
     embedder: ResilientEmbedder | None,
     *,
     now: Callable[[], datetime] | None = None,
+    backend: StoreBackend | None = None,
 ) -> AsyncIterator[MemoryIndex]:
+    """An index on ``layout`` (memory.db, or ``backend``'s rows), started, then closed."""
     extra: dict[str, Any] = {"now": now} if now is not None else {}
+    if backend is not None:
+        extra["backend"] = backend
     index = MemoryIndex(
         settings,
         db_path=layout.db,

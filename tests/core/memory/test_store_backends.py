@@ -448,3 +448,88 @@ async def test_an_evicted_chunk_takes_its_vector_with_it(store: MemoryStoreProto
     assert [chunk_id for chunk_id, _ in hits] == [north.id]
     assert (await call(store.counts)).vectors == 1
     assert await call(store.integrity_check) == []
+
+
+# -- kept sources: read as stored, carried into a rebuild's shadow --------------------------
+
+
+async def test_states_are_listed_by_prefix(store: MemoryStoreProtocol) -> None:
+    await call(store.set_meta, IndexMeta("fake", "m", "", 4, {}, "cl100k_base"))
+    await call(store.set_state, "kept_source:sessions/a.jsonl", "1")
+    await call(store.set_state, "kept_source:sessions/b.jsonl", "1")
+    await call(store.set_state, "forgetting.last_run", "2026-03-01T00:00:00+00:00")
+    assert await call(store.states, "kept_source:") == {
+        "kept_source:sessions/a.jsonl": "1",
+        "kept_source:sessions/b.jsonl": "1",
+    }
+    assert await call(store.states, "kept_source%") == {}  # a prefix, not a pattern
+    assert "index" not in await call(store.states, "")  # the meta is not a state
+
+
+async def test_a_file_carried_as_stored_keeps_its_rows_scope_and_vectors(
+    backend: StoreBackend,
+) -> None:
+    live = await call(backend.open_live, vector=True)
+    shadow = await call(backend.open_shadow, vector=True)
+    try:
+        await call(live.ensure_vectors, DIMS)
+        path = "sessions/s.jsonl"
+        vectors = np.stack([unit(1, 0, 0, 0), unit(0, 1, 0, 0)])
+        await put(live, path, ["walrus east", "小白 north"], vectors=vectors, source="sessions",
+                  scope="person:alice")  # fmt: skip
+        file = (await call(live.files))[path]
+        stored = await call(live.stored_chunks, path)
+        assert [c.text for c in stored] == ["walrus east", "小白 north"]
+        # A chunk updated after it was made (as ``parley migrate`` copies them): both kept.
+        stored[1] = replace(stored[1], updated_at=stored[1].created_at + 5.0)
+        assert stored[1].cjk_text == cjk_index_text("小白 north")
+        await call(shadow.ensure_vectors, DIMS)
+        await call(shadow.carry_file, file, stored)
+        await call(shadow.carry_file, file, stored)  # a resumed rebuild: still one copy
+
+        copied = await call(shadow.stored_chunks, path)
+        assert (await call(shadow.files))[path] == file  # times, hash and scope as they were
+        strip = [replace(c, id=0, vector=None) for c in stored]
+        assert [replace(c, id=0, vector=None) for c in copied] == strip
+        for old, new in zip(stored, copied, strict=True):
+            assert old.vector is not None and new.vector is not None
+            assert np.allclose(old.vector, new.vector)
+        assert await keyword(shadow, "walrus", ["person:alice"]) == ["walrus east"]
+        assert await keyword(shadow, "小白", ["person:alice"], cjk=True) == ["小白 north"]
+        assert await keyword(shadow, "walrus", ["agent", "person:bob"]) == []
+        east = await call(shadow.vector_hits, unit(1, 0, 0, 0), ["person:alice"], 1)
+        assert [copied[0].id] == [i for i, _ in east]
+        assert await call(shadow.vector_hits, unit(1, 0, 0, 0), ["person:bob"], 1) == []
+        assert await call(shadow.pending_vectors, 10) == []
+        assert await call(shadow.integrity_check) == []
+    finally:
+        await call(live.close)
+        await call(shadow.close)
+
+
+async def test_a_file_carried_without_vectors_waits_for_the_vector_pass(
+    backend: StoreBackend,
+) -> None:
+    live = await call(backend.open_live, vector=True)
+    shadow = await call(backend.open_shadow, vector=True)
+    try:
+        await call(live.ensure_vectors, DIMS)
+        path = "sessions/s.jsonl"
+        await put(live, path, ["walrus east"], vectors=np.stack([unit(1, 0, 0, 0)]),
+                  source="sessions", scope="person:alice")  # fmt: skip
+        file = replace((await call(live.files))[path], vectors_pending=True)
+        stored = await call(live.stored_chunks, path, vectors=False)
+        assert [c.vector for c in stored] == [None]
+        await call(shadow.carry_file, file, stored)
+
+        (pending,) = await call(shadow.pending_vectors, 10)
+        assert (pending.path, pending.scope, pending.text) == (path, "person:alice", "walrus east")
+        assert (await call(shadow.files))[path].vectors_pending
+        await call(shadow.ensure_vectors, DIMS)
+        await call(shadow.set_vectors, [(pending.id, pending.hash, unit(0, 0, 1, 0))])
+        assert not (await call(shadow.files))[path].vectors_pending
+        hits = await call(shadow.vector_hits, unit(0, 0, 1, 0), ["person:alice"], 1)
+        assert [i for i, _ in hits] == [pending.id]
+    finally:
+        await call(live.close)
+        await call(shadow.close)

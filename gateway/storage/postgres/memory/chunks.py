@@ -1,5 +1,6 @@
-"""Chunk and file rows of a memory index: what ``replace_file`` writes and what
-``parley migrate`` copies from memory.db, built and inserted the same way."""
+"""Chunk and file rows of a memory index: what ``replace_file`` writes, and what ``parley
+migrate`` copies from memory.db and a rebuild carries over (``write_stored_file``), built
+and inserted the same way."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from parley.core.memory.rows import FileRow
+from parley.core.memory.rows import FileRow, StoredChunk
 from parley.gateway.storage.postgres.database import Connection
 from parley.gateway.storage.postgres.memory.keyword import fold
 from parley.gateway.storage.postgres.memory.vectors import vector_text
@@ -74,6 +75,32 @@ def insert_chunks(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]
             if not cur.nextset():
                 break
     return ids
+
+
+def write_stored_file(
+    conn: Connection, index_id: int, file: FileRow, chunks: Sequence[StoredChunk]
+) -> None:
+    """``file`` and its chunks as another index stored them (times, vectors and all),
+    replacing whatever the index has of it: ``parley migrate`` copying memory.db, and a
+    rebuild carrying a kept source over. The file row is written as given (its chunk
+    count and ``vectors_pending`` included). Call inside the caller's transaction."""
+    # The store's own per-file lock: a replica syncing the same file waits for us.
+    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (index_id, file.path))
+    conn.execute(
+        "DELETE FROM memory_chunks WHERE index_id = %s AND path = %s", (index_id, file.path)
+    )
+    # The insert stamps both times with created_at...
+    rows = [chunk_params(index_id, file, c, c.vector, c.created_at) for c in chunks]
+    ids = insert_chunks(conn, rows)
+    later = [  # ...so put back the update times that differ
+        (chunk.updated_at, chunk_id)
+        for chunk, chunk_id in zip(chunks, ids, strict=True)
+        if chunk.updated_at != chunk.created_at
+    ]
+    if later:
+        with conn.cursor() as cur:
+            cur.executemany("UPDATE memory_chunks SET updated_at = %s WHERE id = %s", later)
+    upsert_file_row(conn, index_id, file, file.chunks, file.indexed_at)
 
 
 def upsert_file_row(

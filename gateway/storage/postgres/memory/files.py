@@ -1,8 +1,10 @@
 """``PgMemoryStore``'s files and chunks: listing, replacing and deleting a file's
-chunks, the embedding cache, and vectors filled in after the embedder was down."""
+chunks, the embedding cache, vectors filled in after the embedder was down, and a
+file's chunks read and written as stored (a rebuild carrying a kept source over)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -11,13 +13,22 @@ from typing import Any
 import numpy as np
 
 from parley.core.errors import MemoryIndexError
-from parley.core.memory.rows import FileRow, NewChunk, PendingChunk, blob_vector, vector_blob
+from parley.core.memory.query import cjk_index_text
+from parley.core.memory.rows import (
+    FileRow,
+    NewChunk,
+    PendingChunk,
+    StoredChunk,
+    blob_vector,
+    vector_blob,
+)
 from parley.gateway.storage.postgres.database import Connection
 from parley.gateway.storage.postgres.memory.base import StoreBase
 from parley.gateway.storage.postgres.memory.chunks import (
     chunk_params,
     insert_chunks,
     upsert_file_row,
+    write_stored_file,
 )
 from parley.gateway.storage.postgres.memory.vectors import vector_text
 
@@ -215,6 +226,59 @@ class FileMethods(StoreBase):
             ).fetchall()
 
         return [(int(r["id"]), r["hash"], r["text"]) for r in self._call(read)]
+
+    def stored_chunks(self, path: str, *, vectors: bool = True) -> list[StoredChunk]:
+        """A file's chunks in id order, as stored (``vectors=False``: without their
+        vectors, for a copy that embeds them anew). The CJK text is not kept beside its
+        tsvector: it is derived from the text again, as indexing derived it."""
+        with_vectors = vectors and self.info.vector_available
+        column = ", embedding::real[] AS v" if with_vectors else ""
+
+        def read(conn: Connection) -> list[dict[str, Any]]:
+            ix = self._index(conn)
+            with conn.cursor(binary=True) as cur:  # real[] in binary: no float parsing
+                return cur.execute(
+                    "SELECT id, start_line, end_line, hash, text, ts, entry_ids, created_at,"
+                    f" updated_at{column} FROM memory_chunks WHERE index_id = %s AND path = %s"
+                    " ORDER BY id",
+                    (ix.id, path),
+                ).fetchall()
+
+        return [
+            StoredChunk(
+                id=int(r["id"]),
+                start_line=int(r["start_line"]),
+                end_line=int(r["end_line"]),
+                hash=r["hash"],
+                text=r["text"],
+                ts=r["ts"],
+                entry_ids=tuple(json.loads(r["entry_ids"] or "[]")),
+                created_at=float(r["created_at"]),
+                updated_at=float(r["updated_at"]),
+                cjk_text=cjk_index_text(r["text"]),
+                vector=None
+                if not with_vectors or r["v"] is None
+                else np.asarray(r["v"], dtype=np.float32),
+            )
+            for r in self._call(read)
+        ]
+
+    def carry_file(self, file: FileRow, chunks: Sequence[StoredChunk]) -> None:
+        """Write ``file`` and its chunks as another index stored them (a rebuild carrying
+        a kept source over): lines, times, vectors where a chunk has one (of the index's
+        width: ``ensure_vectors``); a chunk without one is pending when
+        ``file.vectors_pending``. Replaces whatever the file had, in one transaction:
+        carrying twice (a resumed rebuild) leaves one copy."""
+
+        def write(conn: Connection) -> None:
+            ix = self._index(conn, lock=True)
+            if any(c.vector is not None and len(c.vector) != ix.dims for c in chunks):
+                raise MemoryIndexError(f"memory index holds {ix.dims}-dim vectors: reindex")
+            pending = file.vectors_pending and any(c.vector is None for c in chunks)
+            row = replace(file, chunks=len(chunks), vectors_pending=pending)
+            write_stored_file(conn, ix.id, row, chunks)
+
+        self._call(write)
 
     def add_vectors(self, path: str, scope: str, items: Sequence[tuple[int, np.ndarray]]) -> None:
         """Fill in the vectors of a file indexed while the embedder was down."""

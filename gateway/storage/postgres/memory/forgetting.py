@@ -23,6 +23,16 @@ class ForgettingMethods(StoreBase):
         )
         return None if row is None else str(row["value"])
 
+    def states(self, prefix: str) -> dict[str, str]:
+        """Every state value whose key starts with ``prefix`` (e.g. the kept sources)."""
+        rows = self._call(
+            lambda conn: conn.execute(
+                "SELECT key, value FROM memory_state WHERE name = %s AND left(key, %s) = %s",
+                (self.name, len(prefix), prefix),
+            ).fetchall()
+        )
+        return {str(r["key"]): str(r["value"]) for r in rows}
+
     def set_state(self, key: str, value: str) -> None:
         self._call(
             lambda conn: conn.execute(
