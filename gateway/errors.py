@@ -8,6 +8,7 @@ GatewayError
 ├── PairingError         a pairing code is unknown, expired or already decided
 ├── ChannelFailure       a channel adapter could not start (bad token, unreachable API)
 ├── LaneBusy             a session's lane cannot take more work now
+├── RetentionBusy        another retention run holds the home's or the shared database's lock
 ├── NotStarted           a part built at start was asked for before the gateway started
 ├── AdminServerError     the HTTP server cannot start (no token on a public address, port taken)
 ├── ApiError             an admin API request cannot be served; carries the HTTP status
@@ -58,7 +59,12 @@ class LaneBusy(GatewayError):
 
 
 class RetentionBusy(GatewayError):
-    """Another retention run holds the home's retention lock."""
+    """Another retention run holds the home's retention lock, or (``shared``) the shared
+    PostgreSQL database's: there, another replica's daily run, which is no failure."""
+
+    def __init__(self, message: str, *, shared: bool = False) -> None:
+        super().__init__(message)
+        self.shared = shared
 
 
 class NotStarted(GatewayError, RuntimeError):

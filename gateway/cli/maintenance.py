@@ -4,8 +4,10 @@ session ids, never a message's words.
 
 It may run while a gateway runs on the same home: only archived data is touched, and
 the home's retention lock keeps it from overlapping the gateway's daily run (it then
-says so and exits 1). The memory index is opened so that a removed transcript's chunks
-are kept (or dropped) as ``[retention] archived_memory`` says.
+says so and exits 1). On PostgreSQL it also takes the shared database's run lock, so it
+never overlaps a run of any replica either (the same: it says another run is under way
+on the database, and exits 1). The memory index is opened so that a removed
+transcript's chunks are kept (or dropped) as ``[retention] archived_memory`` says.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 - ``inventory``: what lies under the home, per kind, with its bytes (doctor, the cap).
 - ``plan``: what one run would remove (archived transcripts and their checkpoints,
   finished inbox rows, media), by age and then by the disk cap, oldest archived first.
-- ``run``: removing what a plan holds, under the home's lock, and the record of the last run.
+- ``run``: removing what a plan holds, under the home's lock (and on PostgreSQL the shared
+  database's: one run at a time across replicas), and the record of the last run.
 - ``service``: the daily run inside the gateway (an explicit lifecycle).
 - ``usage``: what `parley doctor` says of the disk and of the last run.
 

@@ -1,11 +1,15 @@
 """One retention run: work out the plan (``plan``), remove what it holds, say what went.
 
-Safe beside a running gateway on the same home (the CLI while the gateway runs, or two
+Safe beside a running gateway on the same home (the CLI while the gateway runs, or
 replicas on PostgreSQL): only archived data is touched (a session is archived once and
 never again active), every step is idempotent (a file already gone, a row already
 deleted), state.db is shared in WAL mode, and ``retention.lock`` keeps two runs on one
-home from overlapping. A transcript's memory chunks are marked to be kept before its
-file goes, so a memory sync running meanwhile never drops them.
+home from overlapping. On PostgreSQL a run also holds the shared database's run lock
+(``storage.postgres.retention_runs``), so one run works at a time across every replica
+and home: the others would race it on the same rows and report the same removals. A
+replica's daily run (``run_daily``) also skips a day another replica already did. A
+transcript's memory chunks are marked to be kept before its file goes, so a memory sync
+running meanwhile never drops them.
 
 Per transcript, in this order: its chunks are marked kept (``archived_memory = "keep"``),
 the transcript and its checkpoints are deleted, the registry row notes
@@ -25,9 +29,9 @@ import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from parley.core.files import atomic_file
 from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
@@ -38,6 +42,9 @@ from parley.gateway.retention.plan import Plan, build_plan
 from parley.gateway.retention_config import INBOX_DEDUPE_DAYS, RetentionConfig, format_bytes
 from parley.gateway.storage.inbox import Inbox, PruneResult
 from parley.gateway.storage.sessions import REMOVED_SETTING, SessionRecord, SessionRegistry
+
+if TYPE_CHECKING:
+    from parley.gateway.storage.postgres.database import PgDatabase
 
 log = logging.getLogger("parley.gateway.retention")
 
@@ -85,6 +92,8 @@ class RetentionState(Protocol):
     registry: SessionRegistry
     inbox: Inbox
     transcripts: TranscriptStore
+    # The shared database (its run lock, its record of the last run); None on SQLite.
+    pg: PgDatabase | None
 
 
 @dataclass(slots=True)
@@ -180,6 +189,31 @@ def _write_last_run(loaded: LoadedConfig, record: dict[str, Any]) -> None:
         out.write(json.dumps(record, indent=1).encode("utf-8"))
 
 
+def finished_at(record: dict[str, Any] | None) -> datetime | None:
+    """When a run record says its run was (aware; None when it says nothing usable)."""
+    value = record.get("finished_at") if record is not None else None
+    try:
+        at = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
+
+
+async def latest_run(loaded: LoadedConfig, pg: PgDatabase | None) -> dict[str, Any] | None:
+    """The record of the last run that removed: this home's, or on PostgreSQL the shared
+    database's when it is newer (another replica's run, or `parley maintenance` run
+    elsewhere): a replica that never wins the lock still knows retention runs."""
+    home = await asyncio.to_thread(read_last_run, loaded)
+    if pg is None:
+        return home
+    from parley.gateway.storage.postgres.retention_runs import last_run
+
+    shared = await pg.run(last_run)
+    never = datetime.min.replace(tzinfo=UTC)
+    found = [r for r in (home, shared) if r is not None]
+    return max(found, key=lambda r: finished_at(r) or never, default=None)
+
+
 @contextlib.contextmanager
 def _run_lock(loaded: LoadedConfig) -> Iterator[None]:
     """One run per home at a time (the gateway's daily run, `parley maintenance`)."""
@@ -199,11 +233,22 @@ def _run_lock(loaded: LoadedConfig) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def run_lock(loaded: LoadedConfig) -> AsyncIterator[None]:
+async def run_lock(loaded: LoadedConfig, pg: PgDatabase | None = None) -> AsyncIterator[None]:
+    """The home's lock, then with ``pg`` the shared database's; RetentionBusy when either
+    is taken. Both: the rows are the database's, but checkpoints and anything else under
+    the home are the home's, and a CLI run on one home needs no database to be kept from
+    the gateway's."""
     lock = _run_lock(loaded)
     await asyncio.to_thread(lock.__enter__)
     try:
-        yield
+        if pg is None:
+            yield
+        else:
+            # Imported here: psycopg comes with the postgres extra only.
+            from parley.gateway.storage.postgres.retention_runs import hold_run_lock
+
+            async with hold_run_lock(pg):
+                yield
     finally:
         await asyncio.to_thread(lock.__exit__, None, None, None)
 
@@ -282,53 +327,106 @@ async def run_retention(
     memory: RemovedRows | None = None,
     forget_cached: Callable[[str], None] | None = None,
 ) -> RunReport:
-    """Plan, and unless ``dry_run`` remove, under the home's retention lock (raises
-    RetentionBusy when another run holds it). ``memory``: the open memory index, for
-    the removed transcripts' chunks (None: memory is off, or not reachable: said so);
-    ``forget_cached``: drops a session's transcript from the gateway's caches."""
+    """Plan, and unless ``dry_run`` remove, under the retention lock (the home's, and on
+    PostgreSQL the shared database's; raises RetentionBusy when another run holds one).
+    ``memory``: the open memory index, for the removed transcripts' chunks (None: memory
+    is off, or not reachable: said so); ``forget_cached``: drops a session's transcript
+    from the gateway's caches."""
+    async with run_lock(loaded, state.pg):
+        return await _run_locked(
+            loaded, state, now=now, dry_run=dry_run, memory=memory, forget_cached=forget_cached
+        )
+
+
+async def run_daily(
+    loaded: LoadedConfig,
+    state: RetentionState,
+    *,
+    now: datetime,
+    unless_ran_since: datetime,
+    memory: RemovedRows | None = None,
+    forget_cached: Callable[[str], None] | None = None,
+) -> RunReport | None:
+    """The gateway's scheduled run: ``run_retention``, except that on PostgreSQL it does
+    nothing (None) when the shared database records a run at or after
+    ``unless_ran_since`` (that day's hour): another replica has done the day's work.
+    Checked under the lock, so a replica whose timer fires just after another's run
+    ends skips it too, instead of planning it all again. On SQLite it always runs."""
+    async with run_lock(loaded, state.pg):
+        if state.pg is not None:
+            from parley.gateway.storage.postgres.retention_runs import last_run
+
+            last = finished_at(await state.pg.run(last_run))
+            if last is not None and last >= unless_ran_since:
+                log.info(
+                    "retention: skipped, the shared database records a run at %s (another "
+                    "replica's, or `parley maintenance`); the next one is tomorrow",
+                    f"{last:%Y-%m-%d %H:%M:%S}",
+                )
+                return None
+        return await _run_locked(
+            loaded, state, now=now, dry_run=False, memory=memory, forget_cached=forget_cached
+        )
+
+
+async def _run_locked(
+    loaded: LoadedConfig,
+    state: RetentionState,
+    *,
+    now: datetime,
+    dry_run: bool,
+    memory: RemovedRows | None,
+    forget_cached: Callable[[str], None] | None,
+) -> RunReport:
+    """One run, its locks held."""
     settings = loaded.config.retention
-    async with run_lock(loaded):
-        plan = await plan_run(loaded, state, now=now)
-        report = RunReport(plan, dry_run, settings)
-        report.memory = _memory_outcome(loaded, settings, memory, dry_run)
-        if keep_blocked(loaded, memory):
-            # Removing the files would lose their chunks at the next sync.
-            report.errors.append(
-                f"{len(plan.transcripts)} transcript(s) kept: the memory index could not be "
-                'opened to keep their chunks ([retention] archived_memory = "keep")'
-            )
-            plan.transcripts = []
-        if dry_run:
-            return report
-        paths = [t.memory_path for t in plan.transcripts]
-        if paths and memory is not None and settings.archived_memory == "keep":
-            await memory.keep_removed(paths)
-        removed = []
-        for item in plan.transcripts:
-            try:
-                if forget_cached is not None:
-                    forget_cached(item.session_id)
-                await asyncio.to_thread(_remove_files, loaded, state.transcripts, item.session_id)
-                record = await state.registry.get(item.session_id)
-                if record is not None:
-                    settings_now = {**record.settings, REMOVED_SETTING: now.isoformat()}
-                    await state.registry.update_settings(item.session_id, settings_now)
-            except Exception as exc:  # one transcript's failure: the others still go
-                log.warning("retention: cannot remove session %s: %s", item.session_id, exc)
-                report.errors.append(f"session {item.session_id}: {exc}")
-            else:
-                removed.append(item)
-        plan.transcripts = removed  # the report says what went, not what was meant to
-        if removed and memory is not None and settings.archived_memory == "drop":
-            await memory.drop_removed([t.memory_path for t in removed])
-        if plan.inbox_before is not None:
-            plan.inbox = await state.inbox.prune_finished(plan.inbox_before)
-        for m in plan.media:
-            try:
-                await asyncio.to_thread(m.path.unlink, missing_ok=True)
-            except OSError as exc:
-                report.errors.append(f"media {_relative(m.path, loaded.home)}: {exc}")
-        await asyncio.to_thread(_write_last_run, loaded, report.to_record())
+    plan = await plan_run(loaded, state, now=now)
+    report = RunReport(plan, dry_run, settings)
+    report.memory = _memory_outcome(loaded, settings, memory, dry_run)
+    if keep_blocked(loaded, memory):
+        # Removing the files would lose their chunks at the next sync.
+        report.errors.append(
+            f"{len(plan.transcripts)} transcript(s) kept: the memory index could not be "
+            'opened to keep their chunks ([retention] archived_memory = "keep")'
+        )
+        plan.transcripts = []
+    if dry_run:
+        return report
+    paths = [t.memory_path for t in plan.transcripts]
+    if paths and memory is not None and settings.archived_memory == "keep":
+        await memory.keep_removed(paths)
+    removed = []
+    for item in plan.transcripts:
+        try:
+            if forget_cached is not None:
+                forget_cached(item.session_id)
+            await asyncio.to_thread(_remove_files, loaded, state.transcripts, item.session_id)
+            record = await state.registry.get(item.session_id)
+            if record is not None:
+                settings_now = {**record.settings, REMOVED_SETTING: now.isoformat()}
+                await state.registry.update_settings(item.session_id, settings_now)
+        except Exception as exc:  # one transcript's failure: the others still go
+            log.warning("retention: cannot remove session %s: %s", item.session_id, exc)
+            report.errors.append(f"session {item.session_id}: {exc}")
+        else:
+            removed.append(item)
+    plan.transcripts = removed  # the report says what went, not what was meant to
+    if removed and memory is not None and settings.archived_memory == "drop":
+        await memory.drop_removed([t.memory_path for t in removed])
+    if plan.inbox_before is not None:
+        plan.inbox = await state.inbox.prune_finished(plan.inbox_before)
+    for m in plan.media:
+        try:
+            await asyncio.to_thread(m.path.unlink, missing_ok=True)
+        except OSError as exc:
+            report.errors.append(f"media {_relative(m.path, loaded.home)}: {exc}")
+    this_run = report.to_record()
+    await asyncio.to_thread(_write_last_run, loaded, this_run)
+    if state.pg is not None:
+        # What the other replicas' daily runs read before planning the day again.
+        from parley.gateway.storage.postgres.retention_runs import record_run
+
+        await state.pg.run(record_run, this_run)
     return report
 
 

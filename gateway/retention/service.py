@@ -4,10 +4,15 @@ registered on the gateway's exit stack).
 It runs once a day at ``[retention] run_hour_utc``; a gateway started when the last run
 is more than a day old (or there was none) runs once ``CATCH_UP_DELAY_SECONDS`` after
 its start too, so a gateway restarted every night before that hour still tidies. A run
-that fails (a full disk, a
-lost database connection, another run holding the lock) is logged and tried again the
-next day: it never stops the gateway. File work runs on worker threads
-(``gateway.retention.run``), never on the event loop.
+that fails (a full disk, a lost database connection, another run holding the home's
+lock) is logged and tried again the next day: it never stops the gateway. File work
+runs on worker threads (``gateway.retention.run``), never on the event loop.
+
+On PostgreSQL every replica's timer fires at the same hour, and one run does the day's
+work for all of them: a replica that finds the shared database's run lock taken, or a
+run recorded there since that day's hour (``run.run_daily``), skips with one line in
+the log; that is no failure. "The last run" (for the catch-up) is the newer of this
+home's record and the shared database's.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from parley.gateway.config import LoadedConfig
+from parley.gateway.errors import RetentionBusy
 from parley.gateway.retention.run import (
     RemovedRows,
     RetentionState,
     RunReport,
-    read_last_run,
-    run_retention,
+    finished_at,
+    latest_run,
+    run_daily,
 )
 
 log = logging.getLogger("parley.gateway.retention")
@@ -75,21 +82,32 @@ class RetentionService:
                 await task
 
     async def run_once(self) -> RunReport | None:
-        """One run now; a failure is logged (and counted), never raised."""
+        """One run now; a failure is logged (and counted), never raised. None when it
+        failed, or on PostgreSQL when another replica's run is under way or already did
+        today's (since the last ``run_hour_utc``)."""
+        now = self.clock()
+        today = next_run(now, self.loaded.config.retention.run_hour_utc) - timedelta(days=1)
         try:
-            report = await run_retention(
+            report = await run_daily(
                 self.loaded,
                 self.state,
-                now=self.clock(),
+                now=now,
+                unless_ran_since=today,
                 memory=self.memory(),
                 forget_cached=self.forget_cached,
             )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if isinstance(exc, RetentionBusy) and exc.shared:
+                # Another replica's daily run, every day but on one replica: not a failure.
+                log.info("retention: skipped (tried again tomorrow): %s", exc)
+                return None
             self.failures += 1
             log.error("retention run failed (tried again tomorrow): %s", exc, exc_info=True)
             return None
+        if report is None:
+            return None  # another replica's run did today's work (run_daily logged it)
         self.last_report = report
         plan = report.plan
         log.info(
@@ -113,7 +131,7 @@ class RetentionService:
         hour = self.loaded.config.retention.run_hour_utc
         now = self.clock()
         wait = (next_run(now, hour) - now).total_seconds()
-        if await asyncio.to_thread(self._overdue, now):
+        if await self._overdue(now):
             wait = min(wait, CATCH_UP_DELAY_SECONDS)
         while True:
             await self._sleep(max(0.0, wait))
@@ -121,11 +139,11 @@ class RetentionService:
             now = self.clock()
             wait = (next_run(now, hour) - now).total_seconds()
 
-    def _overdue(self, now: datetime) -> bool:
-        last = read_last_run(self.loaded)
-        finished = last.get("finished_at") if last is not None else None
+    async def _overdue(self, now: datetime) -> bool:
         try:
-            at = datetime.fromisoformat(finished) if isinstance(finished, str) else None
-        except ValueError:
-            at = None
+            last = await latest_run(self.loaded, self.state.pg)
+        except Exception as exc:  # the database is down: the catch-up run will say more
+            log.warning("retention: cannot read when the last run was (%s)", exc)
+            return True
+        at = finished_at(last)
         return at is None or now - at > timedelta(days=1)

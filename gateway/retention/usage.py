@@ -1,7 +1,8 @@
 """What `parley doctor` says of the disk: the bytes per kind under the home (and, on
 PostgreSQL, the size of the tables that hold transcripts and the inbox), the retention
-settings, the last run, and whether the home is over its cap. Reads only: the registry's
-session statuses come from a read-only state.db connection or one query."""
+settings, the last run (on PostgreSQL the newer of this home's and the shared database's:
+another replica may have run it), and whether the home is over its cap. Reads only: the
+registry's session statuses come from a read-only state.db connection or one query."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from parley.gateway.config import LoadedConfig
 from parley.gateway.retention.inventory import KINDS, disk_use
-from parley.gateway.retention.run import read_last_run
+from parley.gateway.retention.run import latest_run
 from parley.gateway.retention_config import format_bytes
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ async def disk_findings(loaded: LoadedConfig, pg: PgDatabase | None = None) -> l
         )
     findings = [DiskFinding("disk", "ok", detail)]
     settings = loaded.config.retention
-    last = await asyncio.to_thread(read_last_run, loaded)
+    last = await latest_run(loaded, pg)
     text = settings.describe()
     severity: Severity = "ok"
     if last is None:

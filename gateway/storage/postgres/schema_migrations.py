@@ -260,6 +260,16 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX sent_messages_by_item ON sent_messages (inbox_id);
     """,
+    # 7: the last retention run on this database, whichever replica (or `parley
+    # maintenance`) ran it: one row. The daily run of every other replica reads it and
+    # skips when a run since that day's hour is recorded (gateway/retention/).
+    """
+    CREATE TABLE retention_last_run (
+        only_row BOOLEAN PRIMARY KEY DEFAULT true CHECK (only_row),
+        finished_at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -52,8 +52,8 @@ class SessionLocks:
 
     async def open(self) -> None:
         try:
-            self._conn = await _connect(self._url)
-            self._listener = await _connect(self._url)
+            self._conn = await lock_connection(self._url)
+            self._listener = await lock_connection(self._url)
             await self._listener.execute(f"LISTEN {CHANNEL}")
             row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
             self.pid = int(row[0]) if row else None
@@ -158,7 +158,7 @@ class SessionLocks:
             with contextlib.suppress(psycopg.Error):
                 await old.close()
         try:
-            self._conn = await _connect(self._url)
+            self._conn = await lock_connection(self._url)
             row = await (await self._conn.execute("SELECT pg_backend_pid()")).fetchone()
         except psycopg.Error as exc:
             raise StateError(f"cannot reopen the session lock connection: {exc}") from exc
@@ -181,10 +181,11 @@ class SessionLocks:
             log.warning("session lock notifications stopped: %s", exc)
 
 
-async def _connect(url: str) -> psycopg.AsyncConnection[TupleRow]:
+async def lock_connection(url: str) -> psycopg.AsyncConnection[TupleRow]:
     """A lock (or notification) connection: autocommit, and exempt from a server's
     ``idle_session_timeout`` (it idles between a turn's lock and its release, and its
-    end would drop the locks mid-turn)."""
+    end would drop the locks mid-turn). Retention's run lock uses one too
+    (``retention_runs``)."""
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
     # Before PostgreSQL 14 there is no such timeout to turn off.
     with contextlib.suppress(psycopg.errors.UndefinedObject):

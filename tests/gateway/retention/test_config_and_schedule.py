@@ -7,6 +7,7 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,9 @@ from parley.gateway.errors import ConfigFileError
 from parley.gateway.retention.run import RunReport
 from parley.gateway.retention.service import CATCH_UP_DELAY_SECONDS, RetentionService, next_run
 from parley.gateway.retention_config import RetentionConfig, format_bytes, parse_size
+
+# The state of a SQLite gateway as far as the service itself goes (the runs are faked).
+SQLITE_STATE = SimpleNamespace(pg=None)
 
 
 @pytest.mark.parametrize(
@@ -125,14 +129,14 @@ async def test_the_service_runs_daily_and_a_failure_waits_for_the_next_day(
             raise OSError("the disk is full")
         raise RuntimeError("stop here")  # only its timing matters
 
-    monkeypatch.setattr("parley.gateway.retention.service.run_retention", run)
+    monkeypatch.setattr("parley.gateway.retention.service.run_daily", run)
     # A run an hour ago: the next one waits for the scheduled hour.
     (tmp_path / "retention.json").write_text(
         json.dumps({"finished_at": (now[0] - timedelta(hours=1)).isoformat()})
     )
     service = RetentionService(
         loaded,
-        object(),
+        SQLITE_STATE,
         clock=lambda: now[0],
         memory=lambda: None,
         sleep=sleep,  # type: ignore[arg-type]
@@ -164,7 +168,7 @@ async def test_a_gateway_started_long_after_the_last_run_runs_soon(
 
     service = RetentionService(
         loaded,
-        object(),  # type: ignore[arg-type]
+        SQLITE_STATE,  # type: ignore[arg-type]
         clock=lambda: datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
         memory=lambda: None,
         sleep=sleep,
@@ -178,7 +182,7 @@ async def test_a_gateway_started_long_after_the_last_run_runs_soon(
 def test_the_service_does_not_start_when_disabled(tmp_path: Path) -> None:
     loaded = load_config(env={"PARLEY_HOME": str(tmp_path), "PARLEY_RETENTION__ENABLED": "false"})
     service = RetentionService(
-        loaded, object(), clock=lambda: datetime.now(UTC), memory=lambda: None
+        loaded, SQLITE_STATE, clock=lambda: datetime.now(UTC), memory=lambda: None
     )  # type: ignore[arg-type]
     service.start()
     assert service._task is None

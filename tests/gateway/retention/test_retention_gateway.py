@@ -170,7 +170,7 @@ async def test_a_failed_run_is_logged_and_the_gateway_goes_on(
     async def broken(*args: object, **kwargs: object) -> None:
         raise OSError("disk on fire")
 
-    monkeypatch.setattr("parley.gateway.retention.service.run_retention", broken)
+    monkeypatch.setattr("parley.gateway.retention.service.run_daily", broken)
     with caplog.at_level(logging.ERROR, logger="parley.gateway.retention"):
         assert await gateway.retention.run_once() is None
     assert gateway.retention.failures == 1

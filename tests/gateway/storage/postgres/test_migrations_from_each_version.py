@@ -24,6 +24,7 @@ from parley.gateway.storage.postgres.database import Connection, PgDatabase
 from parley.gateway.storage.postgres.inbox import PgInbox
 from parley.gateway.storage.postgres.memory.backend import PgMemoryBackend
 from parley.gateway.storage.postgres.pairing import PgPairingStore
+from parley.gateway.storage.postgres.retention_runs import last_run, record_run
 from parley.gateway.storage.postgres.schema_migrations import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -141,3 +142,10 @@ async def test_an_earlier_schema_migrates_with_its_data(pg_url: str, version: in
         evicted = Tombstone("sessions/x.jsonl", "h", "agent", "sessions", 1, 2, "age", 1.0, "p")
         await call(live.add_tombstones, [evicted])  # forgetting's tables (v5)
         assert await call(live.tombstones) == [evicted]
+        # Retention's record of the last run (v7).
+        assert await db.run(last_run) is None
+        await db.run(record_run, {"finished_at": "2026-01-02T03:00:00+00:00", "transcripts": 1})
+        assert await db.run(last_run) == {
+            "finished_at": "2026-01-02T03:00:00+00:00",
+            "transcripts": 1,
+        }
