@@ -83,8 +83,9 @@ class RetentionService:
 
     async def run_once(self) -> RunReport | None:
         """One run now; a failure is logged (and counted), never raised. None when it
-        failed, or on PostgreSQL when another replica's run is under way or already did
-        today's (since the last ``run_hour_utc``)."""
+        failed, when another run holds the lock (``parley maintenance`` on this home, or
+        on PostgreSQL another replica's), or on PostgreSQL when another replica's run
+        already did today's (since the last ``run_hour_utc``)."""
         now = self.clock()
         today = next_run(now, self.loaded.config.retention.run_hour_utc) - timedelta(days=1)
         try:
@@ -99,8 +100,10 @@ class RetentionService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, RetentionBusy) and exc.shared:
-                # Another replica's daily run, every day but on one replica: not a failure.
+            if isinstance(exc, RetentionBusy):
+                # Another run does the work: another replica's daily run (every day but
+                # on one replica), or an operator's `parley maintenance` on this home.
+                # Not a failure either way.
                 log.info("retention: skipped (tried again tomorrow): %s", exc)
                 return None
             self.failures += 1

@@ -13,7 +13,7 @@ import pytest
 
 from parley.gateway.config import effective_config_toml, load_config
 from parley.gateway.errors import ConfigFileError
-from parley.gateway.retention.run import RunReport
+from parley.gateway.retention.run import RunReport, run_lock
 from parley.gateway.retention.service import CATCH_UP_DELAY_SECONDS, RetentionService, next_run
 from parley.gateway.retention_config import RetentionConfig, format_bytes, parse_size
 
@@ -186,3 +186,21 @@ def test_the_service_does_not_start_when_disabled(tmp_path: Path) -> None:
     )  # type: ignore[arg-type]
     service.start()
     assert service._task is None
+
+
+async def test_the_daily_run_skips_quietly_while_an_operator_runs_maintenance(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    loaded = load_config(env={"PARLEY_HOME": str(tmp_path)})
+    service = RetentionService(
+        loaded,
+        SQLITE_STATE,  # type: ignore[arg-type]
+        clock=lambda: datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
+        memory=lambda: None,
+    )
+    async with run_lock(loaded):  # `parley maintenance` on this home, under way
+        with caplog.at_level("INFO", logger="parley"):
+            assert await service.run_once() is None
+    assert service.failures == 0 and service.last_report is None
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert any("skipped" in r.getMessage() for r in caplog.records)
