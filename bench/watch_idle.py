@@ -173,8 +173,8 @@ async def synced_once(port: int, token: str) -> None:
     raise TimeoutError("the start-up sync did not finish")
 
 
-# IndexState's slot for the flag (the descriptor ``IndexState.dirty`` is): the property
-# below stores the value there.
+# The slot that holds IndexState's flag (what ``IndexState.dirty`` is on the class): the
+# property below reads and writes the value there.
 _DIRTY_SLOT: MemberDescriptorType = vars(IndexState)["dirty"]
 
 

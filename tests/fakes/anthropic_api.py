@@ -299,7 +299,7 @@ def echo_text(body: Mapping[str, Any]) -> str:
 class FakeAnthropic(FakeLLMServer):
     """The fake Messages API; ``script`` steps are in ``tests.fakes.llm_common``."""
 
-    api_key: str  # always checked
+    api_key: str  # always checked here (None is for a local OpenAI-style server)
 
     def __init__(
         self,
