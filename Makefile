@@ -47,7 +47,8 @@ test: $(VENV)/.test-deps $(VENV)/pg16/.complete $(VENV)/typecheck/parley/.links
 bench: $(VENV)/.test-deps
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# ruff; mypy on core, gateway and channels ([tool.mypy]); the import contracts
+# ruff; mypy on core, gateway, channels, the protocol fakes, the benchmarks and the
+# conftest files ([tool.mypy]); the import contracts
 # (layers, no cycles, nothing imports the CLI: [tool.importlinter]).
 lint: $(VENV)/.test-deps $(VENV)/typecheck/parley/.links
 	$(BIN)/ruff check .

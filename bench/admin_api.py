@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -27,13 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from turn_overhead import LONG_PREFIX, InstantProvider, SignalChannel, percentile, write_transcript
 
-from parley.core.transcript_store import SessionTranscript
-from parley.gateway.admin.service import encode_cursor
-from parley.gateway.app import Gateway
-from parley.gateway.config import load_config
-from parley.gateway.storage.sessions import SessionOrigin
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts: imported as bench.…
+
+from bench.turn_overhead import (  # noqa: E402
+    LONG_PREFIX,
+    InstantProvider,
+    SignalChannel,
+    percentile,
+    write_transcript,
+)
+from parley.core.transcript_store import SessionTranscript  # noqa: E402
+from parley.gateway.admin.service import encode_cursor  # noqa: E402
+from parley.gateway.app import Gateway  # noqa: E402
+from parley.gateway.config import load_config  # noqa: E402
+from parley.gateway.storage.sessions import SessionOrigin  # noqa: E402
 
 SESSIONS = 5_000
 PAGE = 50

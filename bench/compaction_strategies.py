@@ -98,8 +98,7 @@ from parley.core.importance import (
 from parley.core.memory.embedders import EmbedderSettings, build_embedder
 from parley.core.memory.index import MemoryIndex
 from parley.core.memory.memory_config import MemorySettings
-from parley.core.memory.recall import Recaller, RecallSearch, index_search
-from parley.core.memory.rows import SearchHit
+from parley.core.memory.recall import Recaller, RecallHit, RecallSearch, index_search
 from parley.core.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from parley.core.providers.base import STOP_END, ProviderRequest, ProviderResponse, TextCallback
 from parley.core.providers.provider_config import RetryConfig
@@ -473,7 +472,7 @@ async def compact_once(
 ) -> tuple[CompactionOutcome, list[Message], int]:
     """Write ``conv`` to a fresh transcript, compact it once with ``strategy``: the
     outcome, the model's view after it and the summariser calls it made."""
-    config = CompactionConfig(strategy=strategy)  # type: ignore[arg-type]  # checked names
+    config = CompactionConfig(strategy=strategy)  # pydantic checks the name
     provider = ExtractiveProvider(counter)
     summarizer = Summarizer(
         provider,
@@ -558,9 +557,9 @@ async def run_strategies(
 def memoised(search: RecallSearch) -> RecallSearch:
     """``search`` answering a repeated (query, scopes) from memory: the recall modes ask
     the same question; the index's answer does not change between them."""
-    cache: dict[tuple[str, tuple[str, ...]], Sequence[SearchHit]] = {}
+    cache: dict[tuple[str, tuple[str, ...]], Sequence[RecallHit]] = {}
 
-    async def cached(query: str, *, scopes: Sequence[str]) -> Sequence[SearchHit]:
+    async def cached(query: str, *, scopes: Sequence[str]) -> Sequence[RecallHit]:
         key = (query, tuple(scopes))
         if key not in cache:
             cache[key] = await search(query, scopes=scopes)
@@ -662,7 +661,7 @@ async def run_auto_recall(
             await index.sync(reason="bench")
             status = (await index.status()).to_dict()
             search = memoised(index_search(index))
-            recallers = {
+            recallers: dict[str, Recaller] = {
                 mode: Recaller(search, counter=counter, mode=mode, budget_tokens=RECALL_BUDGET)
                 for mode in RECALL_MODES
             }

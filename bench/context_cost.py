@@ -35,11 +35,18 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anthropic
+from anthropic.types import (
+    ContentBlock,
+    ContentBlockParam,
+    MessageParam,
+    ToolParam,
+    ToolResultBlockParam,
+)
 
 from parley.core.agent_config import AgentConfig
 from parley.core.context.compaction.summarizer import SUMMARY_SYSTEM_PROMPT
@@ -315,7 +322,7 @@ async def run_naive(conversation: list[Turn], system: str) -> RunStats:
     clock = VirtualClock()
     stats = RunStats()
     tools = registry()
-    wire_tools = [
+    wire_tools: list[ToolParam] = [
         {"name": s.name, "description": s.description, "input_schema": s.input_schema}
         for s in tools.specs()
     ]
@@ -326,7 +333,7 @@ async def run_naive(conversation: list[Turn], system: str) -> RunStats:
         client = anthropic.AsyncAnthropic(
             api_key=fake.api_key, base_url=fake.base_url, max_retries=0
         )
-        history: list[dict[str, Any]] = []
+        history: list[MessageParam] = []
         context = ToolContext(workspace=Path("."), session_key="naive")
         try:
             for turn in conversation:
@@ -345,12 +352,12 @@ async def run_naive(conversation: list[Turn], system: str) -> RunStats:
                         if not overflow or not _drop_oldest_turn(history):
                             raise
                         continue
-                    content = [b.model_dump(exclude_none=True) for b in reply.content]
+                    content = [_sent_back(b) for b in reply.content]
                     history.append({"role": "assistant", "content": content})
                     uses = [b for b in reply.content if b.type == "tool_use"]
                     if not uses:
                         break
-                    results = []
+                    results: list[ToolResultBlockParam] = []
                     for use in uses:
                         block = await tools.run(ToolUseBlock(use.id, use.name, use.input), context)
                         results.append(
@@ -369,13 +376,25 @@ async def run_naive(conversation: list[Turn], system: str) -> RunStats:
     return stats
 
 
-def _drop_oldest_turn(history: list[dict[str, Any]]) -> bool:
+def _sent_back(block: ContentBlock) -> ContentBlockParam:
+    """A block of the model's answer as the next request carries it: the SDK's own dump
+    of the block (None fields left out), the request's shape of that block. The SDK
+    types a dump as ``dict[str, Any]``, hence the cast."""
+    return cast("ContentBlockParam", block.model_dump(exclude_none=True))
+
+
+def _opens_turn(message: MessageParam) -> bool:
+    """A user message with text: a turn's start (tool results come without)."""
+    content = message["content"]
+    return message["role"] == "user" and (
+        isinstance(content, str)
+        or any(not isinstance(b, anthropic.BaseModel) and b.get("type") == "text" for b in content)
+    )
+
+
+def _drop_oldest_turn(history: list[MessageParam]) -> bool:
     """Drop the oldest user turn (and what answered it); False when only one is left."""
-    starts = [
-        i
-        for i, m in enumerate(history)
-        if m["role"] == "user" and any(b.get("type") == "text" for b in m["content"])
-    ]
+    starts = [i for i, m in enumerate(history) if _opens_turn(m)]
     if len(starts) < 2:
         return False
     del history[: starts[1]]

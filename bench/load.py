@@ -49,12 +49,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from channel_throughput import percentile
-from crash_soak import Child, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the protocol fakes live in tests/fakes
 
+from bench.channel_throughput import percentile  # noqa: E402
+from bench.crash_soak import Child, child_env  # noqa: E402
 from bench.reply_tags import anthropic_reply, replied_to  # noqa: E402
 from tests.fakes.anthropic_api import FakeAnthropic  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram  # noqa: E402

@@ -377,13 +377,13 @@ def stage_timers(current: dict[str, float]) -> Iterator[None]:
     run_search = index_search.run_search
     for name, fn in originals.items():
         setattr(MemoryStore, name, timed(name, fn))
-    index_search.run_search = timed("run_search", run_search)  # type: ignore[assignment]
+    index_search.run_search = timed("run_search", run_search)
     try:
         yield
     finally:
         for name, fn in originals.items():
             setattr(MemoryStore, name, fn)
-        index_search.run_search = run_search  # type: ignore[assignment]
+        index_search.run_search = run_search
 
 
 def summarise(samples: Sequence[float]) -> dict[str, float]:

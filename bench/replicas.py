@@ -242,7 +242,7 @@ async def measure(
                 for n in range(replicas)
             )
     done = set(plan) & set(counts)
-    result = {
+    result: dict[str, Any] = {
         "messages": len(plan),
         "lost": len(plan) - len(done),
         "duplicated": sum(1 for key in plan if counts[key] > 1),

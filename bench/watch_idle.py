@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import MemberDescriptorType
 from typing import Any
 
 import aiohttp
@@ -172,20 +173,26 @@ async def synced_once(port: int, token: str) -> None:
     raise TimeoutError("the start-up sync did not finish")
 
 
+# The slot that holds IndexState's flag (what ``IndexState.dirty`` is on the class): the
+# property below reads and writes the value there.
+_DIRTY_SLOT: MemberDescriptorType = vars(IndexState)["dirty"]
+
+
 class TimedState(IndexState):
     """Notes when the watcher marks the index dirty."""
 
     __slots__ = ("marks",)
+    marks: list[float]
 
-    @property  # type: ignore[override]
+    @property
     def dirty(self) -> bool:
-        return bool(IndexState.dirty.__get__(self))  # type: ignore[attr-defined]
+        return bool(_DIRTY_SLOT.__get__(self))
 
     @dirty.setter
     def dirty(self, value: bool) -> None:
         if value and hasattr(self, "marks"):
             self.marks.append(time.perf_counter())
-        IndexState.dirty.__set__(self, value)  # type: ignore[attr-defined]
+        _DIRTY_SLOT.__set__(self, value)
 
 
 async def watcher_alone(home: Path, mode: str, seconds: float, samples: int) -> dict[str, Any]:

@@ -299,6 +299,8 @@ def echo_text(body: Mapping[str, Any]) -> str:
 class FakeAnthropic(FakeLLMServer):
     """The fake Messages API; ``script`` steps are in ``tests.fakes.llm_common``."""
 
+    api_key: str  # always checked here (None is for a local OpenAI-style server)
+
     def __init__(
         self,
         *,
@@ -560,14 +562,14 @@ class FakeAnthropic(FakeLLMServer):
         for call in reply.tool_calls:
             await self._send_tool_use(response, index, call)
             index += 1
-        delta = {"stop_reason": self._stop_reason(reply), "stop_sequence": None}
+        stop = {"stop_reason": self._stop_reason(reply), "stop_sequence": None}
         await send(
             response,
             _sse(
                 "message_delta",
                 {
                     "type": "message_delta",
-                    "delta": delta,
+                    "delta": stop,
                     "usage": {"output_tokens": self._output_tokens(reply)},
                 },
             ),

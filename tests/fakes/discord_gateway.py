@@ -183,7 +183,7 @@ class GatewayHub:
         self.resumes: list[ResumeRecord] = []
         self.heartbeats = 0
         self._sockets: set[web.WebSocketResponse] = set()
-        self._transports: dict[web.WebSocketResponse, asyncio.BaseTransport] = {}
+        self._transports: dict[web.WebSocketResponse, asyncio.Transport] = {}
         self._session_numbers = itertools.count(1)
         self._replay_seen = 0  # the next RESUME replays this many already-seen events
 

@@ -330,12 +330,12 @@ class FakeLLMServer:
     def __init__(
         self,
         *,
-        api_key: str = DEFAULT_API_KEY,
+        api_key: str | None = DEFAULT_API_KEY,
         model: str = "fake-model",
         context_window: int | None = None,
         keep_requests: int | None = None,
     ) -> None:
-        self.api_key = api_key
+        self.api_key = api_key  # None: no key is checked (a local server)
         self.model = model
         self.context_window = context_window
         self.requests: list[RecordedRequest] = []

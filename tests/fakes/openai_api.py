@@ -378,8 +378,8 @@ class FakeOpenAI(FakeLLMServer):
         embedding_dimensions: int = DEFAULT_EMBEDDING_DIMENSIONS,
         reverse_embeddings: bool = False,
     ) -> None:
-        # None: no key is checked (a local server); the parent types it as a plain str.
-        super().__init__(api_key=api_key, context_window=context_window)  # type: ignore[arg-type]
+        # None: no key is checked (a local server).
+        super().__init__(api_key=api_key, context_window=context_window)
         self.dialect = dialect
         self.report_usage = report_usage
         self.min_cache_tokens = min_cache_tokens

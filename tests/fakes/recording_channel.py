@@ -12,6 +12,7 @@ from parley.channels.base import (
     AttachmentUnavailable,
     ChannelCapabilities,
     ChatPolicy,
+    ChatType,
     DeliveryResult,
     InboundHandler,
     InboundMessage,
@@ -81,7 +82,7 @@ class RecordingChannel:
         *,
         sender: str = "alice",
         message_id: str | None = None,
-        chat_type: str = "direct",
+        chat_type: ChatType = "direct",
         chat_id: str | None = None,
         thread_id: str | None = None,
         automated: bool = False,
@@ -92,7 +93,7 @@ class RecordingChannel:
         return InboundMessage(
             channel=self.name,
             account="default",
-            chat_type=chat_type,  # type: ignore[arg-type]
+            chat_type=chat_type,
             chat_id=chat_id or sender,
             sender_id=sender,
             sender_name=sender.title(),

@@ -377,7 +377,7 @@ class FakeTelegram:
         self._stopping = False
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
-        self._transports: set[asyncio.BaseTransport] = set()  # connections seen
+        self._transports: set[asyncio.Transport] = set()  # connections seen
         self._session: aiohttp.ClientSession | None = None
         self._port = 0
         handlers: dict[str, Handler] = {
@@ -705,6 +705,7 @@ class FakeTelegram:
             sender["username"] = sender_username
         now = int(time.time())
         messages = chat.messages_of(token)
+        message: dict[str, Any]
         if edit:
             # Without an id: the last message in this chat as this bot sees it.
             mid = message_id if message_id is not None else max(messages, default=0)

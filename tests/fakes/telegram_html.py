@@ -104,7 +104,8 @@ class _Parser:
         self.open.append((name, start))
 
     def attributes(self, name: str, index: int, start: int) -> dict[str, str]:
-        source, attrs = self.source, {}
+        source = self.source
+        attrs: dict[str, str] = {}
         while True:
             while index < len(source) and source[index].isspace():
                 index += 1

@@ -417,7 +417,9 @@ async def test_streamed_usage_is_billed_like_a_whole_message(
         await response.read()
     assert fake.billing.requests == 1
     assert fake.billing.output_tokens == estimate_tokens("streamed words here")
-    assert fake.billing.cache_write_tokens == fake.last_usage["cache_creation_input_tokens"] > 0
+    usage = fake.last_usage
+    assert usage is not None
+    assert fake.billing.cache_write_tokens == usage["cache_creation_input_tokens"] > 0
 
 
 def test_weighted_input_prices_reads_and_writes() -> None:

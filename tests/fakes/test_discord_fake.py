@@ -244,11 +244,16 @@ async def test_strict_errors(fake: FakeDiscord) -> None:
             await client.get_partial_messageable(int(dm)).send("hi")
         assert blocked.value.code == 50007
         assert blocked.value.text == "Cannot send messages to this user"
-        dangling = {"message_id": 123456789012345678, "channel_id": int(GENERAL)}
+        dangling = 123456789012345678
         with pytest.raises(discord.HTTPException) as unknown_reference:
-            await general.send("re", reference=discord.MessageReference(**dangling))
+            await general.send(
+                "re",
+                reference=discord.MessageReference(message_id=dangling, channel_id=int(GENERAL)),
+            )
         assert unknown_reference.value.code == 50035
-        lenient = discord.MessageReference(**dangling, fail_if_not_exists=False)
+        lenient = discord.MessageReference(
+            message_id=dangling, channel_id=int(GENERAL), fail_if_not_exists=False
+        )
         await general.send("re", reference=lenient)
         assert fake.sent[-1].payload["type"] == 0  # the dangling reference was dropped
     assert len(fake.sent) == 2

@@ -434,6 +434,7 @@ async def test_edit_reply_markup_outcomes(fake: FakeTelegram, bot: Bot) -> None:
     with pytest.raises(BadRequest) as caught:
         await bot.edit_message_reply_markup(
             chat_id=42, message_id=own.message_id,
+            # A reply keyboard on purpose (the method's type refuses it too: the ignore).
             reply_markup=ReplyKeyboardMarkup([["a"]]),  # type: ignore[arg-type]
         )  # fmt: skip
     assert caught.value.message == "Inline keyboard expected"
@@ -598,6 +599,7 @@ async def test_edit_message_text_and_the_keyboard(fake: FakeTelegram, bot: Bot) 
     with pytest.raises(BadRequest, match="Inline keyboard expected"):
         await bot.edit_message_text(
             "x", 42, sent.message_id,
+            # A reply keyboard on purpose (the method's type refuses it too: the ignore).
             reply_markup=ReplyKeyboardMarkup([["a"]]),  # type: ignore[arg-type]
         )  # fmt: skip
 

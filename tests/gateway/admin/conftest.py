@@ -60,7 +60,7 @@ async def seed_session(world: AdminWorld, sender: str = "alice") -> str:
     record = page.sessions[0]
     transcript = await gateway.transcript(record)
     first = next(iter(transcript.entries()))
-    transcript.append_compaction(
+    compaction = transcript.append_compaction(
         "The user asked which files exist; the agent listed them.",
         first_kept_entry_id=first.id,
         tokens_before=1200,
@@ -68,9 +68,7 @@ async def seed_session(world: AdminWorld, sender: str = "alice") -> str:
         trigger="manual",
         details={"ledger": {"identifiers": ["notes.md"]}},
     )
-    await gateway.registry.record_entries(
-        record.session_id, transcript.entry_count, transcript.last_entry.id
-    )
+    await gateway.registry.record_entries(record.session_id, transcript.entry_count, compaction.id)
     return record.session_id
 
 
