@@ -27,6 +27,9 @@ from parley.gateway.storage.sessions import SessionRecord
 _MAX_HEADER_BYTES = 64 * 1024
 # The listener every replica's session locks keep on PostgreSQL (gateway/pg/session_locks.py).
 _REPLICA_LISTEN = "LISTEN parley_session_unlocked"
+# How long a replica's connection may outlive its stop (``refuse_running``).
+REPLICA_EXIT_GRACE_SECONDS = 3.0
+REPLICA_EXIT_POLL_SECONDS = 0.05
 # Lines typed at the terminal chat (up-arrow history), in the home beside the transcripts:
 # the words of the terminal's person (``terminal_person``), never anyone else's.
 TERMINAL_HISTORY_FILE = "terminal_history"
@@ -172,6 +175,13 @@ async def refuse_running(loaded: LoadedConfig, state: State | None) -> None:
     SQLite: before opening it (this process's own connection would count)."""
     if state is not None:
         running = await state.pg.run(_pg_replicas)
+        # A replica stopped a moment ago is still listed until its backend has seen
+        # the closed socket and exited: milliseconds, longer on a busy server. Give
+        # it that long before telling the operator to stop what is already stopped.
+        deadline = asyncio.get_running_loop().time() + REPLICA_EXIT_GRACE_SECONDS
+        while running and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(REPLICA_EXIT_POLL_SECONDS)
+            running = await state.pg.run(_pg_replicas)
         if running:
             raise PersonError(
                 f"{running} gateway replica(s) are connected to {state.pg.where}: stop every "

@@ -27,6 +27,7 @@ from parley.gateway.cli.people import people_command
 from parley.gateway.config import LoadedConfig
 from parley.gateway.memory import LEGACY_SHARED_TASKS_DIR, build_memory_index, notes_dir, tasks_dir
 from parley.gateway.people import PersonError, erase_person, list_people, resolve_person
+from parley.gateway.people import inventory as people_inventory
 from parley.gateway.storage.sessions import SessionOrigin
 from parley.gateway.storage.stores import StateStores
 from tests.fakes.embedder import HashingEmbedder, resilient
@@ -318,6 +319,28 @@ async def test_a_running_gateway_is_refused_but_a_dry_run_is_not(loaded: LoadedC
             await erase_person(loaded, ALICE)
         assert (await erase_person(loaded, ALICE, dry_run=True)).sessions == []
     assert (await erase_person(loaded, ALICE)).errors == []
+
+
+async def test_a_replica_stopped_a_moment_ago_is_waited_for_not_refused(
+    loaded: LoadedConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if loaded.config.storage.backend != "postgres":
+        pytest.skip("replicas are counted on PostgreSQL only")
+    real = people_inventory._pg_replicas
+    asked: list[int] = []
+
+    def lingering(conn: Any) -> int:
+        # The first look still lists the stopped replica's backend, as PostgreSQL does
+        # until that backend has seen its socket close and exited.
+        asked.append(1)
+        return 1 if len(asked) == 1 else real(conn)
+
+    gateway, _, _ = gateway_for(loaded)
+    async with gateway:  # a replica that ran (and migrated the database), now stopped
+        pass
+    monkeypatch.setattr(people_inventory, "_pg_replicas", lingering)
+    assert (await erase_person(loaded, ALICE)).errors == []
+    assert len(asked) >= 2
 
 
 async def test_people_list_groups_linked_ids(
