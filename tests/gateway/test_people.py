@@ -321,11 +321,10 @@ async def test_a_running_gateway_is_refused_but_a_dry_run_is_not(loaded: LoadedC
     assert (await erase_person(loaded, ALICE)).errors == []
 
 
+@pytest.mark.parametrize("loaded", ["postgres"], indirect=True)  # where replicas are counted
 async def test_a_replica_stopped_a_moment_ago_is_waited_for_not_refused(
     loaded: LoadedConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if loaded.config.storage.backend != "postgres":
-        pytest.skip("replicas are counted on PostgreSQL only")
     real = people_inventory._pg_replicas
     asked: list[int] = []
 
