@@ -271,7 +271,12 @@ async def test_a_source_kept_during_a_rebuild_stays_kept_in_the_new_index(
         rebuild = index.request_sync("start")
         await slow.held.wait()  # the kept marks are copied; the vectors are held
         keep = asyncio.create_task(index.keep_removed([ALICE_PATH]))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0)  # it runs as far as it can
+        # Unless it waits for the rebuild, it has queued its mark's write on the
+        # writer's thread by now: a call queued behind it returns after that write,
+        # and the task (woken first) has finished by then.
+        await index._w(lambda: None)
+        await asyncio.sleep(0)
         waited = not keep.done()
         slow.release.set()
         assert (await rebuild).reindexed
