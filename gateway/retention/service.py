@@ -4,9 +4,10 @@ registered on the gateway's exit stack).
 It runs once a day at ``[retention] run_hour_utc``; a gateway started when the last run
 is more than a day old (or there was none) runs once ``CATCH_UP_DELAY_SECONDS`` after
 its start too, so a gateway restarted every night before that hour still tidies. A run
-that fails (a full disk, a lost database connection, another run holding the home's
-lock) is logged and tried again the next day: it never stops the gateway. File work
-runs on worker threads (``gateway.retention.run``), never on the event loop.
+that fails (a full disk, a lost database connection) is logged and tried again the next
+day: it never stops the gateway. One that finds another run holding the home's lock (an
+operator's `parley maintenance`) skips the day with one line in the log. File work runs
+on worker threads (``gateway.retention.run``), never on the event loop.
 
 On PostgreSQL every replica's timer fires at the same hour, and one run does the day's
 work for all of them: a replica that finds the shared database's run lock taken, or a
