@@ -350,8 +350,10 @@ class Gateway:
             )
 
     def _forget_agents(self) -> None:
-        # Their memory indexes closed on their own stop steps (before this one).
-        self.rt.memory = None
+        # Their memory indexes closed on their own stop steps (before this one): none
+        # is handed out after the stop (``Runtime.memory`` is the default agent's).
+        for parts in self.rt.agents.values():
+            parts.memory = None
         self.rt.agents.clear()
 
     async def _offer_catch_up(self, channel: Channel) -> None:

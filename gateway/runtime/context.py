@@ -72,13 +72,9 @@ class Runtime:
         self.person_links = PersonLinks(loaded.config.session)
         self.provider_health = ProviderHealth()
         self._provider: Provider | None = None
-        # None until start, and for good when [memory] enabled = false.
-        self.memory: MemoryIndex | None = None
-        # How the model is driven (core/model_profile.py), chosen at start.
-        self.profile: ModelProfile = STANDARD
         # The agents (the default first), which one answers a message, and each
-        # one's parts once started (gateway/runtime/agents.py). The properties above
-        # are the default agent's.
+        # one's parts once started (gateway/runtime/agents.py). ``memory``, ``engine``,
+        # ``runner``, ``prompt`` and ``profile`` below are the default agent's.
         self.agent_specs: tuple[AgentSpec, ...] = agent_specs(loaded.config)
         self.default_agent_id = self.agent_specs[0].id
         self.bindings = Bindings(loaded.config.bindings, self.default_agent_id)
@@ -123,6 +119,16 @@ class Runtime:
         return self._default_parts
 
     @property
+    def memory(self) -> MemoryIndex | None:
+        """None before start, after stop, and for good when [memory] enabled = false."""
+        return self._default_parts.memory if self._default_parts else None
+
+    @property
+    def profile(self) -> ModelProfile:
+        """How the model is driven (core/model_profile.py), chosen at start."""
+        return self._default_parts.profile if self._default_parts else STANDARD
+
+    @property
     def engine(self) -> ContextEngine:
         return self._default().engine
 
@@ -151,7 +157,6 @@ class Runtime:
         self.agents[parts.id] = parts
         if parts.spec.is_default:
             self._default_parts = parts
-            self.memory, self.profile = parts.memory, parts.profile
 
     def agent(self, key: str | None) -> AgentParts:
         """The parts of the agent a session key names (``agent:<id>:...``); the default

@@ -53,10 +53,13 @@ async def test_one_agent_is_the_default_parts_for_every_key(
         (parts,) = rt.agents.values()
         assert parts.id == "main" and rt.agent("agent:main:test:direct:alice") is parts
         assert rt.agent("agent:gone:x") is parts and rt.agent(None) is parts
-        assert (rt.runner, rt.memory) == (parts.runner, parts.memory)
+        assert (rt.runner, rt.memory, rt.profile) == (parts.runner, parts.memory, parts.profile)
+        assert rt.memory is not None
         assert not rt.bindings
         assert await say(gateway, channel, "hi") == "echo: hi"
         assert provider.requests[-1].model == "scripted-model"
+    # Its index closed with the gateway: none is handed out after the stop.
+    assert gateway.memory is None and rt.agents == {}
 
 
 async def test_file_tools_never_reach_another_agents_workspace(
