@@ -61,6 +61,7 @@ from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.runtime.turn import Turns
 from parley.gateway.storage.sessions import SessionRecord, utcnow
 from parley.gateway.storage.stores import StateStores
+from parley.gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from parley.gateway.storage.inbox import Inbox
@@ -318,7 +319,7 @@ class Gateway:
         else:
             await self.redelivery.recover()
         redelivery = asyncio.create_task(self.redelivery.loop(), name="redelivery")
-        _on_stop(stack, "stopping redelivery", lambda: _cancel(redelivery))
+        _on_stop(stack, "stopping redelivery", lambda: cancel_and_wait(redelivery))
         self.retention.start()
         _on_stop(stack, "stopping the retention runs", self.retention.stop)
         self._ready.set()
@@ -461,9 +462,3 @@ def _on_stop(
             log.exception("%s failed", what)
 
     stack.push_async_callback(step)
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

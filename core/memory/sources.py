@@ -32,6 +32,14 @@ from parley.core.transcript_store import TranscriptInfo, TranscriptStore
 AGENT_SCOPE = "agent"
 MEMORY_SOURCE = "memory"
 SESSIONS_SOURCE = "sessions"
+
+
+def transcript_path(session_id: str) -> str:
+    """The index path of a session's transcript, wherever it is stored (a file, a
+    PostgreSQL row): what retention keeps or drops and erasure removes by."""
+    return f"{SESSIONS_SOURCE}/{session_id}.jsonl"
+
+
 TASKS_SOURCE = "tasks"
 ROOT_MEMORY_FILES = ("MEMORY.md", "memory.md")
 _SKIP_DIRS = frozenset({".git", "node_modules", ".venv", "venv", ".tox", "__pycache__"})
@@ -199,7 +207,7 @@ class StoreTranscriptSource:
         return [self._source(info) for info in self.store.list_transcripts()]
 
     def _source(self, info: TranscriptInfo) -> SourceFile:
-        path = f"{SESSIONS_SOURCE}/{info.session_id}.jsonl"
+        path = transcript_path(info.session_id)
         # The listing's stamp serves as the marker: one query lists them all, where
         # asking each transcript again would cost a round trip per transcript.
         return SourceFile(

@@ -13,6 +13,7 @@ from typing import Any
 
 from parley.core.memory.audience import MAIN_PERSON, Audience, parse_scope
 from parley.core.memory.notes import NoteStore
+from parley.core.memory.sources import transcript_path
 from parley.core.memory.tasks import scope_file_name
 from parley.core.transcript_store import FileTranscriptStore
 from parley.gateway.audiences import scope_resolver
@@ -369,7 +370,7 @@ async def _index_rows(
 def _index_paths(loaded: LoadedConfig, theirs: list[SessionInfo], files: _LocalFiles) -> set[str]:
     """The index paths of the person's files (their scopes say the same for today's
     rows; a legacy row of a transcript may carry a scope of no audience)."""
-    paths = {f"sessions/{s.session_id}.jsonl" for s in theirs}
+    paths = {transcript_path(s.session_id) for s in theirs}
     paths |= set(files.note_paths)
     for task in files.task_files:
         for root in (tasks_dir(loaded), legacy_tasks_dir(loaded)):

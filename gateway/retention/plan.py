@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from parley.core.memory.sources import SESSIONS_SOURCE
+from parley.core.memory.sources import transcript_path
 from parley.core.transcript_store import FileTranscriptStore, TranscriptStore
 from parley.gateway.config import LoadedConfig
 from parley.gateway.retention.inventory import (
@@ -51,7 +51,7 @@ class TranscriptItem:
 
     @property
     def memory_path(self) -> str:
-        return f"{SESSIONS_SOURCE}/{self.session_id}.jsonl"
+        return transcript_path(self.session_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ home's record and the shared database's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -34,6 +33,7 @@ from parley.gateway.retention.run import (
     latest_run,
     run_daily,
 )
+from parley.gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("parley.gateway.retention")
 
@@ -77,10 +77,7 @@ class RetentionService:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def run_once(self) -> RunReport | None:
         """One run now; a failure is logged (and counted), never raised. None when it

@@ -36,6 +36,7 @@ from parley.core.prompt import SILENT_REPLY
 from parley.gateway.runtime.context import Runtime
 from parley.gateway.runtime.send_recovery import parts_already_sent, send_mark
 from parley.gateway.storage.inbox import UNKNOWN_SEND_MARK, InboxItem, SentMessages
+from parley.gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("parley.gateway")
 
@@ -204,9 +205,7 @@ class DraftStream:
                 except TimeoutError:
                     task.cancel()
             else:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         if withdraw:
             # Even with nothing shown: the channel learns that no reply is coming, and
             # stops saying that parley is working.

@@ -37,7 +37,6 @@ With SQLite there is one process: none of this runs (``state.locks`` is None).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -53,6 +52,7 @@ from parley.gateway.runtime.redelivery import Redelivery
 from parley.gateway.runtime.transcripts import TranscriptCache
 from parley.gateway.storage.errors import storage_failure
 from parley.gateway.storage.inbox import InboxItem, ReplicaInbox
+from parley.gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from parley.gateway.storage.postgres.session_locks import SessionLocks
@@ -97,10 +97,7 @@ class ReplicaCoordinator:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     # -- a lane run ---------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from parley.gateway.errors import StateError
+from parley.gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("parley.gateway.pg")
 
@@ -64,10 +65,7 @@ class SessionLocks:
 
     async def close(self) -> None:
         task, self._listen_task = self._listen_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for conn in (self._conn, self._listener):
             if conn is not None:
                 await conn.close()  # drops every lock still held
